@@ -1,0 +1,147 @@
+// Package faults holds the faults a simulated cluster injects on demand, per
+// node. They are read from a YAML (or JSON) file that is re-read whenever it
+// changes, so a test can switch a fault on or off while the cluster runs:
+//
+//	nodes:
+//	  cp-2:
+//	    applyBlocks: true            # a non-dry-run ApplyConfiguration blocks until the caller gives up
+//	    neverReady: [kube-scheduler] # these components never get Ready after a (re)start
+//	    stayNotReady: true           # the node stays NotReady after its kubelet restarts or it reboots
+//	    pullFails: true              # image pulls fail
+//	    unreachableAfterApply: 20s   # the Talos API refuses connections this long after each apply
+//	    unreachable: true            # the Talos API refuses connections while this is set
+//	    abFallback: true             # a Talos upgrade boots back into the old version
+//	    neverBoots: true             # a Talos upgrade reboots and never comes back
+package faults
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Node is the set of faults of one node. The zero value injects nothing.
+type Node struct {
+	ApplyBlocks           bool     `json:"applyBlocks,omitempty"`
+	NeverReady            []string `json:"neverReady,omitempty"`
+	StayNotReady          bool     `json:"stayNotReady,omitempty"`
+	PullFails             bool     `json:"pullFails,omitempty"`
+	UnreachableAfterApply Duration `json:"unreachableAfterApply,omitempty"`
+	Unreachable           bool     `json:"unreachable,omitempty"`
+	ABFallback            bool     `json:"abFallback,omitempty"`
+	NeverBoots            bool     `json:"neverBoots,omitempty"`
+}
+
+// NeverReadyComponent reports whether component never gets Ready on this node.
+func (n Node) NeverReadyComponent(component string) bool {
+	for _, c := range n.NeverReady {
+		if c == component {
+			return true
+		}
+	}
+	return false
+}
+
+// File is the faults file's document.
+type File struct {
+	Nodes map[string]Node `json:"nodes"`
+}
+
+// Duration is a time.Duration written as "20s" in the file.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON parses a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := yaml.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration: %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w (write it like 20s or 1m)", s, err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+
+// Parse parses a faults document.
+func Parse(b []byte) (File, error) {
+	var f File
+	if err := yaml.UnmarshalStrict(b, &f); err != nil {
+		return File{}, err
+	}
+	return f, nil
+}
+
+// Store serves the faults of a file, re-reading it when its modification time
+// or size changes. A Store with no path injects nothing. It is safe for
+// concurrent use; a file that no longer parses keeps the last good faults.
+type Store struct {
+	path string
+
+	mu      sync.Mutex
+	modTime time.Time
+	size    int64
+	current File
+}
+
+// Load reads path (empty: no faults) and returns a Store over it. A file that
+// does not exist yet is allowed: it is read once it appears.
+func Load(path string) (*Store, error) {
+	s := &Store{path: path}
+	if path == "" {
+		return s, nil
+	}
+	if _, err := os.Stat(path); err == nil {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := Parse(b); err != nil {
+			return nil, fmt.Errorf("faults file %s: %w", path, err)
+		}
+	}
+	s.refresh()
+	return s, nil
+}
+
+// For returns the current faults of node.
+func (s *Store) For(node string) Node {
+	if s == nil || s.path == "" {
+		return Node{}
+	}
+	s.refresh()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current.Nodes[node]
+}
+
+func (s *Store) refresh() {
+	st, err := os.Stat(s.path)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if os.IsNotExist(err) {
+			s.current, s.modTime, s.size = File{}, time.Time{}, 0
+		}
+		return
+	}
+	if st.ModTime().Equal(s.modTime) && st.Size() == s.size {
+		return
+	}
+	b, err := os.ReadFile(s.path)
+	if err != nil {
+		return
+	}
+	f, err := Parse(b)
+	if err != nil {
+		return
+	}
+	s.current, s.modTime, s.size = f, st.ModTime(), st.Size()
+}
