@@ -1,0 +1,154 @@
+package v1alpha1
+
+// APIVersion is the apiVersion of every document in this package.
+const APIVersion = "ichor.dev/v1alpha1"
+
+// KindPlan is the kind of the Plan document.
+const KindPlan = "Plan"
+
+// Upgrade kinds a Plan can describe.
+const (
+	// UpgradeKubernetes moves the Kubernetes components (static pods, kube-proxy, kubelets).
+	UpgradeKubernetes = "kubernetes"
+	// UpgradeTalos moves the Talos OS of every node.
+	UpgradeTalos = "talos"
+)
+
+// Check results.
+const (
+	// ResultOK means the check passed.
+	ResultOK = "OK"
+	// ResultWarn means the plan can run but the operator should read the detail.
+	ResultWarn = "WARN"
+	// ResultRefused means the plan cannot run until the detail is addressed.
+	ResultRefused = "REFUSED"
+)
+
+// Node roles.
+const (
+	// RoleControlPlane is a node labelled node-role.kubernetes.io/control-plane.
+	RoleControlPlane = "control-plane"
+	// RoleWorker is any other node.
+	RoleWorker = "worker"
+)
+
+// Plan is what `kubectl ichor plan` prints: the cluster as found, the stages in
+// execution order with every node's changes, and the checks.
+type Plan struct {
+	// APIVersion is always APIVersion.
+	APIVersion string `json:"apiVersion"`
+	// Kind is always KindPlan.
+	Kind string `json:"kind"`
+	// Upgrade is UpgradeKubernetes or UpgradeTalos.
+	Upgrade string `json:"upgrade"`
+	// Target is the version asked for, vX.Y.Z.
+	Target string `json:"target"`
+	// MaxUnavailable is how many workers move at once.
+	MaxUnavailable int `json:"maxUnavailable"`
+	// Cluster summarises the cluster the plan was made for.
+	Cluster Cluster `json:"cluster"`
+	// Components lists, per component, the versions running now and the target.
+	Components []Component `json:"components"`
+	// Stages are executed in this order; a skipped stage stays in the list.
+	Stages []Stage `json:"stages"`
+	// Held are nodes excluded by the ichor.dev/hold annotation.
+	Held []NodeNote `json:"held,omitempty"`
+	// AtTarget are nodes that already run the target and are only verified.
+	AtTarget []string `json:"atTarget,omitempty"`
+	// Checks are every check's outcome, in a fixed order.
+	Checks []Check `json:"checks"`
+	// Runnable is false when any check refused.
+	Runnable bool `json:"runnable"`
+}
+
+// Cluster summarises the cluster a Plan was made for.
+type Cluster struct {
+	// Name is the kubeconfig cluster name, when known.
+	Name string `json:"name,omitempty"`
+	// Endpoint is the Kubernetes API server URL the plan was made through.
+	Endpoint string `json:"endpoint,omitempty"`
+	// ControlPlanes is the number of control-plane nodes.
+	ControlPlanes int `json:"controlPlanes"`
+	// Workers is the number of worker nodes.
+	Workers int `json:"workers"`
+	// Talos lists the Talos versions the nodes run, with counts.
+	Talos []VersionCount `json:"talos,omitempty"`
+}
+
+// VersionCount is one distinct version and how many nodes run it.
+type VersionCount struct {
+	// Version is vX.Y.Z, or "unknown".
+	Version string `json:"version"`
+	// Count is the number of nodes running it.
+	Count int `json:"count"`
+}
+
+// Component is one row of the summary table.
+type Component struct {
+	// Name is the component, e.g. kube-apiserver or talos.
+	Name string `json:"name"`
+	// Current lists the distinct versions running now, newest first.
+	Current []VersionCount `json:"current"`
+	// Target is the version after the upgrade.
+	Target string `json:"target"`
+}
+
+// Stage is one pass over the nodes.
+type Stage struct {
+	// Name is the stage's name: APIServers, ControlPlaneComponents, KubeProxy, Kubelets or TalosOS.
+	Name string `json:"name"`
+	// Description says what the stage does.
+	Description string `json:"description"`
+	// Skipped is true when the stage does not run (e.g. KubeProxy with kube-proxy disabled).
+	Skipped bool `json:"skipped,omitempty"`
+	// SkipReason says why it is skipped.
+	SkipReason string `json:"skipReason,omitempty"`
+	// Nodes are visited in this order; nodes with the same Batch move together.
+	Nodes []NodeStep `json:"nodes"`
+	// After is what the stage does once its nodes are done, if anything.
+	After string `json:"after,omitempty"`
+}
+
+// NodeStep is what a stage does to one node.
+type NodeStep struct {
+	// Node is the Node's name.
+	Node string `json:"node"`
+	// Role is RoleControlPlane or RoleWorker.
+	Role string `json:"role"`
+	// Batch numbers the group of nodes that move together, from 1.
+	Batch int `json:"batch"`
+	// Self is true for the node that runs the Job: it goes last in its group.
+	Self bool `json:"self,omitempty"`
+	// Changes are the images (or versions) this stage changes; empty means verify only.
+	Changes []Change `json:"changes"`
+}
+
+// Change is one thing a stage changes on a node.
+type Change struct {
+	// Component is the component changed (kube-apiserver, ..., kubelet, talos).
+	Component string `json:"component"`
+	// From is the image (or version) now.
+	From string `json:"from"`
+	// To is the image (or version) after the stage.
+	To string `json:"to"`
+}
+
+// NodeNote is a node with a reason it is shown apart.
+type NodeNote struct {
+	// Node is the Node's name.
+	Node string `json:"node"`
+	// Reason says why.
+	Reason string `json:"reason"`
+}
+
+// Check is one check's outcome.
+type Check struct {
+	// Name is the check's short name, e.g. "version skew".
+	Name string `json:"name"`
+	// Result is ResultOK, ResultWarn or ResultRefused.
+	Result string `json:"result"`
+	// Detail is one line saying what was found.
+	Detail string `json:"detail"`
+	// Action says what to do about it; it may span lines (a patch).
+	Action string `json:"action,omitempty"`
+}
