@@ -1,0 +1,298 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+)
+
+// TalosReader is the part of the Talos client discovery uses; *talos.Client satisfies it.
+// node is the Node's InternalIP.
+type TalosReader interface {
+	// Version returns the Talos version the node runs, e.g. "v1.13.9".
+	Version(ctx context.Context, node string) (string, error)
+	// MachineConfig returns the node's active machine config.
+	MachineConfig(ctx context.Context, node string) (config.Provider, error)
+}
+
+// DefaultConcurrency bounds the Talos calls in flight when Discoverer.Concurrency is 0.
+const DefaultConcurrency = 10
+
+// Discoverer reads a cluster into a Snapshot.
+type Discoverer struct {
+	// Kube is the Kubernetes client.
+	Kube kubernetes.Interface
+	// Endpoint is the Kubernetes API server URL, for the snapshot and error messages.
+	Endpoint string
+	// Talos reads each Talos node; nil skips the Talos part (every Node.Talos stays nil).
+	Talos TalosReader
+	// Concurrency bounds the Talos calls in flight; 0 means DefaultConcurrency.
+	Concurrency int
+	// Images extracts component images from a machine config; nil means render.Images.
+	Images func(config.Provider) map[Component]string
+}
+
+// Discover reads the cluster. It makes four Kubernetes requests whatever the node count:
+// list Nodes, list the control-plane mirror pods in kube-system, get the kube-proxy
+// DaemonSet, list PodDisruptionBudgets in all namespaces.
+func (d *Discoverer) Discover(ctx context.Context) (*Snapshot, error) {
+	snap := &Snapshot{Endpoint: d.Endpoint}
+
+	nodes, err := d.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, kubeError(d.Endpoint, "list", "nodes", "", err)
+	}
+
+	pods, err := d.Kube.CoreV1().Pods(StaticPodNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: fmt.Sprintf("%s in (%s,%s,%s)", ComponentLabel, APIServer, ControllerManager, Scheduler),
+	})
+	if err != nil {
+		return nil, kubeError(d.Endpoint, "list", "pods", StaticPodNamespace, err)
+	}
+
+	staticPods := staticPodsByNode(pods.Items)
+
+	for i := range nodes.Items {
+		n := nodeFrom(&nodes.Items[i])
+		n.StaticPods = staticPods[n.Name]
+		snap.Nodes = append(snap.Nodes, n)
+	}
+
+	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
+
+	ds, err := d.Kube.AppsV1().DaemonSets(StaticPodNamespace).Get(ctx, KubeProxyDaemonSet, metav1.GetOptions{})
+
+	switch {
+	case apierrors.IsNotFound(err):
+		// No DaemonSet: kube-proxy is disabled (or replaced by the CNI).
+	case err != nil:
+		return nil, kubeError(d.Endpoint, "get", "daemonsets.apps", StaticPodNamespace, err)
+	default:
+		snap.KubeProxy = kubeProxyFrom(ds)
+	}
+
+	pdbs, err := d.Kube.PolicyV1().PodDisruptionBudgets(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, kubeError(d.Endpoint, "list", "poddisruptionbudgets.policy", "", err)
+	}
+
+	for _, p := range pdbs.Items {
+		snap.PDBs = append(snap.PDBs, PDB{
+			Namespace:          p.Namespace,
+			Name:               p.Name,
+			DisruptionsAllowed: p.Status.DisruptionsAllowed,
+			ExpectedPods:       p.Status.ExpectedPods,
+		})
+	}
+
+	sort.Slice(snap.PDBs, func(i, j int) bool {
+		if snap.PDBs[i].Namespace != snap.PDBs[j].Namespace {
+			return snap.PDBs[i].Namespace < snap.PDBs[j].Namespace
+		}
+
+		return snap.PDBs[i].Name < snap.PDBs[j].Name
+	})
+
+	if d.Talos != nil {
+		if err := d.readTalos(ctx, snap); err != nil {
+			return nil, err
+		}
+	}
+
+	return snap, nil
+}
+
+// readTalos fills Node.Talos for every Talos node, a bounded number of nodes at a time.
+func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
+	images := d.Images
+	if images == nil {
+		images = render.Images
+	}
+
+	limit := d.Concurrency
+	if limit <= 0 {
+		limit = DefaultConcurrency
+	}
+
+	var idx []int
+
+	for i, n := range snap.Nodes {
+		// A node that is not Talos has no Talos API; the checks refuse it by name.
+		if n.IsTalos() {
+			idx = append(idx, i)
+		}
+	}
+
+	return forEach(ctx, idx, limit, func(ctx context.Context, i int) error {
+		n := &snap.Nodes[i]
+		if n.InternalIP == "" {
+			return fmt.Errorf("node %q: no InternalIP address to reach its Talos API: check the Node's status.addresses", n.Name)
+		}
+
+		version, err := d.Talos.Version(ctx, n.InternalIP)
+		if err != nil {
+			return talosError(n.Name, n.InternalIP, "version", err)
+		}
+
+		cfg, err := d.Talos.MachineConfig(ctx, n.InternalIP)
+		if err != nil {
+			return talosError(n.Name, n.InternalIP, "machine config", err)
+		}
+
+		n.Talos = talosFromConfig(version, cfg, images)
+
+		return nil
+	})
+}
+
+// talosError names the node and says what to check.
+func talosError(node, ip, what string, err error) error {
+	switch status.Code(err) { //nolint:exhaustive
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return fmt.Errorf("node %q: talos denied reading its %s: %v: use a talosconfig with role os:reader or higher (--talosconfig, --talos-context)", node, what, oneLine(err))
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return fmt.Errorf("node %q: %w", node, &UnreachableError{
+			API:    "talos",
+			Target: ip,
+			Hint:   "check --talos-endpoints and --talosconfig, and that the node is up",
+			Err:    err,
+		})
+	}
+
+	if errors.Is(err, context.DeadlineExceeded) || isUnreachable(err) {
+		return fmt.Errorf("node %q: %w", node, &UnreachableError{
+			API:    "talos",
+			Target: ip,
+			Hint:   "check --talos-endpoints and --talosconfig, and that the node is up",
+			Err:    err,
+		})
+	}
+
+	return fmt.Errorf("node %q: talos %s: %w", node, what, err)
+}
+
+// forEach runs fn for every item with at most limit in flight and returns the first error
+// by item order. It stands in for talos.ForEach until pkg/talos lands.
+func forEach[T any](ctx context.Context, items []T, limit int, fn func(context.Context, T) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	errs := make([]error, len(items))
+	sem := make(chan struct{}, limit)
+
+	var wg sync.WaitGroup
+
+	for i, item := range items {
+		sem <- struct{}{}
+
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+
+			if errs[i] = fn(ctx, item); errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+
+	wg.Wait()
+
+	// Report the first real failure, not the cancellations it caused.
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+	}
+
+	return errors.Join(errs...)
+}
+
+func nodeFrom(node *corev1.Node) Node {
+	n := Node{
+		Name:           node.Name,
+		KubeletVersion: node.Status.NodeInfo.KubeletVersion,
+		OSImage:        node.Status.NodeInfo.OSImage,
+		Unschedulable:  node.Spec.Unschedulable,
+	}
+
+	_, n.ControlPlane = node.Labels[ControlPlaneLabel]
+	n.HoldReason, n.Held = node.Annotations[HoldAnnotation]
+	n.Order = node.Labels[OrderLabel]
+
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && n.InternalIP == "" {
+			n.InternalIP = a.Address
+		}
+	}
+
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			n.Ready = c.Status == corev1.ConditionTrue
+		}
+	}
+
+	return n
+}
+
+func staticPodsByNode(pods []corev1.Pod) map[string]map[Component]StaticPod {
+	out := map[string]map[Component]StaticPod{}
+
+	for _, p := range pods {
+		if p.Spec.NodeName == "" || len(p.Spec.Containers) == 0 {
+			continue
+		}
+
+		c := Component(p.Labels[ComponentLabel])
+
+		sp := StaticPod{
+			Name:          p.Name,
+			Image:         p.Spec.Containers[0].Image,
+			ConfigVersion: p.Annotations[ConfigVersionAnnotation],
+		}
+
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady {
+				sp.Ready = cond.Status == corev1.ConditionTrue
+			}
+		}
+
+		if out[p.Spec.NodeName] == nil {
+			out[p.Spec.NodeName] = map[Component]StaticPod{}
+		}
+
+		out[p.Spec.NodeName][c] = sp
+	}
+
+	return out
+}
+
+func kubeProxyFrom(ds *appsv1.DaemonSet) KubeProxyInfo {
+	kp := KubeProxyInfo{
+		Present: true,
+		Desired: ds.Status.DesiredNumberScheduled,
+		Ready:   ds.Status.NumberReady,
+	}
+
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == KubeProxyDaemonSet || kp.Image == "" {
+			kp.Image = c.Image
+		}
+	}
+
+	return kp
+}
