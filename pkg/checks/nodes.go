@@ -1,0 +1,124 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+)
+
+// NodesReady refuses when a node the upgrade visits is not Ready, and warns about cordoned
+// ones (the upgrade uncordons the nodes it drains).
+type NodesReady struct{}
+
+// Name implements Check.
+func (NodesReady) Name() string { return "nodes ready" }
+
+// Run implements Check.
+func (NodesReady) Run(_ context.Context, in *Input) api.Check {
+	nodes := active(in.Snapshot)
+
+	var notReady, cordoned []discovery.Node
+
+	for _, n := range nodes {
+		if !n.Ready {
+			notReady = append(notReady, n)
+		}
+
+		if n.Unschedulable {
+			cordoned = append(cordoned, n)
+		}
+	}
+
+	ready := fmt.Sprintf("%d/%d", len(nodes)-len(notReady), len(nodes))
+
+	switch {
+	case len(notReady) > 0:
+		return refused(fmt.Sprintf("%s Ready; not Ready: %s", ready, names(notReady)),
+			fmt.Sprintf("fix them, or hold them: kubectl annotate node %s %s=<reason>", notReady[0].Name, discovery.HoldAnnotation))
+	case len(cordoned) > 0:
+		return warn(fmt.Sprintf("%s Ready; cordoned: %s (uncordoned once upgraded)", ready, names(cordoned)),
+			fmt.Sprintf("hold them to keep them cordoned: kubectl annotate node %s %s=<reason>", cordoned[0].Name, discovery.HoldAnnotation))
+	}
+
+	return ok(ready)
+}
+
+// NotTalos refuses nodes whose OS is not Talos (held ones excepted).
+type NotTalos struct{}
+
+// Name implements Check.
+func (NotTalos) Name() string { return "talos nodes" }
+
+// Run implements Check.
+func (NotTalos) Run(_ context.Context, in *Input) api.Check {
+	var bad []string
+
+	for _, n := range active(in.Snapshot) {
+		if !n.IsTalos() {
+			bad = append(bad, fmt.Sprintf("%s runs %q", n.Name, n.OSImage))
+		}
+	}
+
+	if len(bad) > 0 {
+		return refused("not Talos: "+summarize(bad),
+			fmt.Sprintf("hold them (kubectl annotate node <node> %s=not-talos) or remove them from the cluster", discovery.HoldAnnotation))
+	}
+
+	return ok("every node runs Talos")
+}
+
+// HeldNodes shows the nodes the hold annotation excludes; they keep what they run.
+type HeldNodes struct{}
+
+// Name implements Check.
+func (HeldNodes) Name() string { return "held nodes" }
+
+// Run implements Check.
+func (HeldNodes) Run(_ context.Context, in *Input) api.Check {
+	var held []string
+
+	for _, n := range in.Snapshot.Nodes {
+		if n.Held {
+			held = append(held, n.Name)
+		}
+	}
+
+	if len(held) == 0 {
+		return ok("none")
+	}
+
+	return warn(fmt.Sprintf("%s held (%s): not upgraded", summarizeList(held), discovery.HoldAnnotation),
+		fmt.Sprintf("remove the annotation to include them: kubectl annotate node %s %s-", held[0], discovery.HoldAnnotation))
+}
+
+// DisruptionBudgets warns about PodDisruptionBudgets that allow no disruption now: a
+// drain of a node with their pods waits, then pauses the upgrade.
+type DisruptionBudgets struct{}
+
+// Name implements Check.
+func (DisruptionBudgets) Name() string { return "disruption budgets" }
+
+// Run implements Check.
+func (DisruptionBudgets) Run(_ context.Context, in *Input) api.Check {
+	var blocking []string
+
+	for _, p := range in.Snapshot.PDBs {
+		if p.DisruptionsAllowed == 0 && p.ExpectedPods > 0 {
+			blocking = append(blocking, p.Namespace+"/"+p.Name)
+		}
+	}
+
+	if len(blocking) == 0 {
+		return ok(fmt.Sprintf("%d budgets, all allow a disruption", len(in.Snapshot.PDBs)))
+	}
+
+	verb := "allow"
+	if len(blocking) == 1 {
+		verb = "allows"
+	}
+
+	return warn(fmt.Sprintf("%s %s 0 disruptions: draining their nodes will wait, then pause", summarizeList(blocking), verb),
+		"scale the workloads up or relax the budgets (kubectl get pdb -A)")
+}
