@@ -1,0 +1,74 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+)
+
+// deps are the clients commands build from flags; tests replace them with fakes.
+type deps struct {
+	// kube connects to the Kubernetes API the flags name.
+	kube func(flags *genericclioptions.ConfigFlags) (*kubeTarget, error)
+	// talos connects to the Talos API the flags name. A reader that is an io.Closer is closed.
+	talos func(ctx context.Context, flags TalosFlags) (discovery.TalosReader, error)
+}
+
+// kubeTarget is a connected Kubernetes API.
+type kubeTarget struct {
+	client   kubernetes.Interface
+	endpoint string
+	cluster  string
+	metrics  checks.MetricsReader
+}
+
+func defaultDeps() deps {
+	return deps{kube: connectKube, talos: connectTalos}
+}
+
+func connectKube(flags *genericclioptions.ConfigFlags) (*kubeTarget, error) {
+	restConfig, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
+	}
+
+	client, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s: %w", restConfig.Host, err)
+	}
+
+	return &kubeTarget{
+		client:   client,
+		endpoint: restConfig.Host,
+		cluster:  clusterName(flags),
+		metrics:  checks.RESTMetrics{Client: client.Discovery().RESTClient()},
+	}, nil
+}
+
+// clusterName is the kubeconfig's name for the cluster the flags select, "" when unknown.
+func clusterName(flags *genericclioptions.ConfigFlags) string {
+	if flags.ClusterName != nil && *flags.ClusterName != "" {
+		return *flags.ClusterName
+	}
+
+	raw, err := flags.ToRawKubeConfigLoader().RawConfig()
+	if err != nil {
+		return ""
+	}
+
+	name := raw.CurrentContext
+	if flags.Context != nil && *flags.Context != "" {
+		name = *flags.Context
+	}
+
+	if c, found := raw.Contexts[name]; found {
+		return c.Cluster
+	}
+
+	return ""
+}

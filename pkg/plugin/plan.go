@@ -1,0 +1,291 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/yaml"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+func newPlanCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "plan",
+		Short: "Show what an upgrade would do, and whether it can run; changes nothing",
+		Args:  cobra.NoArgs,
+	}
+
+	cmd.AddCommand(newPlanKubernetesCommand(streams, flags, deps), newPlanTalosCommand(streams, flags, deps))
+
+	return cmd
+}
+
+// planOptions are the options every plan command shares.
+type planOptions struct {
+	genericiooptions.IOStreams
+
+	flags *globalFlags
+	deps  deps
+
+	// To is --to, the target version.
+	To string
+	// Output is -o: "" for the table, "json" or "yaml" for the Plan document.
+	Output string
+	// MaxUnavailable is --max-unavailable: how many workers move at once.
+	MaxUnavailable int
+
+	target stages.Version
+}
+
+func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
+	cmd.Flags().StringVar(&o.To, "to", "", "The version to upgrade to, vX.Y.Z (required), e.g. "+example)
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Plan document")
+	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
+}
+
+func (o *planOptions) validate() error {
+	if o.To == "" {
+		return errors.New("--to is required: pass the version to upgrade to, e.g. --to v1.36.3")
+	}
+
+	target, err := stages.ParseVersion(o.To)
+	if err != nil {
+		return fmt.Errorf("--to: %w", err)
+	}
+
+	o.target = target
+
+	if o.MaxUnavailable < 1 {
+		return fmt.Errorf("--max-unavailable %d: pass 1 or more", o.MaxUnavailable)
+	}
+
+	switch o.Output {
+	case "", "json", "yaml":
+	default:
+		return fmt.Errorf("-o %q: pass -o json or -o yaml, or leave it out for the table", o.Output)
+	}
+
+	return nil
+}
+
+// discover reads the cluster through the Kubernetes and Talos APIs.
+func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeTarget, error) {
+	kube, err := o.deps.kube(o.flags.kube)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	talos, err := o.deps.talos(ctx, o.flags.talos)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	if c, isCloser := talos.(io.Closer); isCloser {
+		defer c.Close() //nolint:errcheck
+	}
+
+	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint, Talos: talos}
+
+	snap, err := d.Discover(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	return snap, kube, nil
+}
+
+// finish runs the checks, prints the plan and returns the refusal, if any.
+func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
+	plan.Cluster.Name = kube.cluster
+	plan.Checks = checks.Run(ctx, list, &checks.Input{
+		Snapshot:  snap,
+		Target:    o.target,
+		Namespace: o.flags.namespace(),
+		Metrics:   kube.metrics,
+	})
+	plan.Runnable = !checks.Refused(plan.Checks)
+
+	if err := printPlan(o.Out, o.Output, plan); err != nil {
+		return err
+	}
+
+	if plan.Runnable {
+		return nil
+	}
+
+	var refusedChecks []string
+
+	for _, c := range plan.Checks {
+		if c.Result == api.ResultRefused {
+			refusedChecks = append(refusedChecks, c.Name)
+		}
+	}
+
+	return &exitError{code: ExitRefused, err: fmt.Errorf("plan refused by %s: do what their DETAIL says and plan again",
+		strings.Join(refusedChecks, ", "))}
+}
+
+func printPlan(w io.Writer, output string, plan *api.Plan) error {
+	switch output {
+	case "json":
+		b, err := json.MarshalIndent(plan, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode plan: %w", err)
+		}
+
+		_, err = fmt.Fprintf(w, "%s\n", b)
+
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(plan)
+		if err != nil {
+			return fmt.Errorf("encode plan: %w", err)
+		}
+
+		_, err = w.Write(b)
+
+		return err
+	}
+
+	return PrintTable(w, plan)
+}
+
+// PlanKubernetesOptions are the options of `kubectl ichor plan kubernetes`.
+type PlanKubernetesOptions struct {
+	planOptions
+}
+
+// Complete fills the options from the command line.
+func (o *PlanKubernetesOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *PlanKubernetesOptions) Validate() error { return o.validate() }
+
+// Run discovers the cluster, plans the upgrade, runs the checks and prints the plan.
+func (o *PlanKubernetesOptions) Run(ctx context.Context) error {
+	snap, kube, err := o.discover(ctx)
+	if err != nil {
+		return err
+	}
+
+	plan, err := stages.PlanKubernetes(snap, o.target, stages.Options{MaxUnavailable: o.MaxUnavailable})
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+
+	return o.finish(ctx, plan, kube, snap, checks.Kubernetes())
+}
+
+func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &PlanKubernetesOptions{planOptions{IOStreams: streams, flags: flags, deps: deps}}
+
+	cmd := &cobra.Command{
+		Use:   "kubernetes --to vX.Y.Z",
+		Short: "Plan a Kubernetes upgrade: stages, nodes in order, what changes, checks",
+		Example: `  kubectl ichor plan kubernetes --to v1.36.3
+  kubectl ichor plan kubernetes --to v1.36.3 --max-unavailable 2 -o yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+
+	o.addFlags(cmd, "v1.36.3")
+
+	return cmd
+}
+
+// PlanTalosOptions are the options of `kubectl ichor plan talos`.
+type PlanTalosOptions struct {
+	planOptions
+
+	// Image is --image, the installer image for every node; "" keeps each node's repository.
+	Image string
+}
+
+// Complete fills the options from the command line.
+func (o *PlanTalosOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *PlanTalosOptions) Validate() error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+
+	if o.Image == "" {
+		return nil
+	}
+
+	tag := render.TagOf(o.Image)
+	if tag == "" {
+		return fmt.Errorf("--image %q: pass REPOSITORY:TAG, e.g. ghcr.io/siderolabs/installer:%s", o.Image, o.target)
+	}
+
+	if v, err := stages.ParseVersion(tag); err == nil && v != o.target {
+		return fmt.Errorf("--image %q is tagged %s but --to is %s: make them agree", o.Image, tag, o.target)
+	}
+
+	return nil
+}
+
+// Run discovers the cluster, plans the Talos upgrade, runs the checks and prints the plan.
+func (o *PlanTalosOptions) Run(ctx context.Context) error {
+	snap, kube, err := o.discover(ctx)
+	if err != nil {
+		return err
+	}
+
+	plan, err := stages.PlanTalos(snap, o.target, o.Image, stages.Options{MaxUnavailable: o.MaxUnavailable})
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+
+	return o.finish(ctx, plan, kube, snap, checks.Talos())
+}
+
+func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &PlanTalosOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}
+
+	cmd := &cobra.Command{
+		Use:   "talos --to vA.B.C",
+		Short: "Plan a Talos OS upgrade: upgrade path, Kubernetes pairing, installer per node, order, checks",
+		Example: `  kubectl ichor plan talos --to v1.13.9
+  kubectl ichor plan talos --to v1.13.9 --image factory.talos.dev/installer/<schematic>:v1.13.9`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+
+	o.addFlags(cmd, "v1.13.9")
+	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
+
+	return cmd
+}

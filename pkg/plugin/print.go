@@ -1,0 +1,256 @@
+package plugin
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+)
+
+// PrintTable writes a plan as the human-readable table: the cluster, the component
+// summary, the stages with their nodes in order, held and already-upgraded nodes, the
+// image repositories kept, then the checks.
+func PrintTable(w io.Writer, plan *api.Plan) error {
+	p := &printer{w: w}
+
+	p.cluster(plan)
+	p.components(plan)
+	p.stages(plan)
+	p.checks(plan)
+
+	return p.err
+}
+
+// printer remembers the first write error so the printing code reads straight.
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) printf(format string, args ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, args...)
+	}
+}
+
+func (p *printer) table(rows [][]string) {
+	if p.err != nil {
+		return
+	}
+
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+
+	for _, r := range rows {
+		if _, p.err = fmt.Fprintln(tw, strings.Join(r, "\t")); p.err != nil {
+			return
+		}
+	}
+
+	p.err = tw.Flush()
+}
+
+func (p *printer) cluster(plan *api.Plan) {
+	name := plan.Cluster.Name
+	if name == "" {
+		name = plan.Cluster.Endpoint
+	}
+
+	p.printf("Cluster %q at %s (%s, %s; Talos %s)\n\n", name, plan.Cluster.Endpoint,
+		plural(plan.Cluster.ControlPlanes, "control plane"), plural(plan.Cluster.Workers, "worker"), counts(plan.Cluster.Talos))
+}
+
+func (p *printer) components(plan *api.Plan) {
+	rows := [][]string{{"COMPONENT", "CURRENT", "TARGET"}}
+	for _, c := range plan.Components {
+		rows = append(rows, []string{c.Name, counts(c.Current), c.Target})
+	}
+
+	p.table(rows)
+	p.printf("\n")
+}
+
+func (p *printer) stages(plan *api.Plan) {
+	for i, s := range plan.Stages {
+		p.printf("Stage %d/%d %s: %s\n", i+1, len(plan.Stages), s.Name, s.Description)
+
+		if s.Skipped {
+			p.printf("  skipped: %s\n", s.SkipReason)
+
+			continue
+		}
+
+		if len(s.Nodes) == 0 {
+			p.printf("  no node to upgrade\n")
+		}
+
+		var rows [][]string
+
+		last := 0
+
+		for _, n := range s.Nodes {
+			batch := ""
+			if n.Batch != last {
+				batch, last = fmt.Sprintf("%d.", n.Batch), n.Batch
+			}
+
+			node := n.Node
+			if n.Self {
+				node += " (runs the job: last)"
+			}
+
+			rows = append(rows, []string{"  " + batch, node, n.Role, changes(n.Changes)})
+		}
+
+		p.table(rows)
+
+		if s.After != "" {
+			p.printf("  then: %s\n", s.After)
+		}
+	}
+
+	for _, h := range plan.Held {
+		p.printf("Held: %s (%s)\n", h.Node, h.Reason)
+	}
+
+	if len(plan.AtTarget) > 0 {
+		p.printf("Already at %s: %s\n", plan.Target, strings.Join(plan.AtTarget, ", "))
+	}
+
+	if repos := repositories(plan); repos != "" {
+		p.printf("Images keep their repositories: %s\n", repos)
+	}
+
+	p.printf("\n")
+}
+
+func (p *printer) checks(plan *api.Plan) {
+	rows := [][]string{{"CHECK", "RESULT", "DETAIL"}}
+
+	var long []api.Check
+
+	for _, c := range plan.Checks {
+		detail := c.Detail
+
+		switch {
+		case strings.Contains(c.Action, "\n"):
+			long = append(long, c)
+			detail += " (see below)"
+		case c.Action != "" && c.Result != api.ResultOK:
+			detail += ": " + c.Action
+		}
+
+		rows = append(rows, []string{c.Name, c.Result, detail})
+	}
+
+	p.table(rows)
+
+	for _, c := range long {
+		p.printf("\n%s: %s", c.Name, c.Action)
+
+		if !strings.HasSuffix(c.Action, "\n") {
+			p.printf("\n")
+		}
+	}
+}
+
+// changes prints a node's changes: tags when the repository is kept, else whole images.
+func changes(list []api.Change) string {
+	if len(list) == 0 {
+		return "no change (verify only)"
+	}
+
+	parts := make([]string, 0, len(list))
+
+	for _, c := range list {
+		from, to := c.From, c.To
+
+		if c.Component == "installer" {
+			parts = append(parts, "installer "+to)
+
+			continue
+		}
+
+		if render.RepositoryOf(from) != "" && render.RepositoryOf(from) == render.RepositoryOf(to) {
+			from, to = render.TagOf(from), render.TagOf(to)
+		}
+
+		parts = append(parts, fmt.Sprintf("%s %s -> %s", c.Component, from, to))
+	}
+
+	return strings.Join(parts, ", ")
+}
+
+// repositories lists, per component, the image repositories the plan keeps.
+func repositories(plan *api.Plan) string {
+	byComponent := map[string]map[string]bool{}
+
+	for _, s := range plan.Stages {
+		for _, n := range s.Nodes {
+			for _, c := range n.Changes {
+				repo := render.RepositoryOf(c.To)
+				if repo == "" || c.Component == "talos" {
+					continue
+				}
+
+				if byComponent[c.Component] == nil {
+					byComponent[c.Component] = map[string]bool{}
+				}
+
+				byComponent[c.Component][repo] = true
+			}
+		}
+	}
+
+	var parts []string
+
+	for component, repos := range byComponent {
+		list := make([]string, 0, len(repos))
+		for r := range repos {
+			list = append(list, r)
+		}
+
+		sort.Strings(list)
+		parts = append(parts, fmt.Sprintf("%s=%s", component, strings.Join(list, ",")))
+	}
+
+	sort.Slice(parts, func(i, j int) bool { return componentRank(parts[i]) < componentRank(parts[j]) })
+
+	return strings.Join(parts, " ")
+}
+
+func componentRank(part string) int {
+	name, _, _ := strings.Cut(part, "=")
+
+	for i, c := range render.Components() {
+		if string(c) == name {
+			return i
+		}
+	}
+
+	return len(render.Components())
+}
+
+func counts(list []api.VersionCount) string {
+	if len(list) == 0 {
+		return "none"
+	}
+
+	parts := make([]string, 0, len(list))
+	for _, v := range list {
+		parts = append(parts, fmt.Sprintf("%s x%d", v.Version, v.Count))
+	}
+
+	return strings.Join(parts, ", ")
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+
+	return fmt.Sprintf("%d %ss", n, word)
+}
