@@ -2,6 +2,7 @@ package stages
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
@@ -36,6 +37,9 @@ func PlanKubernetes(snap *discovery.Snapshot, target Version, opts Options) (*ap
 	plan := newPlan(snap, api.UpgradeKubernetes, target, opts, order)
 	plan.Components = kubernetesSummary(snap, target)
 
+	// Each stage is shown against the images the previous stages leave, as it will run.
+	after := imagesAfter{}
+
 	for _, s := range KubernetesStages() {
 		stage := api.Stage{Name: s.Name(), Description: s.Description(), After: s.After(), Nodes: []api.NodeStep{}}
 
@@ -47,7 +51,10 @@ func PlanKubernetes(snap *discovery.Snapshot, target Version, opts Options) (*ap
 		}
 
 		steps, err := nodeSteps(order, opts.Self, s.VisitsWorkers(), func(n discovery.Node) ([]api.Change, error) {
-			return KubernetesChanges(s, n, target)
+			changes, err := KubernetesChanges(s, after.of(n), target)
+			after.apply(n.Name, changes)
+
+			return changes, err
 		})
 		if err != nil {
 			return nil, err
@@ -58,6 +65,41 @@ func PlanKubernetes(snap *discovery.Snapshot, target Version, opts Options) (*ap
 	}
 
 	return plan, nil
+}
+
+// imagesAfter tracks each node's images as the earlier stages of a plan leave them.
+type imagesAfter map[string]map[discovery.Component]string
+
+// of returns n with its images as the earlier stages leave them.
+func (a imagesAfter) of(n discovery.Node) discovery.Node {
+	changed, found := a[n.Name]
+	if !found || n.Talos == nil {
+		return n
+	}
+
+	t := *n.Talos
+	t.Images = maps.Clone(n.Talos.Images)
+	maps.Copy(t.Images, changed)
+	n.Talos = &t
+
+	return n
+}
+
+// apply records a stage's changes on a node.
+func (a imagesAfter) apply(node string, changes []api.Change) {
+	if len(changes) == 0 {
+		return
+	}
+
+	images := a[node]
+	if images == nil {
+		images = map[discovery.Component]string{}
+		a[node] = images
+	}
+
+	for _, c := range changes {
+		images[discovery.Component(c.Component)] = c.To
+	}
 }
 
 // PlanTalos returns the plan of a Talos OS upgrade to target with the TalosOS stage.
