@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"google.golang.org/grpc/codes"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // TalosReader is the part of the Talos client discovery uses; *talos.Client satisfies it.
@@ -127,35 +127,61 @@ func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 		limit = DefaultConcurrency
 	}
 
-	var idx []int
+	byIP := map[string]*Node{}
 
-	for i, n := range snap.Nodes {
-		// A node that is not Talos has no Talos API; the checks refuse it by name.
-		if n.IsTalos() {
-			idx = append(idx, i)
-		}
-	}
+	var ips []string
 
-	return forEach(ctx, idx, limit, func(ctx context.Context, i int) error {
+	for i := range snap.Nodes {
 		n := &snap.Nodes[i]
+
+		// A node that is not Talos has no Talos API; the checks refuse it by name.
+		if !n.IsTalos() {
+			continue
+		}
+
 		if n.InternalIP == "" {
 			return fmt.Errorf("node %q: no InternalIP address to reach its Talos API: check the Node's status.addresses", n.Name)
 		}
 
-		version, err := d.Talos.Version(ctx, n.InternalIP)
+		byIP[n.InternalIP] = n
+		ips = append(ips, n.InternalIP)
+	}
+
+	err := talos.ForEach(ctx, ips, limit, func(ctx context.Context, ip string) error {
+		n := byIP[ip]
+
+		version, err := d.Talos.Version(ctx, ip)
 		if err != nil {
-			return talosError(n.Name, n.InternalIP, "version", err)
+			return talosError(n.Name, ip, "version", err)
 		}
 
-		cfg, err := d.Talos.MachineConfig(ctx, n.InternalIP)
+		cfg, err := d.Talos.MachineConfig(ctx, ip)
 		if err != nil {
-			return talosError(n.Name, n.InternalIP, "machine config", err)
+			return talosError(n.Name, ip, "machine config", err)
 		}
 
+		// Each call writes only its own node.
 		n.Talos = talosFromConfig(version, cfg, images)
 
 		return nil
 	})
+
+	return firstError(err)
+}
+
+// firstError keeps one line out of the joined per-node errors: the first, and how many more.
+func firstError(err error) error {
+	joined, isJoined := err.(interface{ Unwrap() []error })
+	if !isJoined {
+		return err
+	}
+
+	errs := joined.Unwrap()
+	if len(errs) <= 1 {
+		return errors.Join(errs...)
+	}
+
+	return fmt.Errorf("%w (and %d more failed)", errs[0], len(errs)-1)
 }
 
 // talosError names the node and says what to check.
@@ -182,44 +208,6 @@ func talosError(node, ip, what string, err error) error {
 	}
 
 	return fmt.Errorf("node %q: talos %s: %w", node, what, err)
-}
-
-// forEach runs fn for every item with at most limit in flight and returns the first error
-// by item order. It stands in for talos.ForEach until pkg/talos lands.
-func forEach[T any](ctx context.Context, items []T, limit int, fn func(context.Context, T) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	errs := make([]error, len(items))
-	sem := make(chan struct{}, limit)
-
-	var wg sync.WaitGroup
-
-	for i, item := range items {
-		sem <- struct{}{}
-
-		wg.Add(1)
-
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-
-			if errs[i] = fn(ctx, item); errs[i] != nil {
-				cancel()
-			}
-		}()
-	}
-
-	wg.Wait()
-
-	// Report the first real failure, not the cancellations it caused.
-	for _, err := range errs {
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return err
-		}
-	}
-
-	return errors.Join(errs...)
 }
 
 func nodeFrom(node *corev1.Node) Node {

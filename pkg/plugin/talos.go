@@ -2,14 +2,18 @@ package plugin
 
 import (
 	"context"
-	"errors"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// connectTalos opens the Talos client the flags name.
-//
-// It stands in for talos.Open until pkg/talos lands: until then it says so.
-func connectTalos(context.Context, TalosFlags) (discovery.TalosReader, error) {
-	return nil, errors.New("this build has no Talos client yet (pkg/talos): build from a newer commit")
+// connectTalos opens the Talos client the flags name. Its errors (no talosconfig, naming
+// where it looked; no usable context) are already one line saying what to do.
+func connectTalos(ctx context.Context, flags TalosFlags) (discovery.TalosReader, error) {
+	c, err := talos.Open(ctx, talos.Options{ConfigPath: flags.ConfigPath, Context: flags.Context, Endpoints: flags.Endpoints})
+	if err != nil {
+		return nil, err
+	}
+
+	return c, nil
 }

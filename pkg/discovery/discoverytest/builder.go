@@ -182,8 +182,8 @@ func (n *NodeSpec) node() *corev1.Node {
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{}, Annotations: map[string]string{}},
 		Spec:       corev1.NodeSpec{Unschedulable: n.Cordoned},
 		Status: corev1.NodeStatus{
-			Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: n.Name}, {Type: corev1.NodeInternalIP, Address: n.IP}},
-			NodeInfo:  corev1.NodeSystemInfo{KubeletVersion: n.version(discovery.Kubelet), OSImage: fmt.Sprintf("Talos (%s)", n.Talos)},
+			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: n.Name}, {Type: corev1.NodeInternalIP, Address: n.IP}},
+			NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: n.version(discovery.Kubelet), OSImage: fmt.Sprintf("Talos (%s)", n.Talos)},
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
 		},
 	}
