@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 
@@ -81,7 +82,7 @@ func (UpgradePath) Run(_ context.Context, in *Input) api.Check {
 
 	sort.Strings(versions)
 
-	return ok(fmt.Sprintf("%v -> %s supported", versions, in.Target))
+	return ok(fmt.Sprintf("%s -> %s supported by machinery's upgrade table", strings.Join(versions, ", "), in.Target))
 }
 
 // KubernetesSupported refuses a Talos target that does not support the Kubernetes the

@@ -1,0 +1,241 @@
+package checks_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/stretchr/testify/assert"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// fakeMetrics serves a fixed /metrics body or error.
+type fakeMetrics struct {
+	body string
+	err  error
+}
+
+func (f fakeMetrics) Metrics(context.Context) ([]byte, error) { return []byte(f.body), f.err }
+
+const deprecatedMetrics = `# HELP apiserver_requested_deprecated_apis [STABLE] Gauge of deprecated APIs that have been requested.
+# TYPE apiserver_requested_deprecated_apis gauge
+apiserver_requested_deprecated_apis{group="flowcontrol.apiserver.k8s.io",removed_release="1.32",resource="prioritylevelconfigurations",subresource="",version="v1beta3"} 1
+apiserver_requested_deprecated_apis{group="",removed_release="1.40",resource="endpoints",subresource="",version="v1"} 1
+# HELP apiserver_request_total Counter of apiserver requests.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",verb="GET"} 42
+`
+
+func TestChecks(t *testing.T) {
+	k8s := stages.MustParseVersion("v1.36.3")
+
+	tests := []struct {
+		name    string
+		check   checks.Check
+		cluster func(c *discoverytest.Cluster)
+		target  stages.Version
+		metrics checks.MetricsReader
+		result  string
+		detail  []string
+		action  string
+	}{
+		// version skew
+		{name: "skew one minor", check: checks.VersionSkew{}, result: api.ResultOK, detail: []string{"one minor (1.35 -> 1.36), no node behind"}},
+		{name: "skew patch", check: checks.VersionSkew{}, target: stages.MustParseVersion("v1.35.6"), result: api.ResultOK, detail: []string{"patch upgrade within 1.35"}},
+		{
+			name: "skew skipped minor names the minor to go first", check: checks.VersionSkew{},
+			cluster: func(c *discoverytest.Cluster) { c.Node("worker-2").Kubernetes = "v1.34.7" },
+			result:  api.ResultRefused, detail: []string{"worker-2 kubelet", "upgrade to 1.35 first"},
+		},
+		{
+			name: "skew downgrade", check: checks.VersionSkew{}, target: stages.MustParseVersion("v1.35.1"),
+			result: api.ResultRefused, detail: []string{"downgrades are not supported"},
+		},
+		{
+			name: "skew ignores held nodes", check: checks.VersionSkew{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("worker-2").Kubernetes = "v1.34.7"
+				c.Node("worker-2").Hold = discoverytest.Ptr("old")
+			},
+			result: api.ResultOK,
+		},
+		{
+			name: "skew judges the static pods a node runs", check: checks.VersionSkew{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("cp-2").Versions = map[discovery.Component]string{discovery.Scheduler: "v1.34.1"}
+			},
+			result: api.ResultRefused, detail: []string{"cp-2 kube-scheduler", "upgrade to 1.35 first"},
+		},
+		// talos pairing
+		{name: "pairing ok", check: checks.TalosPairing{}, result: api.ResultOK, detail: []string{"Talos v1.13.9 supports Kubernetes 1.31-1.36"}},
+		{
+			name: "pairing target too new", check: checks.TalosPairing{}, target: stages.MustParseVersion("v1.37.0"),
+			result: api.ResultRefused, detail: []string{"supports Kubernetes 1.31-1.36, not v1.37.0"}, action: "upgrade Talos first",
+		},
+		{
+			name: "pairing unknown Talos minor", check: checks.TalosPairing{},
+			cluster: func(c *discoverytest.Cluster) { c.Node("cp-1").Talos = "v1.14.0" },
+			result:  api.ResultRefused, detail: []string{"Talos 1.14 (on cp-1) is newer than this build knows (Talos up to 1.13)"},
+			action: "upgrade kubectl-ichor",
+		},
+		// nodes ready
+		{name: "ready", check: checks.NodesReady{}, result: api.ResultOK, detail: []string{"5/5"}},
+		{
+			name: "not ready", check: checks.NodesReady{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-1").NotReady = true },
+			result: api.ResultRefused, detail: []string{"4/5 Ready; not Ready: worker-1"}, action: "kubectl annotate node worker-1 ichor.dev/hold=",
+		},
+		{
+			name: "cordoned", check: checks.NodesReady{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-1").Cordoned = true },
+			result: api.ResultWarn, detail: []string{"cordoned: worker-1"},
+		},
+		// not Talos
+		{name: "all Talos", check: checks.NotTalos{}, result: api.ResultOK},
+		{
+			name: "not Talos", check: checks.NotTalos{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-2").OSImage = "Ubuntu 24.04" },
+			result: api.ResultRefused, detail: []string{`worker-2 runs "Ubuntu 24.04"`},
+		},
+		// held
+		{name: "none held", check: checks.HeldNodes{}, result: api.ResultOK, detail: []string{"none"}},
+		{
+			name: "held", check: checks.HeldNodes{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-2").Hold = discoverytest.Ptr("") },
+			result: api.ResultWarn, detail: []string{"worker-2 held"},
+		},
+		// PDBs
+		{
+			name: "pdbs ok", check: checks.DisruptionBudgets{},
+			cluster: func(c *discoverytest.Cluster) { c.PDB("default", "web", 1, 3).PDB("default", "empty", 0, 0) },
+			result:  api.ResultOK,
+		},
+		{
+			name: "pdb allows none", check: checks.DisruptionBudgets{},
+			cluster: func(c *discoverytest.Cluster) { c.PDB("default", "web", 0, 2).PDB("db", "pg", 1, 3) },
+			result:  api.ResultWarn, detail: []string{"default/web allows 0 disruptions"},
+		},
+		// endpoint
+		{
+			name: "endpoint is a VIP", check: checks.Endpoint{}, result: api.ResultOK,
+			detail: []string{"https://192.168.0.100:6443 is not a single control plane"},
+		},
+		{
+			name: "endpoint is one control plane", check: checks.Endpoint{},
+			cluster: func(c *discoverytest.Cluster) { c.Node("cp-2").IP = "192.168.0.100" },
+			result:  api.ResultWarn, detail: []string{"is a single control plane (cp-2)"}, action: "VIP or a load balancer",
+		},
+		{
+			name: "endpoint on a patch upgrade", check: checks.Endpoint{}, target: stages.MustParseVersion("v1.35.6"),
+			cluster: func(c *discoverytest.Cluster) { c.Node("cp-2").IP = "192.168.0.100" },
+			result:  api.ResultOK, detail: []string{"patch upgrade"},
+		},
+		// removed APIs
+		{
+			name: "removed APIs requested", check: checks.RemovedAPIs{}, metrics: fakeMetrics{body: deprecatedMetrics},
+			result: api.ResultWarn, detail: []string{"flowcontrol.apiserver.k8s.io/v1beta3 prioritylevelconfigurations requested (removed in 1.32)"},
+		},
+		{
+			name: "deprecated but not removed by the target", check: checks.RemovedAPIs{}, metrics: fakeMetrics{body: deprecatedMetrics},
+			target: stages.MustParseVersion("v1.31.0"), result: api.ResultOK,
+		},
+		{
+			name: "metrics forbidden", check: checks.RemovedAPIs{},
+			metrics: fakeMetrics{err: apierrors.NewForbidden(schema.GroupResource{}, "/metrics", errors.New("RBAC"))},
+			result:  api.ResultWarn, detail: []string{"could not run", "/metrics"},
+		},
+		{
+			name: "metrics unparsable", check: checks.RemovedAPIs{}, metrics: fakeMetrics{body: "not { metrics"},
+			result: api.ResultWarn, detail: []string{"could not run"},
+		},
+		// talos access
+		{name: "talos access ok", check: checks.TalosAccess{}, result: api.ResultOK, detail: []string{"allows os:admin in ichor-system"}},
+		{
+			name: "talos access missing", check: checks.TalosAccess{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("cp-2").APIAccess = &v1alpha1.KubernetesTalosAPIAccessConfig{
+					AccessEnabled: discoverytest.Ptr(true), AccessAllowedRoles: []string{"os:reader"}, AccessAllowedKubernetesNamespaces: []string{"kube-system"},
+				}
+			},
+			result: api.ResultWarn, detail: []string{"on cp-2 does not allow os:admin in ichor-system"},
+			action: `talosctl patch mc --nodes 10.0.0.12 --patch @ichor-talos-access.yaml) with:
+machine:
+  features:
+    kubernetesTalosAPIAccess:
+      enabled: true
+      allowedRoles:
+        - os:reader
+        - os:admin
+      allowedKubernetesNamespaces:
+        - kube-system
+        - ichor-system
+`,
+		},
+		// talos upgrade path
+		{name: "talos path", check: checks.UpgradePath{}, target: stages.MustParseVersion("v1.13.9"), result: api.ResultOK},
+		{
+			name: "talos path too old", check: checks.UpgradePath{}, target: stages.MustParseVersion("v1.13.9"),
+			cluster: func(c *discoverytest.Cluster) { c.Node("worker-1").Talos = "v1.10.3" },
+			result:  api.ResultRefused, detail: []string{"worker-1: host version 1.10.3 is too old"},
+		},
+		{
+			name: "talos downgrade", check: checks.UpgradePath{}, target: stages.MustParseVersion("v1.13.2"),
+			result: api.ResultRefused, detail: []string{"downgrades are not supported"},
+		},
+		{
+			name: "talos target unknown", check: checks.UpgradePath{}, target: stages.MustParseVersion("v1.14.0"),
+			result: api.ResultRefused, detail: []string{"Talos 1.14 is newer than this build knows (Talos up to 1.13)"},
+		},
+		{
+			name: "kubernetes on target talos", check: checks.KubernetesSupported{}, target: stages.MustParseVersion("v1.13.9"),
+			result: api.ResultOK, detail: []string{"supports Kubernetes 1.31-1.36"},
+		},
+		{
+			name: "kubernetes too old for target talos", check: checks.KubernetesSupported{}, target: stages.MustParseVersion("v1.13.9"),
+			cluster: func(c *discoverytest.Cluster) { c.Node("worker-2").Kubernetes = "v1.30.4" },
+			result:  api.ResultRefused, detail: []string{"Kubernetes v1.30.4 (kubelet on worker-2) is outside 1.31-1.36"},
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := discoverytest.ThreePlusTwo()
+			if tt.cluster != nil {
+				tt.cluster(c)
+			}
+
+			target := tt.target
+			if target == (stages.Version{}) {
+				target = k8s
+			}
+
+			in := &checks.Input{Snapshot: c.Snapshot(t), Target: target, Namespace: "ichor-system", Metrics: tt.metrics}
+			got := checks.Run(context.Background(), []checks.Check{tt.check}, in)[0]
+
+			assert.Equal(t, tt.check.Name(), got.Name)
+			assert.Equal(t, tt.result, got.Result, "detail: %s", got.Detail)
+			assert.NotContains(t, got.Detail, "\n")
+
+			for _, d := range tt.detail {
+				assert.Contains(t, got.Detail, d)
+			}
+
+			if tt.action != "" {
+				assert.Contains(t, got.Action, tt.action)
+			}
+
+			if got.Result != api.ResultOK && tt.check.Name() != "removed APIs" {
+				assert.NotEmpty(t, got.Action, "a WARN or REFUSED says what to do")
+			}
+		})
+	}
+}
+
+func TestRefused(t *testing.T) {
+	assert.False(t, checks.Refused([]api.Check{{Result: api.ResultOK}, {Result: api.ResultWarn}}))
+	assert.True(t, checks.Refused([]api.Check{{Result: api.ResultOK}, {Result: api.ResultRefused}}))
+}
