@@ -1,0 +1,248 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// talosTag matches the tag of a Talos installer image.
+var talosTag = regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$`)
+
+// InstallerVersion returns the Talos version an installer image installs:
+// its tag, e.g. "v1.13.9" for ghcr.io/siderolabs/installer:v1.13.9 or
+// factory.talos.dev/installer/<schematic>:v1.13.9 (a digest is ignored).
+func InstallerVersion(image string) (string, error) {
+	ref := image
+	if i := strings.Index(ref, "@"); i >= 0 {
+		ref = ref[:i]
+	}
+	i := strings.LastIndex(ref, ":")
+	if i < 0 || i < strings.LastIndex(ref, "/") {
+		return "", fmt.Errorf("installer image %q has no tag", image)
+	}
+	tag := ref[i+1:]
+	if !talosTag.MatchString(tag) {
+		return "", fmt.Errorf("installer image %q: tag %q is not a Talos version like v1.13.9", image, tag)
+	}
+	return tag, nil
+}
+
+// Pull pulls an image: it takes PullLatency and succeeds, or fails like
+// containerd with "not found" under faults.PullFails.
+func (m *Machine) Pull(ctx context.Context, ref string) error {
+	if !m.isUp() {
+		return m.errDown()
+	}
+	if ref == "" {
+		return status.Error(codes.InvalidArgument, "image reference is required")
+	}
+	select {
+	case <-time.After(m.opts.PullLatency):
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if !m.isUp() {
+		return m.errDown()
+	}
+	if m.faults().PullFails {
+		m.log.Info("image pull fails (fault)", "image", ref)
+		return status.Errorf(codes.Unknown, "error pulling image: failed to pull image %q: failed to resolve reference %q: %s: not found", ref, ref, ref)
+	}
+	return nil
+}
+
+// StageUpgrade installs the Talos version of an installer image into the
+// inactive boot slot, as LifecycleService.Upgrade does: the machine keeps
+// running its version and takes the new one on its next reboot. progress
+// receives the progress messages.
+func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(msg string) error) error {
+	if progress == nil {
+		progress = func(string) error { return nil }
+	}
+	if !m.isUp() {
+		return m.errDown()
+	}
+	version, err := InstallerVersion(image)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := progress(fmt.Sprintf("pulling installer image %s", image)); err != nil {
+		return err
+	}
+	if err := m.Pull(ctx, image); err != nil {
+		return err
+	}
+	if err := progress(fmt.Sprintf("installing Talos %s into the inactive boot slot", version)); err != nil {
+		return err
+	}
+	m.opMu.Lock()
+	m.mu.Lock()
+	up := m.st.Up
+	if up {
+		m.st.StagedVersion = version
+		m.st.InstallerImage = image
+	}
+	m.mu.Unlock()
+	m.opMu.Unlock()
+	if !up {
+		return m.errDown()
+	}
+	m.log.Info("upgrade staged", "version", version, "image", image)
+	m.notify()
+	return progress(fmt.Sprintf("Talos %s installed: it boots on the next reboot", version))
+}
+
+// Upgrade is the deprecated MachineService.Upgrade: it checks the request,
+// then in the background drains the node (BeforeReboot), pulls the
+// installer, stages the new version and reboots into it. It returns as soon
+// as the sequence is accepted, like Talos.
+func (m *Machine) Upgrade(_ context.Context, req *machineapi.UpgradeRequest) error {
+	image := req.GetImage()
+	version, err := InstallerVersion(image)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return m.startSequence(true, func(ctx context.Context) error {
+		return m.StageUpgrade(ctx, image, func(msg string) error {
+			m.log.Info("upgrade", "version", version, "progress", msg)
+			return nil
+		})
+	})
+}
+
+// Reboot starts a reboot and returns at once: the machine goes down for
+// RebootDelay and comes back with a new boot ID, running the staged version
+// if an upgrade staged one (unless faults.ABFallback, which boots the old
+// version again, or faults.NeverBoots, which keeps it down while set). Like
+// Talos' reboot sequence, it does not drain the node.
+func (m *Machine) Reboot() error {
+	return m.startSequence(false, nil)
+}
+
+// startSequence starts a reboot sequence in the background: drain (when
+// drain), before (when non-nil; an error aborts the sequence and the machine
+// stays up), down, boot.
+func (m *Machine) startSequence(drain bool, before func(ctx context.Context) error) error {
+	m.mu.Lock()
+	if !m.st.Up {
+		m.mu.Unlock()
+		return m.errDown()
+	}
+	if m.rebooting {
+		m.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "node %s: a reboot or upgrade is already in progress", m.opts.Name)
+	}
+	m.rebooting = true
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.runSequence(drain, before)
+	}()
+	return nil
+}
+
+func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error) {
+	ctx := m.ctx
+	if drain && m.opts.BeforeReboot != nil {
+		dctx, cancel := context.WithTimeout(ctx, drainTimeout)
+		if err := m.opts.BeforeReboot(dctx); err != nil {
+			m.log.Warn("cordon and drain before reboot failed", "err", err)
+		}
+		cancel()
+	}
+	if before != nil {
+		if err := before(ctx); err != nil {
+			m.log.Error("upgrade failed, not rebooting", "err", err)
+			m.mu.Lock()
+			m.rebooting = false
+			m.mu.Unlock()
+			m.notify()
+			return
+		}
+	}
+	if err := m.goDown(ctx); err != nil {
+		m.log.Error("shutdown", "err", err)
+	}
+	select {
+	case <-time.After(m.opts.RebootDelay):
+	case <-ctx.Done():
+		return
+	}
+	for m.State().StagedVersion != "" && m.faults().NeverBoots {
+		select {
+		case <-time.After(faultPollInterval):
+		case <-ctx.Done():
+			return
+		}
+	}
+
+	m.opMu.Lock()
+	defer m.opMu.Unlock()
+	m.mu.Lock()
+	if staged := m.st.StagedVersion; staged != "" {
+		if m.faults().ABFallback {
+			m.log.Info("upgrade boot failed, falling back to the previous boot slot (fault)", "version", m.st.TalosVersion, "staged", staged)
+		} else {
+			m.st.TalosVersion = staged
+		}
+		m.st.StagedVersion = ""
+	}
+	next, configStaged := m.persistent, m.st.ConfigStaged
+	m.rebooting = false
+	m.mu.Unlock()
+	if configStaged {
+		if err := m.setActiveConfig(ctx, next); err != nil {
+			m.log.Error("apply staged config at boot", "err", err)
+		}
+	}
+	if err := m.boot(ctx); err != nil {
+		m.log.Error("boot", "err", err)
+	}
+}
+
+// goDown takes the machine down: API, kubelet and static pods stop.
+func (m *Machine) goDown(ctx context.Context) error {
+	m.mu.Lock()
+	m.st.Up = false
+	m.mu.Unlock()
+	m.log.Info("rebooting")
+	m.notify()
+	if err := m.setKubeletService(ctx, false); err != nil {
+		return err
+	}
+	return m.setMachineStage(ctx, false)
+}
+
+// restartKubelet reports the kubelet Service down, then up again after
+// kubeletRestartDelay, as a kubelet restart for a new spec does.
+func (m *Machine) restartKubelet() {
+	bootID := m.State().BootID
+	if err := m.setKubeletService(m.ctx, false); err != nil {
+		m.log.Error("kubelet service", "err", err)
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-time.After(kubeletRestartDelay):
+		case <-m.ctx.Done():
+			return
+		}
+		m.opMu.Lock()
+		defer m.opMu.Unlock()
+		if s := m.State(); !s.Up || s.BootID != bootID {
+			return
+		}
+		if err := m.setKubeletService(m.ctx, true); err != nil {
+			m.log.Error("kubelet service", "err", err)
+		}
+	}()
+}

@@ -1,0 +1,359 @@
+package machine
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
+)
+
+// Defaults of the Options durations.
+const (
+	DefaultRebootDelay = 3 * time.Second
+	DefaultPullLatency = 200 * time.Millisecond
+
+	// kubeletRestartDelay is how long the kubelet Service reports not running
+	// after its spec changed (the kubelet restarts to take a new image).
+	kubeletRestartDelay = 500 * time.Millisecond
+	// faultPollInterval is how often a machine that never boots re-reads its
+	// faults to see whether the fault was cleared.
+	faultPollInterval = 200 * time.Millisecond
+	// drainTimeout bounds the BeforeReboot hook.
+	drainTimeout = 10 * time.Minute
+)
+
+// Options configure a simulated machine.
+type Options struct {
+	// Name is the hostname and Kubernetes node name, e.g. "cp-1".
+	Name string
+	// IP is the machine's own loopback address (127.x.y.z); package talosapi
+	// serves the Talos API on IP:50000.
+	IP netip.Addr
+	// ControlPlane tells whether this is a control-plane machine; it must
+	// agree with the machine type in Config.
+	ControlPlane bool
+	// TalosVersion is the Talos version the machine first boots, e.g.
+	// "v1.12.4" (with the v).
+	TalosVersion string
+	// Config is the machine config: multi-document YAML generated with
+	// machinery's generate package.
+	Config []byte
+	// AdminKubeconfig is returned by the Kubeconfig call (control planes).
+	AdminKubeconfig []byte
+	// Events records every boot; may be nil.
+	Events *events.Log
+	// Faults injects per-node faults; may be nil.
+	Faults *faults.Store
+	// RebootDelay is how long a reboot keeps the machine down (default 3s).
+	RebootDelay time.Duration
+	// PullLatency is how long an image pull takes (default 200ms).
+	PullLatency time.Duration
+	// BeforeReboot, when non-nil, is called before a reboot that Talos drains
+	// the node for (the legacy MachineService upgrade sequence): the cluster
+	// cordons and drains the node there. Errors are logged, not fatal.
+	BeforeReboot func(ctx context.Context) error
+	// Log receives the machine's diagnostics; nil discards them.
+	Log *slog.Logger
+}
+
+// StaticPod is one control-plane static pod as the machine renders it.
+type StaticPod struct {
+	// Image is the container image of the pod.
+	Image string
+	// ConfigVersion is the version of the controlplane config resource
+	// (APIServerConfig etc.) that produced the pod, as Talos writes into the
+	// mirror pod annotation talos.dev/config-version.
+	ConfigVersion string
+}
+
+// State is a consistent snapshot of a machine.
+type State struct {
+	// TalosVersion is the running Talos version, e.g. "v1.13.9".
+	TalosVersion string
+	// BootID is a new random UUID after every boot.
+	BootID string
+	// Up is false while the machine reboots (API, kubelet and static pods down).
+	Up bool
+	// Config is the active machine config.
+	Config config.Provider
+	// ConfigVersion starts at 1 and is incremented by every change of the
+	// active config.
+	ConfigVersion int
+	// StaticPods holds "kube-apiserver", "kube-controller-manager" and
+	// "kube-scheduler" on control planes; it is empty on workers.
+	StaticPods map[string]StaticPod
+	// KubeletImage is machine.kubelet.image of the active config.
+	KubeletImage string
+	// ProxyImage is cluster.proxy.image of the active config ("" if kube-proxy
+	// is disabled). Only control planes render it into the kube-proxy
+	// DaemonSet manifest.
+	ProxyImage string
+	// StagedVersion is the Talos version installed into the other boot slot by
+	// an upgrade and taken on the next reboot ("" if none).
+	StagedVersion string
+	// InstallerImage is the installer image of the last upgrade ("" before any).
+	InstallerImage string
+	// ConfigStaged tells whether a config applied in STAGED mode waits for the
+	// next reboot.
+	ConfigStaged bool
+}
+
+// Machine is one simulated Talos machine. It is safe for concurrent use.
+type Machine struct {
+	opts Options
+	log  *slog.Logger
+	cosi state.State
+
+	// opMu serialises config changes and boot transitions.
+	opMu sync.Mutex
+
+	mu               sync.Mutex
+	st               State
+	persistent       config.Provider // the config the next boot takes
+	rebooting        bool
+	unreachableUntil time.Time
+	subs             map[uint64]chan struct{}
+	nextSub          uint64
+
+	ctx    context.Context //nolint:containedctx // lifetime of background work
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New parses the config, renders the machine's COSI resources and boots it
+// (recording the first events.Talos start).
+func New(opts Options) (*Machine, error) {
+	if opts.Name == "" {
+		return nil, errors.New("machine: Name is required")
+	}
+	if !opts.IP.IsValid() {
+		return nil, fmt.Errorf("machine %s: IP is required", opts.Name)
+	}
+	if opts.TalosVersion == "" {
+		return nil, fmt.Errorf("machine %s: TalosVersion is required", opts.Name)
+	}
+	if opts.RebootDelay == 0 {
+		opts.RebootDelay = DefaultRebootDelay
+	}
+	if opts.PullLatency == 0 {
+		opts.PullLatency = DefaultPullLatency
+	}
+	logger := opts.Log
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	cfg, err := configloader.NewFromBytes(opts.Config)
+	if err != nil {
+		return nil, fmt.Errorf("machine %s: parse config: %w", opts.Name, err)
+	}
+	if cfg.Machine() == nil || cfg.Cluster() == nil {
+		return nil, fmt.Errorf("machine %s: config has no v1alpha1 machine and cluster sections", opts.Name)
+	}
+	if got := cfg.Machine().Type().IsControlPlane(); got != opts.ControlPlane {
+		return nil, fmt.Errorf("machine %s: config machine type %s does not match ControlPlane=%t", opts.Name, cfg.Machine().Type(), opts.ControlPlane)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Machine{
+		opts:       opts,
+		log:        logger.With("node", opts.Name),
+		cosi:       state.WrapCore(namespaced.NewState(inmem.Build)),
+		persistent: cfg,
+		subs:       map[uint64]chan struct{}{},
+		ctx:        ctx,
+		cancel:     cancel,
+		st: State{
+			TalosVersion:  opts.TalosVersion,
+			Config:        cfg,
+			ConfigVersion: 1,
+			StaticPods:    map[string]StaticPod{},
+		},
+	}
+	if err := m.syncConfig(ctx, cfg, cfg); err != nil {
+		cancel()
+		return nil, fmt.Errorf("machine %s: render resources: %w", opts.Name, err)
+	}
+	if err := m.boot(ctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("machine %s: boot: %w", opts.Name, err)
+	}
+	return m, nil
+}
+
+// Close stops the machine's background work (pending reboots, kubelet
+// restarts). The machine keeps its state.
+func (m *Machine) Close() {
+	m.cancel()
+	m.wg.Wait()
+}
+
+// Name is the machine's hostname and Kubernetes node name.
+func (m *Machine) Name() string { return m.opts.Name }
+
+// IP is the machine's own address.
+func (m *Machine) IP() netip.Addr { return m.opts.IP }
+
+// ControlPlane tells whether the machine is a control-plane node.
+func (m *Machine) ControlPlane() bool { return m.opts.ControlPlane }
+
+// COSI is the in-memory COSI state holding the machine's Talos resources.
+// Readers may Get/List/Watch it directly; only the machine writes it.
+func (m *Machine) COSI() state.State { return m.cosi }
+
+// AdminKubeconfig is the kubeconfig the Kubeconfig call returns.
+func (m *Machine) AdminKubeconfig() []byte { return m.opts.AdminKubeconfig }
+
+// State returns a consistent snapshot of the machine.
+func (m *Machine) State() State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.st
+	s.StaticPods = make(map[string]StaticPod, len(m.st.StaticPods))
+	for k, v := range m.st.StaticPods {
+		s.StaticPods[k] = v
+	}
+	return s
+}
+
+// Reachable tells whether the machine's Talos API accepts connections: the
+// machine is up, not faulted unreachable, and not inside an
+// unreachableAfterApply window.
+func (m *Machine) Reachable() bool {
+	m.mu.Lock()
+	up, until := m.st.Up, m.unreachableUntil
+	m.mu.Unlock()
+	if !up || time.Now().Before(until) {
+		return false
+	}
+	return !m.faults().Unreachable
+}
+
+// Subscribe returns a channel that receives a (coalesced) notification on
+// every state change: config applied, reboot begun or ended, version
+// changed, API reachability window opened. cancel releases it.
+func (m *Machine) Subscribe() (ch <-chan struct{}, cancel func()) {
+	c := make(chan struct{}, 1)
+	m.mu.Lock()
+	id := m.nextSub
+	m.nextSub++
+	m.subs[id] = c
+	m.mu.Unlock()
+	return c, func() {
+		m.mu.Lock()
+		delete(m.subs, id)
+		m.mu.Unlock()
+	}
+}
+
+func (m *Machine) notify() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.subs {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (m *Machine) faults() faults.Node { return m.opts.Faults.For(m.opts.Name) }
+
+// errDown is what a call to a machine that is rebooting gets.
+func (m *Machine) errDown() error {
+	return status.Errorf(codes.Unavailable, "node %s is not reachable: rebooting", m.opts.Name)
+}
+
+func (m *Machine) isUp() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.st.Up
+}
+
+// boot brings the machine up with a new boot ID and records the start of
+// Talos at the running version.
+func (m *Machine) boot(ctx context.Context) error {
+	m.mu.Lock()
+	m.st.Up = true
+	m.st.BootID = newUUID()
+	version := m.st.TalosVersion
+	m.mu.Unlock()
+	if err := m.setKubeletService(ctx, true); err != nil {
+		return err
+	}
+	if err := m.setMachineStage(ctx, true); err != nil {
+		return err
+	}
+	m.opts.Events.Start(m.opts.Name, events.Talos, version)
+	m.log.Info("booted", "version", version)
+	m.notify()
+	return nil
+}
+
+// Version returns the running Talos version (Unavailable while down).
+func (m *Machine) Version() (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.st.Up {
+		return "", m.errDown()
+	}
+	return m.st.TalosVersion, nil
+}
+
+// ReadFile returns the content of a file on the machine as the Read call
+// serves it. Only /proc/sys/kernel/random/boot_id (how talosctl reads the
+// boot ID) and /proc/sys/kernel/hostname exist.
+func (m *Machine) ReadFile(path string) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.st.Up {
+		return nil, m.errDown()
+	}
+	switch path {
+	case "/proc/sys/kernel/random/boot_id":
+		return []byte(m.st.BootID + "\n"), nil
+	case "/proc/sys/kernel/hostname":
+		return []byte(m.opts.Name + "\n"), nil
+	default:
+		return nil, status.Errorf(codes.NotFound, "open %s: no such file or directory", path)
+	}
+}
+
+// Kubeconfig returns the admin kubeconfig; like Talos, only control planes
+// hold it.
+func (m *Machine) Kubeconfig() ([]byte, error) {
+	if !m.isUp() {
+		return nil, m.errDown()
+	}
+	if !m.opts.ControlPlane {
+		return nil, status.Error(codes.FailedPrecondition, "kubeconfig is only available on control plane nodes")
+	}
+	if len(m.opts.AdminKubeconfig) == 0 {
+		return nil, status.Error(codes.NotFound, "admin kubeconfig is not available")
+	}
+	return m.opts.AdminKubeconfig, nil
+}
+
+// newUUID returns a random (version 4) UUID, as Linux writes a boot ID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -1,0 +1,439 @@
+package machine_test
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate"
+	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	v1alpha1res "github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
+	simmachine "github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
+)
+
+const newAPIServerImage = "registry.k8s.io/kube-apiserver:v1.36.3"
+
+func genConfig(t *testing.T, typ machine.Type) config.Provider {
+	t.Helper()
+	in, err := generate.NewInput("sim", "https://127.0.0.1:6443", "1.35.2",
+		generate.WithVersionContract(config.TalosVersion1_13))
+	require.NoError(t, err)
+	cfg, err := in.Config(typ)
+	require.NoError(t, err)
+	return cfg
+}
+
+func bytesOf(t *testing.T, cfg config.Provider) []byte {
+	t.Helper()
+	b, err := cfg.Bytes()
+	require.NoError(t, err)
+	return b
+}
+
+func patch(t *testing.T, cfg config.Provider, fn func(*v1alpha1.Config)) []byte {
+	t.Helper()
+	out, err := cfg.PatchV1Alpha1(func(c *v1alpha1.Config) error { fn(c); return nil })
+	require.NoError(t, err)
+	return bytesOf(t, out)
+}
+
+type fixture struct {
+	cfg     config.Provider
+	m       *simmachine.Machine
+	events  string
+	faults  string
+	drained chan struct{}
+}
+
+func newMachine(t *testing.T, controlPlane bool, faultsYAML string) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	f := &fixture{events: filepath.Join(dir, "events.jsonl"), faults: filepath.Join(dir, "faults.yaml"), drained: make(chan struct{}, 1)}
+	typ := machine.TypeWorker
+	if controlPlane {
+		typ = machine.TypeControlPlane
+	}
+	f.cfg = genConfig(t, typ)
+	if faultsYAML != "" {
+		require.NoError(t, os.WriteFile(f.faults, []byte(faultsYAML), 0o644))
+	}
+	store, err := faults.Load(f.faults)
+	require.NoError(t, err)
+	log, err := events.Open(f.events)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = log.Close() })
+	m, err := simmachine.New(simmachine.Options{
+		Name:         "node-1",
+		IP:           netip.MustParseAddr("127.0.0.10"),
+		ControlPlane: controlPlane,
+		TalosVersion: "v1.12.4",
+		Config:       bytesOf(t, f.cfg),
+		Events:       log,
+		Faults:       store,
+		RebootDelay:  100 * time.Millisecond,
+		PullLatency:  10 * time.Millisecond,
+		BeforeReboot: func(context.Context) error {
+			f.drained <- struct{}{}
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(m.Close)
+	f.m = m
+	return f
+}
+
+func waitState(t *testing.T, m *simmachine.Machine, what string, cond func(simmachine.State) bool) simmachine.State {
+	t.Helper()
+	ch, cancel := m.Subscribe()
+	defer cancel()
+	deadline := time.After(10 * time.Second)
+	for {
+		if s := m.State(); cond(s) {
+			return s
+		}
+		select {
+		case <-ch:
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s; state %+v", what, m.State())
+		}
+	}
+}
+
+func talosEvents(t *testing.T, path string) []string {
+	t.Helper()
+	evs, err := events.Read(path)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range evs {
+		if e.Component == events.Talos {
+			out = append(out, e.Version)
+		}
+	}
+	return out
+}
+
+func TestNewControlPlane(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	s := f.m.State()
+	assert.True(t, s.Up)
+	assert.Equal(t, "v1.12.4", s.TalosVersion)
+	assert.Equal(t, 1, s.ConfigVersion)
+	assert.Len(t, s.StaticPods, 3)
+	assert.Equal(t, f.cfg.Cluster().APIServer().Image(), s.StaticPods[k8s.APIServerID].Image)
+	assert.Equal(t, f.cfg.Machine().Kubelet().Image(), s.KubeletImage)
+	assert.Equal(t, f.cfg.Cluster().Proxy().Image(), s.ProxyImage)
+	assert.Equal(t, []string{"v1.12.4"}, talosEvents(t, f.events))
+
+	st := f.m.COSI()
+	mc, err := safe.StateGetByID[*configres.MachineConfig](ctx, st, configres.ActiveID)
+	require.NoError(t, err)
+	assert.Equal(t, f.cfg.Cluster().APIServer().Image(), mc.Config().Cluster().APIServer().Image())
+	_, err = safe.StateGetByID[*configres.MachineConfig](ctx, st, configres.PersistentID)
+	require.NoError(t, err)
+	svc, err := safe.StateGetByID[*v1alpha1res.Service](ctx, st, "kubelet")
+	require.NoError(t, err)
+	assert.True(t, svc.TypedSpec().Running && svc.TypedSpec().Healthy)
+	nn, err := safe.StateGetByID[*k8s.Nodename](ctx, st, k8s.NodenameID)
+	require.NoError(t, err)
+	assert.Equal(t, "node-1", nn.TypedSpec().Nodename)
+
+	manifests, err := safe.StateListAll[*k8s.Manifest](ctx, st)
+	require.NoError(t, err)
+	var kinds []string
+	for r := range manifests.All() {
+		for _, item := range r.TypedSpec().Items {
+			kinds = append(kinds, item.Object["kind"].(string)+"/"+item.Object["metadata"].(map[string]any)["name"].(string))
+			if item.Object["kind"] == "DaemonSet" {
+				spec := item.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+				c := spec["containers"].([]any)[0].(map[string]any)
+				assert.Equal(t, s.ProxyImage, c["image"])
+			}
+			if item.Object["kind"] == "Service" {
+				assert.Equal(t, "10.96.0.10", item.Object["spec"].(map[string]any)["clusterIP"])
+			}
+		}
+	}
+	assert.Subset(t, kinds, []string{"ServiceAccount/kube-proxy", "ClusterRoleBinding/kube-proxy", "DaemonSet/kube-proxy",
+		"Deployment/coredns", "ConfigMap/coredns", "Service/kube-dns"})
+	ms, err := safe.StateGetByID[*k8s.ManifestStatus](ctx, st, k8s.ManifestStatusID)
+	require.NoError(t, err)
+	assert.Contains(t, ms.TypedSpec().ManifestsApplied, "10-kube-proxy")
+
+	sp, err := safe.StateGetByID[*k8s.StaticPod](ctx, st, k8s.APIServerID)
+	require.NoError(t, err)
+	ann := sp.TypedSpec().Pod["metadata"].(map[string]any)["annotations"].(map[string]any)
+	assert.Equal(t, s.StaticPods[k8s.APIServerID].ConfigVersion, ann["talos.dev/config-version"])
+}
+
+func TestWorkerHasNoControlPlaneResources(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, false, "")
+	assert.Empty(t, f.m.State().StaticPods)
+	_, err := safe.StateGetByID[*k8s.APIServerConfig](t.Context(), f.m.COSI(), k8s.APIServerConfigID)
+	assert.Error(t, err)
+	_, err = f.m.Kubeconfig()
+	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
+}
+
+func TestApplyNoRebootImageChange(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	before := f.m.State()
+	ch, cancel := f.m.Subscribe()
+	defer cancel()
+
+	resp, err := f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) { c.ClusterConfig.APIServerConfig.ContainerImage = newAPIServerImage }),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, machineapi.ApplyConfigurationRequest_NO_REBOOT, resp.GetMode())
+	assert.Equal(t, "Applied configuration without a reboot", resp.GetModeDetails())
+	select {
+	case <-ch:
+	case <-time.After(time.Second):
+		t.Fatal("no notification after apply")
+	}
+
+	after := f.m.State()
+	assert.Equal(t, before.BootID, after.BootID, "no reboot")
+	assert.Equal(t, before.ConfigVersion+1, after.ConfigVersion)
+	assert.Equal(t, newAPIServerImage, after.StaticPods[k8s.APIServerID].Image)
+	assert.NotEqual(t, before.StaticPods[k8s.APIServerID].ConfigVersion, after.StaticPods[k8s.APIServerID].ConfigVersion)
+	assert.Equal(t, before.StaticPods[k8s.SchedulerID], after.StaticPods[k8s.SchedulerID], "scheduler untouched")
+
+	api, err := safe.StateGetByID[*k8s.APIServerConfig](ctx, f.m.COSI(), k8s.APIServerConfigID)
+	require.NoError(t, err)
+	assert.Equal(t, newAPIServerImage, api.TypedSpec().Image)
+	assert.Equal(t, api.Metadata().Version().String(), after.StaticPods[k8s.APIServerID].ConfigVersion)
+	mc, err := safe.StateGetByID[*configres.MachineConfig](ctx, f.m.COSI(), configres.ActiveID)
+	require.NoError(t, err)
+	assert.Equal(t, newAPIServerImage, mc.Config().Cluster().APIServer().Image())
+}
+
+func TestApplyKubeletImageRestartsKubelet(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, false, "")
+	const img = "ghcr.io/siderolabs/kubelet:v1.36.3"
+	_, err := f.m.ApplyConfiguration(t.Context(), &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) { c.MachineConfig.MachineKubelet.KubeletImage = img }),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, img, f.m.State().KubeletImage)
+	spec, err := safe.StateGetByID[*k8s.KubeletSpec](t.Context(), f.m.COSI(), k8s.KubeletID)
+	require.NoError(t, err)
+	assert.Equal(t, img, spec.TypedSpec().Image)
+	require.Eventually(t, func() bool {
+		svc, err := safe.StateGetByID[*v1alpha1res.Service](t.Context(), f.m.COSI(), "kubelet")
+		return err == nil && svc.TypedSpec().Running && svc.TypedSpec().Healthy
+	}, 5*time.Second, 20*time.Millisecond)
+}
+
+func TestApplyNoRebootRefusesRebootChange(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	before := f.m.State()
+	data := patch(t, f.cfg, func(c *v1alpha1.Config) { c.MachineConfig.MachineEnv = map[string]string{"FOO": "bar"} })
+
+	_, err := f.m.ApplyConfiguration(t.Context(), &machineapi.ApplyConfigurationRequest{
+		Data: data,
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.Error(t, err)
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	assert.Contains(t, err.Error(), "can't be applied")
+	assert.Contains(t, err.Error(), "FOO")
+	after := f.m.State()
+	assert.Equal(t, before.ConfigVersion, after.ConfigVersion)
+
+	// AUTO picks a reboot for the same change (dry run: nothing happens).
+	resp, err := f.m.ApplyConfiguration(t.Context(), &machineapi.ApplyConfigurationRequest{
+		Data: data, Mode: machineapi.ApplyConfigurationRequest_AUTO, DryRun: true,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, machineapi.ApplyConfigurationRequest_REBOOT, resp.GetMode())
+}
+
+func TestApplyDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	before := f.m.State()
+	apiBefore, err := safe.StateGetByID[*k8s.APIServerConfig](ctx, f.m.COSI(), k8s.APIServerConfigID)
+	require.NoError(t, err)
+
+	resp, err := f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data:   patch(t, f.cfg, func(c *v1alpha1.Config) { c.ClusterConfig.APIServerConfig.ContainerImage = newAPIServerImage }),
+		Mode:   machineapi.ApplyConfigurationRequest_NO_REBOOT,
+		DryRun: true,
+	})
+	require.NoError(t, err)
+	assert.Contains(t, resp.GetModeDetails(), "Dry run summary")
+	assert.Regexp(t, `(?m)^\+\s+image: `+regexp.QuoteMeta(newAPIServerImage)+`$`, resp.GetModeDetails())
+	assert.NotContains(t, resp.GetModeDetails(), f.cfg.Cluster().Secret())
+
+	after := f.m.State()
+	assert.Equal(t, before.ConfigVersion, after.ConfigVersion)
+	assert.Equal(t, before.StaticPods, after.StaticPods)
+	apiAfter, err := safe.StateGetByID[*k8s.APIServerConfig](ctx, f.m.COSI(), k8s.APIServerConfigID)
+	require.NoError(t, err)
+	assert.Equal(t, apiBefore.Metadata().Version(), apiAfter.Metadata().Version())
+}
+
+func TestApplyBlocksHonoursDeadline(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "nodes:\n  node-1:\n    applyBlocks: true\n")
+	before := f.m.State()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) { c.ClusterConfig.APIServerConfig.ContainerImage = newAPIServerImage }),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	elapsed := time.Since(start)
+	require.Error(t, err)
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+	assert.GreaterOrEqual(t, elapsed, 250*time.Millisecond)
+	assert.Less(t, elapsed, 3*time.Second)
+	assert.Equal(t, before.ConfigVersion, f.m.State().ConfigVersion)
+	assert.Equal(t, before.StaticPods, f.m.State().StaticPods)
+
+	// A dry run is not blocked.
+	_, err = f.m.ApplyConfiguration(t.Context(), &machineapi.ApplyConfigurationRequest{
+		Data: bytesOf(t, f.cfg), Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT, DryRun: true,
+	})
+	require.NoError(t, err)
+}
+
+func TestUpgradeThenRebootBootsNewVersion(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	before := f.m.State()
+
+	var msgs []string
+	err := f.m.StageUpgrade(ctx, "factory.talos.dev/installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.13.9",
+		func(msg string) error { msgs = append(msgs, msg); return nil })
+	require.NoError(t, err)
+	assert.NotEmpty(t, msgs)
+	staged := f.m.State()
+	assert.Equal(t, "v1.13.9", staged.StagedVersion)
+	v, err := f.m.Version()
+	require.NoError(t, err)
+	assert.Equal(t, "v1.12.4", v, "new version only after a reboot")
+
+	require.NoError(t, f.m.Reboot())
+	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
+	_, err = f.m.Version()
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.False(t, f.m.Reachable())
+	after := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
+
+	assert.Equal(t, "v1.13.9", after.TalosVersion)
+	assert.NotEqual(t, before.BootID, after.BootID)
+	assert.Empty(t, after.StagedVersion)
+	assert.Equal(t, before.ConfigVersion, after.ConfigVersion)
+	assert.Equal(t, []string{"v1.12.4", "v1.13.9"}, talosEvents(t, f.events))
+	select {
+	case <-f.drained:
+		t.Fatal("a plain reboot does not drain")
+	default:
+	}
+}
+
+func TestLegacyUpgradeDrainsAndReboots(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, false, "")
+	before := f.m.State()
+	require.NoError(t, f.m.Upgrade(t.Context(), &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.9"}))
+	select {
+	case <-f.drained:
+	case <-time.After(5 * time.Second):
+		t.Fatal("BeforeReboot not called")
+	}
+	after := waitState(t, f.m, "new version", func(s simmachine.State) bool { return s.Up && s.TalosVersion == "v1.13.9" })
+	assert.NotEqual(t, before.BootID, after.BootID)
+	assert.Equal(t, "ghcr.io/siderolabs/installer:v1.13.9", after.InstallerImage)
+
+	err := f.m.Upgrade(t.Context(), &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:latest"})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+}
+
+func TestABFallbackBootsOldVersion(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "nodes:\n  node-1:\n    abFallback: true\n")
+	before := f.m.State()
+	require.NoError(t, f.m.StageUpgrade(t.Context(), "ghcr.io/siderolabs/installer:v1.13.9", nil))
+	require.NoError(t, f.m.Reboot())
+	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
+	after := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
+	assert.Equal(t, "v1.12.4", after.TalosVersion)
+	assert.NotEqual(t, before.BootID, after.BootID)
+	assert.Empty(t, after.StagedVersion)
+	assert.Equal(t, []string{"v1.12.4", "v1.12.4"}, talosEvents(t, f.events))
+}
+
+func TestNeverBootsUntilCleared(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, false, "nodes:\n  node-1:\n    neverBoots: true\n")
+	require.NoError(t, f.m.StageUpgrade(t.Context(), "ghcr.io/siderolabs/installer:v1.13.9", nil))
+	require.NoError(t, f.m.Reboot())
+	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
+	time.Sleep(500 * time.Millisecond)
+	assert.False(t, f.m.State().Up)
+	require.NoError(t, os.WriteFile(f.faults, []byte("nodes: {}\n"), 0o644))
+	after := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
+	assert.Equal(t, "v1.13.9", after.TalosVersion)
+}
+
+func TestPull(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, false, "")
+	require.NoError(t, f.m.Pull(t.Context(), "registry.k8s.io/kube-proxy:v1.36.3"))
+
+	g := newMachine(t, false, "nodes:\n  node-1:\n    pullFails: true\n")
+	err := g.m.Pull(t.Context(), "registry.k8s.io/kube-proxy:v1.36.3")
+	require.Error(t, err)
+	assert.True(t, strings.Contains(err.Error(), "failed to pull image") && strings.Contains(err.Error(), "not found"), err.Error())
+}
+
+func TestStagedApplyTakesEffectAfterReboot(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, false, "")
+	data := patch(t, f.cfg, func(c *v1alpha1.Config) { c.MachineConfig.MachineEnv = map[string]string{"FOO": "bar"} })
+	resp, err := f.m.ApplyConfiguration(t.Context(), &machineapi.ApplyConfigurationRequest{Data: data, Mode: machineapi.ApplyConfigurationRequest_STAGED})
+	require.NoError(t, err)
+	assert.Equal(t, machineapi.ApplyConfigurationRequest_STAGED, resp.GetMode())
+	assert.True(t, f.m.State().ConfigStaged)
+	assert.Equal(t, 1, f.m.State().ConfigVersion)
+	require.NoError(t, f.m.Reboot())
+	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
+	after := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
+	assert.Equal(t, 2, after.ConfigVersion)
+	assert.Equal(t, "bar", after.Config.RawV1Alpha1().MachineConfig.MachineEnv["FOO"])
+}

@@ -1,0 +1,420 @@
+package machine
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"sigs.k8s.io/yaml"
+)
+
+// manifestTemplate is one bootstrap manifest: a Manifest resource ID, its
+// template and whether the config renders it.
+type manifestTemplate struct {
+	id   string
+	text string
+	when func(manifestData) bool
+}
+
+// manifestTemplates are the bootstrap manifests a simulated control plane
+// renders, by Manifest resource ID. Their shape follows Talos' templates
+// (kube-proxy DaemonSet in kube-system labelled k8s-app=kube-proxy and
+// tolerating everything, CoreDNS with two replicas behind the kube-dns
+// Service on the cluster DNS IP), written for the simulator.
+func manifestTemplates() []manifestTemplate {
+	return []manifestTemplate{
+		{id: "10-kube-proxy", when: func(d manifestData) bool { return d.ProxyEnabled }, text: kubeProxyTemplate},
+		{id: "11-core-dns", when: func(d manifestData) bool { return d.CoreDNSEnabled }, text: coreDNSTemplate},
+		{id: "11-core-dns-svc", when: func(d manifestData) bool { return d.CoreDNSEnabled }, text: coreDNSServiceTemplate},
+		{id: "11-kube-config-in-cluster", when: func(manifestData) bool { return true }, text: kubeconfigInClusterTemplate},
+	}
+}
+
+type manifestData struct {
+	ProxyEnabled   bool
+	ProxyImage     string
+	ProxyMode      string
+	ProxyArgs      []string
+	PodCIDRs       string
+	CoreDNSEnabled bool
+	CoreDNSImage   string
+	DNSServiceIP   string
+	DNSDomain      string
+	LocalPort      int
+}
+
+func newManifestData(cfg config.Config) (manifestData, error) {
+	c := cfg.Cluster()
+	d := manifestData{
+		ProxyEnabled:   c.Proxy().Enabled(),
+		ProxyImage:     c.Proxy().Image(),
+		ProxyMode:      c.Proxy().Mode(),
+		PodCIDRs:       strings.Join(c.Network().PodCIDRs(), ","),
+		CoreDNSEnabled: c.CoreDNS().Enabled(),
+		CoreDNSImage:   c.CoreDNS().Image(),
+		DNSDomain:      c.Network().DNSDomain(),
+		LocalPort:      c.LocalAPIServerPort(),
+	}
+	for k, vs := range c.Proxy().ExtraArgs() {
+		for _, v := range vs {
+			d.ProxyArgs = append(d.ProxyArgs, fmt.Sprintf("--%s=%s", k, v))
+		}
+	}
+	if d.CoreDNSEnabled {
+		ips, err := c.Network().DNSServiceIPs()
+		if err != nil {
+			return d, fmt.Errorf("cluster DNS service IP: %w", err)
+		}
+		if len(ips) == 0 {
+			return d, fmt.Errorf("cluster DNS service IP: none in the service CIDRs")
+		}
+		d.DNSServiceIP = ips[0].String()
+	}
+	return d, nil
+}
+
+// renderManifests renders the bootstrap manifests for cfg: manifest ID ->
+// objects, as the maps Talos puts in Manifest resources.
+func renderManifests(cfg config.Config) (ids []string, objects map[string][]map[string]any, err error) {
+	data, err := newManifestData(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	objects = map[string][]map[string]any{}
+	for _, t := range manifestTemplates() {
+		if !t.when(data) {
+			continue
+		}
+		tmpl, err := template.New(t.id).Parse(t.text)
+		if err != nil {
+			return nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
+		}
+		for _, doc := range strings.Split(buf.String(), "\n---\n") {
+			if strings.TrimSpace(doc) == "" {
+				continue
+			}
+			var obj map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+				return nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
+			}
+			objects[t.id] = append(objects[t.id], obj)
+		}
+		ids = append(ids, t.id)
+	}
+	return ids, objects, nil
+}
+
+const kubeProxyTemplate = `apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: kube-proxy
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:node-proxier
+subjects:
+- kind: ServiceAccount
+  name: kube-proxy
+  namespace: kube-system
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+  labels:
+    tier: node
+    k8s-app: kube-proxy
+spec:
+  selector:
+    matchLabels:
+      tier: node
+      k8s-app: kube-proxy
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+  template:
+    metadata:
+      labels:
+        tier: node
+        k8s-app: kube-proxy
+    spec:
+      priorityClassName: system-node-critical
+      hostNetwork: true
+      serviceAccountName: kube-proxy
+      tolerations:
+      - operator: Exists
+      containers:
+      - name: kube-proxy
+        image: {{ .ProxyImage }}
+        imagePullPolicy: IfNotPresent
+        command:
+        - /usr/local/bin/kube-proxy
+        - --cluster-cidr={{ .PodCIDRs }}
+        - --hostname-override=$(NODE_NAME)
+        - --kubeconfig=/etc/kubernetes/kubeconfig
+        - --proxy-mode={{ .ProxyMode }}
+        - --conntrack-max-per-core=0
+{{- range .ProxyArgs }}
+        - {{ . }}
+{{- end }}
+        env:
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.podIP
+        securityContext:
+          privileged: true
+        volumeMounts:
+        - name: kubeconfig
+          mountPath: /etc/kubernetes
+          readOnly: true
+        - name: lib-modules
+          mountPath: /lib/modules
+          readOnly: true
+      volumes:
+      - name: kubeconfig
+        configMap:
+          name: kubeconfig-in-cluster
+      - name: lib-modules
+        hostPath:
+          path: /lib/modules
+`
+
+const coreDNSTemplate = `apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: coredns
+  namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: system:coredns
+  labels:
+    kubernetes.io/bootstrapping: rbac-defaults
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: system:coredns
+  annotations:
+    rbac.authorization.kubernetes.io/autoupdate: "true"
+  labels:
+    kubernetes.io/bootstrapping: rbac-defaults
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:coredns
+subjects:
+- kind: ServiceAccount
+  name: coredns
+  namespace: kube-system
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: coredns
+  namespace: kube-system
+data:
+  Corefile: |-
+    .:53 {
+        errors
+        health {
+            lameduck 5s
+        }
+        ready
+        log . {
+            class error
+        }
+        prometheus :9153
+        kubernetes {{ .DNSDomain }} in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+            ttl 30
+        }
+        forward . /etc/resolv.conf {
+            max_concurrent 1000
+        }
+        cache 30
+        loop
+        reload
+        loadbalance
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: coredns
+  namespace: kube-system
+  labels:
+    k8s-app: kube-dns
+    kubernetes.io/name: CoreDNS
+spec:
+  replicas: 2
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+  selector:
+    matchLabels:
+      k8s-app: kube-dns
+  template:
+    metadata:
+      labels:
+        k8s-app: kube-dns
+    spec:
+      priorityClassName: system-cluster-critical
+      serviceAccountName: coredns
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm:
+              labelSelector:
+                matchExpressions:
+                - key: k8s-app
+                  operator: In
+                  values: [kube-dns]
+              topologyKey: kubernetes.io/hostname
+      tolerations:
+      - key: node-role.kubernetes.io/control-plane
+        operator: Exists
+        effect: NoSchedule
+      - key: node.cloudprovider.kubernetes.io/uninitialized
+        operator: Exists
+        effect: NoSchedule
+      nodeSelector:
+        kubernetes.io/os: linux
+      containers:
+      - name: coredns
+        image: {{ .CoreDNSImage }}
+        imagePullPolicy: IfNotPresent
+        args: [-conf, /etc/coredns/Corefile]
+        resources:
+          limits:
+            memory: 170Mi
+          requests:
+            cpu: 100m
+            memory: 70Mi
+        volumeMounts:
+        - name: config-volume
+          mountPath: /etc/coredns
+          readOnly: true
+        ports:
+        - name: dns
+          containerPort: 53
+          protocol: UDP
+        - name: dns-tcp
+          containerPort: 53
+          protocol: TCP
+        - name: metrics
+          containerPort: 9153
+          protocol: TCP
+        livenessProbe:
+          httpGet:
+            path: /health
+            port: 8080
+            scheme: HTTP
+          initialDelaySeconds: 60
+          timeoutSeconds: 5
+          successThreshold: 1
+          failureThreshold: 5
+        readinessProbe:
+          httpGet:
+            path: /ready
+            port: 8181
+            scheme: HTTP
+        securityContext:
+          allowPrivilegeEscalation: false
+          capabilities:
+            add: [NET_BIND_SERVICE]
+            drop: [all]
+          readOnlyRootFilesystem: true
+      dnsPolicy: Default
+      volumes:
+      - name: config-volume
+        configMap:
+          name: coredns
+          items:
+          - key: Corefile
+            path: Corefile
+`
+
+const coreDNSServiceTemplate = `apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels:
+    k8s-app: kube-dns
+    kubernetes.io/cluster-service: "true"
+    kubernetes.io/name: CoreDNS
+  annotations:
+    prometheus.io/port: "9153"
+    prometheus.io/scrape: "true"
+spec:
+  selector:
+    k8s-app: kube-dns
+  clusterIP: {{ .DNSServiceIP }}
+  ports:
+  - name: dns
+    port: 53
+    protocol: UDP
+  - name: dns-tcp
+    port: 53
+    protocol: TCP
+  - name: metrics
+    port: 9153
+    protocol: TCP
+`
+
+const kubeconfigInClusterTemplate = `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: kubeconfig-in-cluster
+  namespace: kube-system
+data:
+  kubeconfig: |
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - name: local
+      cluster:
+        server: https://127.0.0.1:{{ .LocalPort }}
+        certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+    users:
+    - name: service-account
+      user:
+        tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+    contexts:
+    - context:
+        cluster: local
+        user: service-account
+      name: local
+    current-context: local
+`

@@ -1,0 +1,322 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
+)
+
+// putMachineConfig writes the MachineConfig resource id (config.ActiveID or
+// config.PersistentID) holding cfg, bumping its version.
+func (m *Machine) putMachineConfig(ctx context.Context, id resource.ID, cfg config.Provider) error {
+	r := configres.NewMachineConfigWithID(cfg, id)
+	cur, err := m.cosi.Get(ctx, r.Metadata())
+	switch {
+	case state.IsNotFoundError(err):
+		if err := m.cosi.Create(ctx, r); err != nil {
+			return fmt.Errorf("create MachineConfig %s: %w", id, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("get MachineConfig %s: %w", id, err)
+	}
+	r.Metadata().SetVersion(cur.Metadata().Version())
+	if err := m.cosi.Update(ctx, r); err != nil {
+		return fmt.Errorf("update MachineConfig %s: %w", id, err)
+	}
+	return nil
+}
+
+// syncConfig writes the MachineConfigs and every resource Talos derives from
+// the active config, and records the derived images in the machine state.
+func (m *Machine) syncConfig(ctx context.Context, active, persistent config.Provider) error {
+	if err := m.putMachineConfig(ctx, configres.ActiveID, active); err != nil {
+		return err
+	}
+	if err := m.putMachineConfig(ctx, configres.PersistentID, persistent); err != nil {
+		return err
+	}
+	if err := safe.StateModify(ctx, m.cosi, k8s.NewNodename(k8s.NamespaceName, k8s.NodenameID), func(r *k8s.Nodename) error {
+		r.TypedSpec().Nodename = m.opts.Name
+		r.TypedSpec().HostnameVersion = "1"
+		r.TypedSpec().SkipNodeRegistration = active.Machine().Kubelet().SkipNodeRegistration()
+		return nil
+	}); err != nil {
+		return fmt.Errorf("nodename: %w", err)
+	}
+	kubeletImage := active.Machine().Kubelet().Image()
+	if err := safe.StateModify(ctx, m.cosi, k8s.NewKubeletSpec(k8s.NamespaceName, k8s.KubeletID), func(r *k8s.KubeletSpec) error {
+		r.TypedSpec().Image = kubeletImage
+		r.TypedSpec().ExpectedNodename = m.opts.Name
+		r.TypedSpec().Args = kubeletArgs(active, m.opts.Name)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("kubelet spec: %w", err)
+	}
+
+	pods := map[string]StaticPod{}
+	if m.opts.ControlPlane {
+		var err error
+		if pods, err = m.syncControlPlane(ctx, active); err != nil {
+			return err
+		}
+		if err := m.syncManifests(ctx, active); err != nil {
+			return err
+		}
+	}
+	proxyImage := ""
+	if active.Cluster().Proxy().Enabled() {
+		proxyImage = active.Cluster().Proxy().Image()
+	}
+	m.mu.Lock()
+	m.st.StaticPods = pods
+	m.st.KubeletImage = kubeletImage
+	m.st.ProxyImage = proxyImage
+	m.mu.Unlock()
+	return nil
+}
+
+func kubeletArgs(cfg config.Config, nodeName string) []string {
+	args := []string{
+		"--config=/etc/kubernetes/kubelet.yaml",
+		"--kubeconfig=/etc/kubernetes/kubeconfig-kubelet",
+		"--cert-dir=/var/lib/kubelet/pki",
+		"--hostname-override=" + nodeName,
+	}
+	return append(args, flattenArgs(cfg.Machine().Kubelet().ExtraArgs())...)
+}
+
+func flattenArgs(extra map[string][]string) []string {
+	var out []string
+	for k, vs := range extra {
+		for _, v := range vs {
+			out = append(out, fmt.Sprintf("--%s=%s", k, v))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func argValues(extra map[string][]string) map[string]k8s.ArgValues {
+	out := make(map[string]k8s.ArgValues, len(extra))
+	for k, v := range extra {
+		out[k] = k8s.ArgValues{Values: slices.Clone(v)}
+	}
+	return out
+}
+
+// syncControlPlane writes the controlplane config resources and the static
+// pods they produce, the pods annotated with the config resource's version.
+func (m *Machine) syncControlPlane(ctx context.Context, cfg config.Config) (map[string]StaticPod, error) {
+	c := cfg.Cluster()
+	endpoint := ""
+	if u := c.Endpoint(); u != nil {
+		endpoint = u.String()
+	}
+	api, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewAPIServerConfig(), func(r *k8s.APIServerConfig) error {
+		s := r.TypedSpec()
+		s.Image = c.APIServer().Image()
+		s.ControlPlaneEndpoint = endpoint
+		s.EtcdServers = []string{"https://localhost:2379"}
+		s.LocalPort = c.LocalAPIServerPort()
+		s.ServiceCIDRs = c.Network().ServiceCIDRs()
+		s.ExtraArgs = argValues(c.APIServer().ExtraArgs())
+		s.AdvertisedAddress = "$(POD_IP)"
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("APIServerConfig: %w", err)
+	}
+	cm, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewControllerManagerConfig(), func(r *k8s.ControllerManagerConfig) error {
+		s := r.TypedSpec()
+		s.Enabled = true
+		s.Image = c.ControllerManager().Image()
+		s.PodCIDRs = c.Network().PodCIDRs()
+		s.ServiceCIDRs = c.Network().ServiceCIDRs()
+		s.ExtraArgs = argValues(c.ControllerManager().ExtraArgs())
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ControllerManagerConfig: %w", err)
+	}
+	sched, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewSchedulerConfig(), func(r *k8s.SchedulerConfig) error {
+		s := r.TypedSpec()
+		s.Enabled = true
+		s.Image = c.Scheduler().Image()
+		s.ExtraArgs = argValues(c.Scheduler().ExtraArgs())
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("SchedulerConfig: %w", err)
+	}
+
+	pods := map[string]StaticPod{
+		k8s.APIServerID: {Image: api.TypedSpec().Image, ConfigVersion: api.Metadata().Version().String()},
+		k8s.ControllerManagerID: {
+			Image: cm.TypedSpec().Image, ConfigVersion: cm.Metadata().Version().String(),
+		},
+		k8s.SchedulerID: {Image: sched.TypedSpec().Image, ConfigVersion: sched.Metadata().Version().String()},
+	}
+	commands := map[string][]string{
+		k8s.APIServerID: append([]string{
+			"/usr/local/bin/kube-apiserver",
+			"--etcd-servers=https://localhost:2379",
+			"--secure-port=" + strconv.Itoa(c.LocalAPIServerPort()),
+			"--service-cluster-ip-range=" + strings.Join(c.Network().ServiceCIDRs(), ","),
+		}, flattenArgs(c.APIServer().ExtraArgs())...),
+		k8s.ControllerManagerID: append([]string{
+			"/usr/local/bin/kube-controller-manager",
+			"--use-service-account-credentials",
+			"--cluster-cidr=" + strings.Join(c.Network().PodCIDRs(), ","),
+			"--service-cluster-ip-range=" + strings.Join(c.Network().ServiceCIDRs(), ","),
+		}, flattenArgs(c.ControllerManager().ExtraArgs())...),
+		k8s.SchedulerID: append([]string{
+			"/usr/local/bin/kube-scheduler",
+			"--config=/system/config/kube-scheduler/scheduler-config.yaml",
+		}, flattenArgs(c.Scheduler().ExtraArgs())...),
+	}
+	for id, p := range pods {
+		pod := staticPodObject(id, p, commands[id])
+		if err := safe.StateModify(ctx, m.cosi, k8s.NewStaticPod(k8s.NamespaceName, id), func(r *k8s.StaticPod) error {
+			r.TypedSpec().Pod = pod
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("static pod %s: %w", id, err)
+		}
+	}
+	return pods, nil
+}
+
+// staticPodObject renders a control-plane static pod the way Talos does:
+// labels tier=control-plane and k8s-app, annotation talos.dev/config-version.
+func staticPodObject(id string, p StaticPod, command []string) map[string]any {
+	cmd := make([]any, len(command))
+	for i, c := range command {
+		cmd[i] = c
+	}
+	return map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata": map[string]any{
+			"name":      id,
+			"namespace": "kube-system",
+			"annotations": map[string]any{
+				constants.AnnotationStaticPodConfigVersion:  p.ConfigVersion,
+				constants.AnnotationStaticPodSecretsVersion: "1",
+			},
+			"labels": map[string]any{
+				"tier":                         "control-plane",
+				"k8s-app":                      id,
+				"component":                    id,
+				"app.kubernetes.io/name":       id,
+				"app.kubernetes.io/version":    strings.TrimPrefix(imageTag(p.Image), "v"),
+				"app.kubernetes.io/component":  "control-plane",
+				"app.kubernetes.io/managed-by": "Talos",
+			},
+		},
+		"spec": map[string]any{
+			"priorityClassName": "system-cluster-critical",
+			"hostNetwork":       true,
+			"containers": []any{
+				map[string]any{
+					"name":    id,
+					"image":   p.Image,
+					"command": cmd,
+				},
+			},
+		},
+	}
+}
+
+// imageTag returns the tag of an image reference ("" without one).
+func imageTag(image string) string {
+	ref := image
+	if i := strings.Index(ref, "@"); i >= 0 {
+		ref = ref[:i]
+	}
+	i := strings.LastIndex(ref, ":")
+	if i < 0 || i < strings.LastIndex(ref, "/") {
+		return ""
+	}
+	return ref[i+1:]
+}
+
+// syncManifests writes the bootstrap Manifest resources (removing those the
+// config no longer renders) and the ManifestStatus listing them as applied.
+func (m *Machine) syncManifests(ctx context.Context, cfg config.Config) error {
+	ids, objects, err := renderManifests(cfg)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		items := make([]k8s.SingleManifest, 0, len(objects[id]))
+		for _, o := range objects[id] {
+			items = append(items, k8s.SingleManifest{Object: o})
+		}
+		if err := safe.StateModify(ctx, m.cosi, k8s.NewManifest(k8s.ControlPlaneNamespaceName, id), func(r *k8s.Manifest) error {
+			r.TypedSpec().Items = items
+			return nil
+		}); err != nil {
+			return fmt.Errorf("manifest %s: %w", id, err)
+		}
+	}
+	existing, err := safe.StateListAll[*k8s.Manifest](ctx, m.cosi)
+	if err != nil {
+		return fmt.Errorf("list manifests: %w", err)
+	}
+	for r := range existing.All() {
+		if !slices.Contains(ids, r.Metadata().ID()) {
+			if err := m.cosi.Destroy(ctx, r.Metadata()); err != nil {
+				return fmt.Errorf("remove manifest %s: %w", r.Metadata().ID(), err)
+			}
+		}
+	}
+	if err := safe.StateModify(ctx, m.cosi, k8s.NewManifestStatus(k8s.ControlPlaneNamespaceName), func(r *k8s.ManifestStatus) error {
+		r.TypedSpec().ManifestsApplied = slices.Clone(ids)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("manifest status: %w", err)
+	}
+	return nil
+}
+
+// setKubeletService reports the kubelet Service running and healthy, or down.
+func (m *Machine) setKubeletService(ctx context.Context, up bool) error {
+	if err := safe.StateModify(ctx, m.cosi, v1alpha1.NewService("kubelet"), func(r *v1alpha1.Service) error {
+		r.TypedSpec().Running = up
+		r.TypedSpec().Healthy = up
+		r.TypedSpec().Unknown = false
+		return nil
+	}); err != nil {
+		return fmt.Errorf("kubelet service: %w", err)
+	}
+	return nil
+}
+
+// setMachineStage reports the machine running and ready, or rebooting.
+func (m *Machine) setMachineStage(ctx context.Context, up bool) error {
+	if err := safe.StateModify(ctx, m.cosi, runtime.NewMachineStatus(), func(r *runtime.MachineStatus) error {
+		r.TypedSpec().Stage = runtime.MachineStageRebooting
+		r.TypedSpec().Status.Ready = false
+		if up {
+			r.TypedSpec().Stage = runtime.MachineStageRunning
+			r.TypedSpec().Status.Ready = true
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("machine status: %w", err)
+	}
+	return nil
+}

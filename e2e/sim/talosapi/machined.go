@@ -1,0 +1,251 @@
+package talosapi
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"hash/fnv"
+	goruntime "runtime"
+	"sync"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
+	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
+)
+
+// machineService is MachineService on one endpoint; calls are routed to
+// their target machines.
+type machineService struct {
+	machineapi.UnimplementedMachineServiceServer
+
+	s    *Server
+	self *machine.Machine
+}
+
+// fanOut runs a unary call on its target machines as apid does: for a
+// single target the call's error is the reply's error; for several, every
+// machine gets a message and errors are embedded in its metadata.
+func fanOut[M proto.Message](ctx context.Context, s *Server, self *machine.Machine, newMsg func() M,
+	call func(ctx context.Context, m *machine.Machine) (M, error),
+) ([]M, error) {
+	ts, multi, err := s.targets(ctx, self)
+	if err != nil {
+		return nil, err
+	}
+	one := func(t target) (M, error) {
+		if err := s.reachable(t); err != nil {
+			var zero M
+			return zero, err
+		}
+		return call(ctx, t.m)
+	}
+	if !multi {
+		msg, err := one(ts[0])
+		if err != nil {
+			return nil, err
+		}
+		setMetadata(msg, &common.Metadata{Hostname: ts[0].name})
+		return []M{msg}, nil
+	}
+	out := make([]M, len(ts))
+	var wg sync.WaitGroup
+	for i, t := range ts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msg, err := one(t)
+			md := &common.Metadata{Hostname: t.name}
+			if err != nil {
+				msg = newMsg()
+				st := status.Convert(err)
+				md.Error = st.Message()
+				md.Status = st.Proto()
+			}
+			setMetadata(msg, md)
+			out[i] = msg
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}
+
+// setMetadata sets the "metadata" field every Talos reply message has.
+func setMetadata(msg proto.Message, md *common.Metadata) {
+	r := msg.ProtoReflect()
+	if fd := r.Descriptor().Fields().ByName("metadata"); fd != nil {
+		r.Set(fd, protoreflectValue(md))
+	}
+}
+
+// Version returns the running Talos version of the target machine.
+func (ms *machineService) Version(ctx context.Context, _ *emptypb.Empty) (*machineapi.VersionResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Version { return &machineapi.Version{} },
+		func(_ context.Context, m *machine.Machine) (*machineapi.Version, error) {
+			v, err := m.Version()
+			if err != nil {
+				return nil, err
+			}
+			return &machineapi.Version{
+				Version: &machineapi.VersionInfo{
+					Tag:       v,
+					Sha:       "simulated",
+					Built:     time.Now().UTC().Format(time.RFC3339),
+					GoVersion: goruntime.Version(),
+					Os:        "linux",
+					Arch:      goruntime.GOARCH,
+				},
+				Platform: &machineapi.PlatformInfo{Name: "metal", Mode: "metal"},
+				Features: &machineapi.FeaturesInfo{Rbac: true},
+			}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.VersionResponse{Messages: msgs}, nil
+}
+
+// ApplyConfiguration applies a machine config (see machine.ApplyConfiguration).
+func (ms *machineService) ApplyConfiguration(ctx context.Context, req *machineapi.ApplyConfigurationRequest) (*machineapi.ApplyConfigurationResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.ApplyConfiguration { return &machineapi.ApplyConfiguration{} },
+		func(ctx context.Context, m *machine.Machine) (*machineapi.ApplyConfiguration, error) {
+			return m.ApplyConfiguration(ctx, req)
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.ApplyConfigurationResponse{Messages: msgs}, nil
+}
+
+// ImagePull pulls an image (the older MachineService call).
+func (ms *machineService) ImagePull(ctx context.Context, req *machineapi.ImagePullRequest) (*machineapi.ImagePullResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.ImagePull { return &machineapi.ImagePull{} },
+		func(ctx context.Context, m *machine.Machine) (*machineapi.ImagePull, error) {
+			if err := m.Pull(ctx, req.GetReference()); err != nil {
+				return nil, err
+			}
+			return &machineapi.ImagePull{}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.ImagePullResponse{Messages: msgs}, nil
+}
+
+// EtcdMemberList lists the etcd members: every control-plane machine, as a
+// voter. Workers run no etcd.
+func (ms *machineService) EtcdMemberList(ctx context.Context, _ *machineapi.EtcdMemberListRequest) (*machineapi.EtcdMemberListResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.EtcdMembers { return &machineapi.EtcdMembers{} },
+		func(_ context.Context, m *machine.Machine) (*machineapi.EtcdMembers, error) {
+			if _, err := m.Version(); err != nil {
+				return nil, err
+			}
+			if !m.ControlPlane() {
+				return nil, status.Error(codes.FailedPrecondition, "etcd is not running on this node: it is not a control plane node")
+			}
+			var members []*machineapi.EtcdMember
+			for _, cp := range ms.s.machines {
+				if !cp.ControlPlane() {
+					continue
+				}
+				ip := cp.IP().String()
+				members = append(members, &machineapi.EtcdMember{
+					Id:         memberID(cp.Name()),
+					Hostname:   cp.Name(),
+					PeerUrls:   []string{"https://" + ip + ":2380"},
+					ClientUrls: []string{"https://" + ip + ":2379"},
+				})
+			}
+			return &machineapi.EtcdMembers{Members: members}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.EtcdMemberListResponse{Messages: msgs}, nil
+}
+
+func memberID(name string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return h.Sum64()
+}
+
+// Upgrade is the deprecated MachineService upgrade: drain, install, reboot.
+func (ms *machineService) Upgrade(ctx context.Context, req *machineapi.UpgradeRequest) (*machineapi.UpgradeResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Upgrade { return &machineapi.Upgrade{} },
+		func(ctx context.Context, m *machine.Machine) (*machineapi.Upgrade, error) {
+			if err := m.Upgrade(ctx, req); err != nil {
+				return nil, err
+			}
+			return &machineapi.Upgrade{Ack: "Upgrade request received", ActorId: newActorID()}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.UpgradeResponse{Messages: msgs}, nil
+}
+
+// Reboot reboots the target machine (the reply comes before it goes down).
+func (ms *machineService) Reboot(ctx context.Context, _ *machineapi.RebootRequest) (*machineapi.RebootResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Reboot { return &machineapi.Reboot{} },
+		func(_ context.Context, m *machine.Machine) (*machineapi.Reboot, error) {
+			if err := m.Reboot(); err != nil {
+				return nil, err
+			}
+			return &machineapi.Reboot{ActorId: newActorID()}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.RebootResponse{Messages: msgs}, nil
+}
+
+// Kubeconfig streams a tar.gz holding the admin kubeconfig (control planes).
+func (ms *machineService) Kubeconfig(_ *emptypb.Empty, srv grpc.ServerStreamingServer[common.Data]) error {
+	t, err := ms.s.single(srv.Context(), ms.self)
+	if err != nil {
+		return err
+	}
+	kubeconfig, err := t.m.Kubeconfig()
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	if err := tw.WriteHeader(&tar.Header{Name: "kubeconfig", Mode: 0o600, Size: int64(len(kubeconfig)), ModTime: time.Now()}); err != nil {
+		return fmt.Errorf("kubeconfig archive: %w", err)
+	}
+	if _, err := tw.Write(kubeconfig); err != nil {
+		return fmt.Errorf("kubeconfig archive: %w", err)
+	}
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("kubeconfig archive: %w", err)
+	}
+	if err := gz.Close(); err != nil {
+		return fmt.Errorf("kubeconfig archive: %w", err)
+	}
+	return srv.Send(&common.Data{Bytes: buf.Bytes()})
+}
+
+// Read streams a file of the target machine (only the boot ID and hostname
+// exist).
+func (ms *machineService) Read(req *machineapi.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
+	t, err := ms.s.single(srv.Context(), ms.self)
+	if err != nil {
+		return err
+	}
+	b, err := t.m.ReadFile(req.GetPath())
+	if err != nil {
+		return err
+	}
+	return srv.Send(&common.Data{Bytes: b})
+}

@@ -1,0 +1,396 @@
+package talosapi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
+	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	"github.com/siderolabs/talos/pkg/machinery/role"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
+	simmachine "github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
+)
+
+const newAPIServerImage = "registry.k8s.io/kube-apiserver:v1.36.3"
+
+type cluster struct {
+	bundle     *secrets.Bundle
+	cpCfg      config.Provider
+	cp, worker *simmachine.Machine
+	cpIP, wIP  string
+	talosconf  string
+	dir        string
+	faults     string
+}
+
+// randomIPs returns n consecutive random loopback addresses whose API port
+// is free, so parallel tests do not collide.
+func randomIPs(t *testing.T, n int) []netip.Addr {
+	t.Helper()
+	for range 50 {
+		base := [4]byte{127, byte(100 + rand.IntN(150)), byte(rand.IntN(256)), byte(2 + rand.IntN(200))}
+		var ips []netip.Addr
+		free := true
+		for i := range n {
+			ip := netip.AddrFrom4([4]byte{base[0], base[1], base[2], base[3] + byte(i)})
+			l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "50000"))
+			if err != nil {
+				free = false
+				break
+			}
+			_ = l.Close()
+			ips = append(ips, ip)
+		}
+		if free {
+			return ips
+		}
+	}
+	t.Fatal("no free loopback addresses")
+	return nil
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	ctx := t.Context()
+	ips := randomIPs(t, 2)
+	c := &cluster{cpIP: ips[0].String(), wIP: ips[1].String(), dir: t.TempDir()}
+	c.faults = filepath.Join(c.dir, "faults.yaml")
+	store, err := faults.Load(c.faults)
+	require.NoError(t, err)
+
+	c.bundle, err = secrets.NewBundle(secrets.NewFixedClock(time.Now()), config.TalosVersion1_13)
+	require.NoError(t, err)
+	in, err := generate.NewInput("sim", "https://"+c.cpIP+":6443", "1.35.2",
+		generate.WithSecretsBundle(c.bundle),
+		generate.WithVersionContract(config.TalosVersion1_13),
+		generate.WithEndpointList([]string{c.cpIP}),
+	)
+	require.NoError(t, err)
+	c.cpCfg, err = in.Config(machine.TypeControlPlane)
+	require.NoError(t, err)
+	wCfg, err := in.Config(machine.TypeWorker)
+	require.NoError(t, err)
+
+	newMachine := func(name string, ip netip.Addr, cp bool, version string, cfg config.Provider) *simmachine.Machine {
+		b, err := cfg.Bytes()
+		require.NoError(t, err)
+		m, err := simmachine.New(simmachine.Options{
+			Name: name, IP: ip, ControlPlane: cp, TalosVersion: version, Config: b,
+			AdminKubeconfig: []byte("apiVersion: v1\nkind: Config\n"),
+			Faults:          store,
+			RebootDelay:     500 * time.Millisecond,
+			PullLatency:     10 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		t.Cleanup(m.Close)
+		return m
+	}
+	c.cp = newMachine("cp-1", ips[0], true, "v1.12.4", c.cpCfg)
+	c.worker = newMachine("w-1", ips[1], false, "v1.13.9", wCfg)
+
+	srv, err := talosapi.Start(ctx, talosapi.Options{
+		Machines: []*simmachine.Machine{c.cp, c.worker},
+		CACert:   c.bundle.Certs.OS.Crt,
+		CAKey:    c.bundle.Certs.OS.Key,
+	})
+	require.NoError(t, err)
+	t.Cleanup(srv.Stop)
+
+	tc, err := in.Talosconfig()
+	require.NoError(t, err)
+	tc.Contexts[tc.Context].Endpoints = []string{c.cpIP}
+	c.talosconf = filepath.Join(c.dir, "talosconfig")
+	require.NoError(t, tc.Save(c.talosconf))
+	return c
+}
+
+func (c *cluster) client(t *testing.T, path string) *client.Client {
+	t.Helper()
+	cl, err := client.New(t.Context(), client.WithConfigFromFile(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// readerConfig writes a talosconfig whose client certificate has os:reader.
+func (c *cluster) readerConfig(t *testing.T) string {
+	t.Helper()
+	crt, err := c.bundle.GenerateTalosAPIClientCertificate(role.MakeSet(role.Reader))
+	require.NoError(t, err)
+	tc := clientconfig.NewConfig("reader", []string{c.cpIP}, c.bundle.Certs.OS.Crt, crt)
+	path := filepath.Join(c.dir, "talosconfig-reader")
+	require.NoError(t, tc.Save(path))
+	return path
+}
+
+func TestTalosAPI(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := c.client(t, c.talosconf)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+
+	t.Run("version routed to the second machine", func(t *testing.T) {
+		for _, node := range []string{c.wIP, "w-1"} {
+			resp, err := cl.Version(client.WithNode(ctx, node))
+			require.NoError(t, err)
+			require.Len(t, resp.GetMessages(), 1)
+			assert.Equal(t, "v1.13.9", resp.GetMessages()[0].GetVersion().GetTag())
+			assert.Equal(t, node, resp.GetMessages()[0].GetMetadata().GetHostname())
+		}
+		resp, err := cl.Version(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "v1.12.4", resp.GetMessages()[0].GetVersion().GetTag(), "no node: the receiving endpoint")
+
+		resp, err = cl.Version(client.WithNodes(ctx, c.cpIP, c.wIP))
+		require.NoError(t, err)
+		require.Len(t, resp.GetMessages(), 2)
+		assert.Equal(t, "v1.12.4", resp.GetMessages()[0].GetVersion().GetTag())
+		assert.Equal(t, "v1.13.9", resp.GetMessages()[1].GetVersion().GetTag())
+
+		_, err = cl.Version(client.WithNode(ctx, "nope"))
+		assert.Equal(t, codes.NotFound, client.StatusCode(err))
+	})
+
+	t.Run("dry run then apply, seen by COSI Get and Watch", func(t *testing.T) {
+		nctx := client.WithNode(ctx, c.cpIP)
+		mc, err := safe.StateGetByID[*configres.MachineConfig](nctx, cl.COSI, configres.ActiveID)
+		require.NoError(t, err)
+		assert.Equal(t, c.cpCfg.Cluster().APIServer().Image(), mc.Config().Cluster().APIServer().Image())
+
+		wctx, wcancel := context.WithCancel(nctx)
+		defer wcancel()
+		events := make(chan safe.WrappedStateEvent[*configres.MachineConfig], 16)
+		require.NoError(t, safe.StateWatch(wctx, cl.COSI,
+			resource.NewMetadata(configres.NamespaceName, configres.MachineConfigType, configres.ActiveID, resource.VersionUndefined), events))
+		first := <-events
+		require.Equal(t, state.Created, first.Type())
+
+		patched, err := c.cpCfg.PatchV1Alpha1(func(cfg *v1alpha1.Config) error {
+			cfg.ClusterConfig.APIServerConfig.ContainerImage = newAPIServerImage
+			return nil
+		})
+		require.NoError(t, err)
+		data, err := patched.Bytes()
+		require.NoError(t, err)
+
+		dry, err := cl.ApplyConfiguration(nctx, &machineapi.ApplyConfigurationRequest{
+			Data: data, Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT, DryRun: true,
+		})
+		require.NoError(t, err)
+		assert.Contains(t, dry.GetMessages()[0].GetModeDetails(), newAPIServerImage)
+		api, err := safe.StateGetByID[*k8s.APIServerConfig](nctx, cl.COSI, k8s.APIServerConfigID)
+		require.NoError(t, err)
+		assert.Equal(t, c.cpCfg.Cluster().APIServer().Image(), api.TypedSpec().Image, "dry run changes nothing")
+
+		resp, err := cl.ApplyConfiguration(nctx, &machineapi.ApplyConfigurationRequest{
+			Data: data, Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+		})
+		require.NoError(t, err)
+		assert.Equal(t, machineapi.ApplyConfigurationRequest_NO_REBOOT, resp.GetMessages()[0].GetMode())
+		assert.Equal(t, c.cpIP, resp.GetMessages()[0].GetMetadata().GetHostname())
+
+		api, err = safe.StateGetByID[*k8s.APIServerConfig](nctx, cl.COSI, k8s.APIServerConfigID)
+		require.NoError(t, err)
+		assert.Equal(t, newAPIServerImage, api.TypedSpec().Image)
+		sp, err := safe.StateGetByID[*k8s.StaticPod](nctx, cl.COSI, k8s.APIServerID)
+		require.NoError(t, err)
+		ann := sp.TypedSpec().Pod["metadata"].(map[string]any)["annotations"].(map[string]any)
+		assert.Equal(t, api.Metadata().Version().String(), ann["talos.dev/config-version"])
+
+		select {
+		case ev := <-events:
+			require.Equal(t, state.Updated, ev.Type())
+			r, err := ev.Resource()
+			require.NoError(t, err)
+			assert.Equal(t, newAPIServerImage, r.Config().Cluster().APIServer().Image())
+		case <-time.After(10 * time.Second):
+			t.Fatal("no watch event after apply")
+		}
+	})
+
+	t.Run("image pull", func(t *testing.T) {
+		for _, ns := range []common.ContainerdNamespace{common.ContainerdNamespace_NS_CRI, common.ContainerdNamespace_NS_SYSTEM} {
+			stream, err := cl.ImageClient.Pull(client.WithNode(ctx, c.wIP), &machineapi.ImageServicePullRequest{
+				Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CRI, Namespace: ns},
+				ImageRef:   "registry.k8s.io/kube-proxy:v1.36.3",
+			})
+			require.NoError(t, err)
+			var name string
+			for {
+				msg, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				require.NoError(t, err)
+				if n := msg.GetName(); n != "" {
+					name = n
+				}
+			}
+			assert.Equal(t, "registry.k8s.io/kube-proxy:v1.36.3", name)
+		}
+		err := cl.ImagePull(client.WithNode(ctx, c.wIP), common.ContainerdNamespace_NS_CRI, "registry.k8s.io/pause:3.10")
+		require.NoError(t, err)
+	})
+
+	t.Run("etcd members, kubeconfig, boot id", func(t *testing.T) {
+		members, err := cl.EtcdMemberList(ctx, &machineapi.EtcdMemberListRequest{QueryLocal: true})
+		require.NoError(t, err)
+		require.Len(t, members.GetMessages()[0].GetMembers(), 1)
+		assert.Equal(t, "cp-1", members.GetMessages()[0].GetMembers()[0].GetHostname())
+		assert.False(t, members.GetMessages()[0].GetMembers()[0].GetIsLearner())
+
+		kc, err := cl.Kubeconfig(ctx)
+		require.NoError(t, err)
+		assert.Contains(t, string(kc), "kind: Config")
+
+		assert.Equal(t, c.worker.State().BootID, readBootID(t, cl, client.WithNode(ctx, "w-1")))
+	})
+
+	t.Run("reader role", func(t *testing.T) {
+		reader := c.client(t, c.readerConfig(t))
+		_, err := reader.Version(ctx)
+		require.NoError(t, err)
+		_, err = safe.StateGetByID[*k8s.ControllerManagerConfig](ctx, reader.COSI, k8s.ControllerManagerConfigID)
+		require.NoError(t, err, "non-sensitive resources are readable")
+
+		b, err := c.cpCfg.Bytes()
+		require.NoError(t, err)
+		_, err = reader.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{Data: b, Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT})
+		assert.Equal(t, codes.PermissionDenied, client.StatusCode(err))
+		_, err = safe.StateGetByID[*configres.MachineConfig](ctx, reader.COSI, configres.ActiveID)
+		assert.Equal(t, codes.PermissionDenied, client.StatusCode(err), "sensitive resources need os:admin")
+		err = reader.Reboot(ctx)
+		assert.Equal(t, codes.PermissionDenied, client.StatusCode(err))
+	})
+
+	t.Run("lifecycle upgrade and reboot of the routed node", func(t *testing.T) {
+		nctx := client.WithNode(ctx, c.cpIP)
+		before := readBootID(t, cl, nctx)
+		stream, err := cl.LifecycleClient.Upgrade(nctx, &machineapi.LifecycleServiceUpgradeRequest{
+			Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
+			Source:     &machineapi.InstallArtifactsSource{ImageName: "ghcr.io/siderolabs/installer:v1.13.9"},
+		})
+		require.NoError(t, err)
+		exit := int32(-1)
+		for {
+			msg, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+			if ec, ok := msg.GetProgress().GetResponse().(*machineapi.LifecycleServiceInstallProgress_ExitCode); ok {
+				exit = ec.ExitCode
+			}
+		}
+		assert.Equal(t, int32(0), exit)
+
+		// Talk to the control plane through the worker's endpoint so the
+		// client survives the control plane's listener going away.
+		wcl := c.clientVia(t, c.wIP)
+		wctx := client.WithNode(ctx, c.cpIP)
+		watchCtx, watchCancel := context.WithCancel(wctx)
+		defer watchCancel()
+		watchEvents := make(chan state.Event, 16)
+		require.NoError(t, wcl.COSI.Watch(watchCtx,
+			resource.NewMetadata(k8s.NamespaceName, k8s.NodenameType, k8s.NodenameID, resource.VersionUndefined), watchEvents))
+		require.Equal(t, state.Created, (<-watchEvents).Type)
+		require.NoError(t, wcl.Reboot(wctx))
+
+		require.Eventually(t, func() bool {
+			conn, err := net.DialTimeout("tcp", net.JoinHostPort(c.cpIP, "50000"), time.Second)
+			if err != nil {
+				return true
+			}
+			_ = conn.Close()
+			return false
+		}, 5*time.Second, 20*time.Millisecond, "the rebooting node refuses connections")
+		_, err = wcl.Version(wctx)
+		assert.Equal(t, codes.Unavailable, client.StatusCode(err), "routed to a rebooting node")
+		select {
+		case ev := <-watchEvents:
+			require.Equal(t, state.Errored, ev.Type, "a routed watch breaks when its node goes down")
+			assert.Equal(t, codes.Unavailable, client.StatusCode(ev.Error))
+		case <-time.After(5 * time.Second):
+			t.Fatal("routed watch did not end")
+		}
+
+		require.Eventually(t, func() bool {
+			resp, err := wcl.Version(wctx)
+			return err == nil && resp.GetMessages()[0].GetVersion().GetTag() == "v1.13.9"
+		}, 10*time.Second, 50*time.Millisecond)
+		assert.NotEqual(t, before, readBootID(t, wcl, wctx))
+	})
+}
+
+// clientVia returns an admin client whose only endpoint is ip.
+func (c *cluster) clientVia(t *testing.T, ip string) *client.Client {
+	t.Helper()
+	tc, err := clientconfig.Open(c.talosconf)
+	require.NoError(t, err)
+	tc.Contexts[tc.Context].Endpoints = []string{ip}
+	path := filepath.Join(c.dir, fmt.Sprintf("talosconfig-%s", strings.ReplaceAll(ip, ".", "-")))
+	require.NoError(t, tc.Save(path))
+	return c.client(t, path)
+}
+
+func readBootID(t *testing.T, cl *client.Client, ctx context.Context) string { //nolint:revive // test helper
+	t.Helper()
+	r, err := cl.Read(ctx, "/proc/sys/kernel/random/boot_id")
+	require.NoError(t, err)
+	defer r.Close() //nolint:errcheck
+	b, err := io.ReadAll(r)
+	require.NoError(t, err)
+	return strings.TrimSpace(string(b))
+}
+
+func TestUnreachableFaultClosesListener(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	wcl := c.clientVia(t, c.cpIP)
+	dial := func() error {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(c.wIP, "50000"), time.Second)
+		if err == nil {
+			_ = conn.Close()
+		}
+		return err
+	}
+	require.NoError(t, dial())
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes:\n  w-1:\n    unreachable: true\n"), 0o644))
+	require.Eventually(t, func() bool { return dial() != nil }, 5*time.Second, 20*time.Millisecond)
+	_, err := wcl.Version(client.WithNode(t.Context(), "w-1"))
+	assert.Equal(t, codes.Unavailable, client.StatusCode(err))
+
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes: {}\n"), 0o644))
+	require.Eventually(t, func() bool { return dial() == nil }, 5*time.Second, 20*time.Millisecond)
+	resp, err := c.clientVia(t, c.wIP).Version(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, "v1.13.9", resp.GetMessages()[0].GetVersion().GetTag())
+}
