@@ -68,11 +68,17 @@ func (UpgradePath) Run(_ context.Context, in *Input) api.Check {
 			continue
 		}
 
-		from[v.String()]++
+		if v != in.Target {
+			from[v.String()]++
+		}
 	}
 
 	if len(problems) > 0 {
 		return refused(summarize(problems), "upgrade through an intermediate Talos release first (see the Talos upgrade notes)")
+	}
+
+	if len(from) == 0 {
+		return ok(fmt.Sprintf("every node runs %s", in.Target))
 	}
 
 	versions := make([]string, 0, len(from))

@@ -121,7 +121,7 @@ func (p *printer) stages(plan *api.Plan) {
 	}
 
 	if repos := repositories(plan); repos != "" {
-		p.printf("Images keep their repositories: %s\n", repos)
+		p.printf("Images, repositories kept: %s\n", repos)
 	}
 
 	p.printf("\n")
@@ -184,9 +184,12 @@ func changes(list []api.Change) string {
 	return strings.Join(parts, ", ")
 }
 
-// repositories lists, per component, the image repositories the plan keeps.
+// repositories says where the plan's images come from: each registry path (the image
+// repository without its last element) with the nodes whose images use it.
 func repositories(plan *api.Plan) string {
-	byComponent := map[string]map[string]bool{}
+	nodesOf := map[string]map[string]bool{}
+
+	var order []string
 
 	for _, s := range plan.Stages {
 		for _, n := range s.Nodes {
@@ -196,42 +199,36 @@ func repositories(plan *api.Plan) string {
 					continue
 				}
 
-				if byComponent[c.Component] == nil {
-					byComponent[c.Component] = map[string]bool{}
+				dir := repo[:strings.LastIndex(repo, "/")+1]
+				if nodesOf[dir] == nil {
+					nodesOf[dir] = map[string]bool{}
+					order = append(order, dir)
 				}
 
-				byComponent[c.Component][repo] = true
+				nodesOf[dir][n.Node] = true
 			}
 		}
 	}
 
-	var parts []string
+	parts := make([]string, 0, len(order))
 
-	for component, repos := range byComponent {
-		list := make([]string, 0, len(repos))
-		for r := range repos {
-			list = append(list, r)
+	for _, dir := range order {
+		nodes := make([]string, 0, len(nodesOf[dir]))
+		for n := range nodesOf[dir] {
+			nodes = append(nodes, n)
 		}
 
-		sort.Strings(list)
-		parts = append(parts, fmt.Sprintf("%s=%s", component, strings.Join(list, ",")))
-	}
+		sort.Strings(nodes)
 
-	sort.Slice(parts, func(i, j int) bool { return componentRank(parts[i]) < componentRank(parts[j]) })
-
-	return strings.Join(parts, " ")
-}
-
-func componentRank(part string) int {
-	name, _, _ := strings.Cut(part, "=")
-
-	for i, c := range render.Components() {
-		if string(c) == name {
-			return i
+		on := strings.Join(nodes, ", ")
+		if len(nodes) > 3 {
+			on = fmt.Sprintf("%d nodes", len(nodes))
 		}
+
+		parts = append(parts, fmt.Sprintf("%s* (%s)", dir, on))
 	}
 
-	return len(render.Components())
+	return strings.Join(parts, ", ")
 }
 
 func counts(list []api.VersionCount) string {

@@ -234,7 +234,7 @@ func nodeSteps(order Order, self string, workers bool, changes func(discovery.No
 
 // kubernetesSummary counts, per component, the versions the nodes run now: static pods
 // from their mirror pods (or the machine config when no mirror pod was found), kube-proxy
-// from the machine configs that run it, the kubelet from the Node.
+// from its DaemonSet (one per scheduled node), the kubelet from the Node.
 func kubernetesSummary(snap *discovery.Snapshot, target Version) []api.Component {
 	var out []api.Component
 
@@ -243,12 +243,20 @@ func kubernetesSummary(snap *discovery.Snapshot, target Version) []api.Component
 
 		for _, n := range snap.Nodes {
 			switch {
+			case c == discovery.KubeProxy && snap.KubeProxy.Present:
+				// kube-proxy runs from the DaemonSet on every node, counted below.
 			case c == discovery.Kubelet:
 				versions = append(versions, n.KubeletVersion)
 			case n.StaticPods[c].Image != "":
 				versions = append(versions, versionOrUnknown(n.StaticPods[c].Image))
 			case n.Talos != nil && n.Talos.Images[c] != "":
 				versions = append(versions, versionOrUnknown(n.Talos.Images[c]))
+			}
+		}
+
+		if c == discovery.KubeProxy && snap.KubeProxy.Present {
+			for range snap.KubeProxy.Desired {
+				versions = append(versions, versionOrUnknown(snap.KubeProxy.Image))
 			}
 		}
 
