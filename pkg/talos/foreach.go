@@ -1,0 +1,69 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ForEach calls fn for every node, at most limit at a time (limit < 1 means
+// one at a time), and waits for all of them. A failing node does not stop the
+// others; the errors are joined in the order of nodes, each naming its node
+// (an error that already is a *NodeError for that node is kept as it is).
+// Once ctx is done no further node is started, and the nodes left out are
+// counted in the error.
+func ForEach(ctx context.Context, nodes []string, limit int, fn func(ctx context.Context, node string) error) error {
+	if limit < 1 {
+		limit = 1
+	}
+
+	errs := make([]error, len(nodes))
+	slots := make(chan struct{}, limit)
+
+	var (
+		wg         sync.WaitGroup
+		notStarted int
+	)
+
+	for i, node := range nodes {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+
+		// Checked after the wait too: a select picks at random among ready cases.
+		if ctx.Err() != nil {
+			notStarted = len(nodes) - i
+
+			break
+		}
+
+		wg.Go(func() {
+			defer func() { <-slots }()
+
+			errs[i] = nameNode(node, fn(ctx, node))
+		})
+	}
+
+	wg.Wait()
+
+	if notStarted > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d node(s) not started: %w", notStarted, len(nodes), ctx.Err()))
+	}
+
+	return errors.Join(errs...)
+}
+
+// nameNode makes sure err names node.
+func nameNode(node string, err error) error {
+	if err == nil {
+		return nil
+	}
+
+	if ne, ok := errors.AsType[*NodeError](err); ok && ne.Node == node {
+		return err
+	}
+
+	return fmt.Errorf("node %q: %w", node, err)
+}
