@@ -9,7 +9,6 @@ set -o errexit -o nounset -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools=$root/hack/tools
 k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$tools/go.mod")
-[ -n "$k8s_version" ] || k8s_version=$(grep -m1 -o 'k8s.io/kubernetes v[0-9.]*' "$tools/go.mod" | awk '{print $2}')
 minor=$(echo "$k8s_version" | cut -d. -f2)
 
 key=$(cat "$tools/go.mod" "$tools/go.sum" "$tools/etcd/main.go" "$0" | sha256sum | cut -c1-16)
@@ -44,3 +43,4 @@ build etcd ./etcd
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
+build kubectl k8s.io/kubernetes/cmd/kubectl

@@ -1,0 +1,260 @@
+// Package cluster runs a local simulated Talos cluster: the real control-plane
+// processes, the simulated Talos machines and their API, and the simulated
+// kubelets, all under one daemon whose state lives in a directory.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/kubelet"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
+)
+
+// Files in a cluster's directory.
+const (
+	KubeconfigFile  = "kubeconfig"
+	TalosconfigFile = "talosconfig"
+	EventsFile      = "events.jsonl"
+	ReadyFile       = "ready.json"
+	PIDFile         = "ichor-sim.pid"
+	LogDir          = "logs"
+)
+
+// Info is written to ready.json once the cluster is up.
+type Info struct {
+	Name              string        `json:"name"`
+	APIServer         string        `json:"apiServer"`
+	KubernetesVersion string        `json:"kubernetesVersion"`
+	TalosVersion      string        `json:"talosVersion"`
+	Machines          []MachineInfo `json:"machines"`
+	StartedIn         string        `json:"startedIn"`
+}
+
+// MachineInfo names one machine.
+type MachineInfo struct {
+	Name         string `json:"name"`
+	IP           string `json:"ip"`
+	ControlPlane bool   `json:"controlPlane"`
+}
+
+// Run starts the cluster and serves it until ctx ends, then stops everything
+// it started. ready is called once the cluster is up.
+func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, ready func(Info)) (err error) {
+	start := time.Now()
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	for _, stale := range []string{"etcd", "pki", "pods", ReadyFile, EventsFile, KubeconfigFile, TalosconfigFile} {
+		if err := os.RemoveAll(filepath.Join(opts.Dir, stale)); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(opts.Dir, LogDir, "pods"), 0o755); err != nil {
+		return err
+	}
+	addrs, err := pickAddresses(opts.Dir)
+	if err != nil {
+		return err
+	}
+	log.Info("generating machine configs", "machines", opts.ControlPlanes+opts.Workers, "addresses", addrs.base.String()+"/20")
+	g, err := generateConfigs(opts, addrs)
+	if err != nil {
+		return err
+	}
+	ev, err := events.Open(filepath.Join(opts.Dir, EventsFile))
+	if err != nil {
+		return err
+	}
+	defer ev.Close()
+	fs, err := faults.Load(opts.FaultsFile)
+	if err != nil {
+		return err
+	}
+
+	log.Info("starting the control plane", "apiserver", addrs.apiServer().String())
+	cp, err := startControlPlane(ctx, opts, addrs, g)
+	if err != nil {
+		return err
+	}
+	defer cp.stop()
+	if err := g.talosconfig.Save(filepath.Join(opts.Dir, TalosconfigFile)); err != nil {
+		return fmt.Errorf("write talosconfig: %w", err)
+	}
+	adminKubeconfig, err := os.ReadFile(filepath.Join(opts.Dir, KubeconfigFile))
+	if err != nil {
+		return err
+	}
+
+	log.Info("booting the Talos machines")
+	var machines []*machine.Machine
+	defer func() {
+		for _, m := range machines {
+			m.Close()
+		}
+	}()
+	drainer := &talosDrainer{client: cp.client, log: log}
+	for _, spec := range g.machines {
+		m, err := machine.New(machine.Options{
+			Name:            spec.Name,
+			IP:              spec.IP,
+			ControlPlane:    spec.ControlPlane,
+			TalosVersion:    opts.TalosVersion,
+			Config:          spec.Config,
+			AdminKubeconfig: adminKubeconfig,
+			Events:          ev,
+			Faults:          fs,
+			RebootDelay:     opts.Latency.Reboot,
+			PullLatency:     opts.Latency.ImagePull,
+			BeforeReboot:    drainer.beforeReboot(spec.Name),
+			Log:             log,
+		})
+		if err != nil {
+			return err
+		}
+		machines = append(machines, m)
+	}
+	api, err := talosapi.Start(ctx, talosapi.Options{
+		Machines: machines,
+		CACert:   g.bundle.Certs.OS.Crt,
+		CAKey:    g.bundle.Certs.OS.Key,
+		Log:      log,
+	})
+	if err != nil {
+		return fmt.Errorf("talos API: %w", err)
+	}
+	defer api.Stop()
+
+	k8sCA, err := parseCA(g.bundle.Certs.K8s.Crt, g.bundle.Certs.K8s.Key)
+	if err != nil {
+		return err
+	}
+	var nodeIPs []net.IP
+	kms := make([]kubelet.Machine, 0, len(machines))
+	for _, m := range machines {
+		nodeIPs = append(nodeIPs, m.IP().AsSlice())
+		kms = append(kms, machineAdapter{m})
+	}
+	serving, err := k8sCA.issue("kubelet", nil, nodeIPs, nil, true, false)
+	if err != nil {
+		return err
+	}
+	kctx, kcancel := context.WithCancel(ctx)
+	defer kcancel()
+	kubelets, err := kubelet.Start(kctx, kubelet.Options{
+		Client:           cp.client,
+		RestConfig:       cp.restConfig,
+		Events:           ev,
+		Faults:           fs,
+		Log:              log,
+		StaticPodRestart: opts.Latency.StaticPodRestart,
+		Ready:            opts.Latency.Ready,
+		KubeletRestart:   opts.Latency.KubeletRestart,
+		PodStart:         opts.Latency.PodStart,
+		Images:           opts.Images,
+		PodDir:           filepath.Join(opts.Dir, "pods"),
+		LogDir:           filepath.Join(opts.Dir, LogDir, "pods"),
+		APIServer:        netip.AddrPortFrom(addrs.apiServer(), apiPort),
+		Hosts: map[string]string{
+			"kubernetes.default.svc":               addrs.apiServer().String(),
+			"kubernetes.default.svc.cluster.local": addrs.apiServer().String(),
+			"talos.default":                        machines[0].IP().String(),
+		},
+		ExecPod:     []string{selfExe, "exec-pod"},
+		ServingCert: serving.CertPEM,
+		ServingKey:  serving.KeyPEM,
+		ClientCA:    k8sCA.certPEM,
+	}, kms)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		kcancel()
+		kubelets.Wait()
+	}()
+	for _, m := range machines {
+		go drainer.uncordonAfterBoot(kctx, m)
+	}
+
+	log.Info("applying the bootstrap manifests")
+	if err := applyBootstrapManifests(ctx, cp.restConfig, machines[0]); err != nil {
+		return fmt.Errorf("bootstrap manifests: %w", err)
+	}
+	if opts.TalosAPIAccess {
+		if err := startTalosAccess(kctx, cp, g, machines[0], log); err != nil {
+			return fmt.Errorf("talos API access: %w", err)
+		}
+	}
+	log.Info("waiting for nodes and static pods to be Ready")
+	if err := waitClusterReady(ctx, cp, len(machines), opts.ControlPlanes, 3*time.Minute); err != nil {
+		return err
+	}
+	info := Info{
+		Name:              opts.Name,
+		APIServer:         fmt.Sprintf("https://%s:%d", addrs.apiServer(), apiPort),
+		KubernetesVersion: opts.KubernetesVersion,
+		TalosVersion:      opts.TalosVersion,
+		StartedIn:         time.Since(start).Round(time.Millisecond).String(),
+	}
+	for _, m := range machines {
+		info.Machines = append(info.Machines, MachineInfo{Name: m.Name(), IP: m.IP().String(), ControlPlane: m.ControlPlane()})
+	}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	if err := os.WriteFile(filepath.Join(opts.Dir, ReadyFile), b, 0o644); err != nil {
+		return err
+	}
+	log.Info("cluster is up", "in", info.StartedIn)
+	if ready != nil {
+		ready(info)
+	}
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping the cluster")
+			_ = os.Remove(filepath.Join(opts.Dir, ReadyFile))
+			return nil
+		case <-ticker.C:
+			if err := cp.alive(); err != nil {
+				return errors.New("control plane failed: " + err.Error())
+			}
+		}
+	}
+}
+
+// machineAdapter shows a machine to its kubelet.
+type machineAdapter struct{ m *machine.Machine }
+
+func (a machineAdapter) Name() string       { return a.m.Name() }
+func (a machineAdapter) IP() netip.Addr     { return a.m.IP() }
+func (a machineAdapter) ControlPlane() bool { return a.m.ControlPlane() }
+func (a machineAdapter) Changes() (<-chan struct{}, func()) {
+	return a.m.Subscribe()
+}
+
+func (a machineAdapter) Current() kubelet.MachineState {
+	st := a.m.State()
+	out := kubelet.MachineState{
+		Up:           st.Up,
+		TalosVersion: st.TalosVersion,
+		BootID:       st.BootID,
+		KubeletImage: st.KubeletImage,
+		StaticPods:   map[string]kubelet.StaticPod{},
+	}
+	for k, v := range st.StaticPods {
+		out.StaticPods[k] = kubelet.StaticPod{Image: v.Image, ConfigVersion: v.ConfigVersion}
+	}
+	return out
+}

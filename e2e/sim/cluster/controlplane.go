@@ -1,0 +1,224 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Control-plane constants, as a Talos cluster has them.
+const (
+	serviceCIDR  = "10.96.0.0/12"
+	serviceIP    = "10.96.0.1"
+	clusterCIDR  = "10.244.0.0/16"
+	apiPort      = 6443
+	etcdPort     = 2379
+	etcdPeerPort = 2380
+	kcmPort      = 10257
+	schedPort    = 10259
+)
+
+// controlPlane is the real Kubernetes control plane of a local cluster:
+// etcd, kube-apiserver, kube-controller-manager and kube-scheduler, each a
+// child process of the cluster daemon.
+type controlPlane struct {
+	procs      []*process
+	restConfig *rest.Config
+	client     kubernetes.Interface
+	// kubeletClient is the apiserver's client certificate for kubelets; the
+	// simulated kubelets' log endpoints trust the CA that signed it.
+	caPEM []byte
+}
+
+func (c *controlPlane) stop() {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		c.procs[i].stop(10 * time.Second)
+	}
+}
+
+func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *generated) (cp *controlPlane, err error) {
+	pki := filepath.Join(opts.Dir, "pki")
+	logs := filepath.Join(opts.Dir, "logs")
+	for _, d := range []string{pki, logs} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	k8sCA, err := parseCA(g.bundle.Certs.K8s.Crt, g.bundle.Certs.K8s.Key)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes CA: %w", err)
+	}
+	aggCA, err := parseCA(g.bundle.Certs.K8sAggregator.Crt, g.bundle.Certs.K8sAggregator.Key)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator CA: %w", err)
+	}
+	ip := addrs.apiServer()
+	host := ip.String()
+	server := fmt.Sprintf("https://%s:%d", host, apiPort)
+
+	files := map[string][]byte{
+		"ca.crt":             k8sCA.certPEM,
+		"ca.key":             g.bundle.Certs.K8s.Key,
+		"front-proxy-ca.crt": aggCA.certPEM,
+		"sa.key":             g.bundle.Certs.K8sServiceAccount.Key,
+	}
+	issue := func(name string, c *ca, cn string, orgs []string, ips []net.IP, dns []string, srv, cli bool) error {
+		l, err := c.issue(cn, orgs, ips, dns, srv, cli)
+		if err != nil {
+			return err
+		}
+		files[name+".crt"], files[name+".key"] = l.CertPEM, l.KeyPEM
+		return nil
+	}
+	for _, e := range []error{
+		issue("apiserver", k8sCA, "kube-apiserver", nil,
+			[]net.IP{net.ParseIP(host), net.ParseIP(serviceIP), net.ParseIP("127.0.0.1")},
+			[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"}, true, false),
+		issue("apiserver-kubelet-client", k8sCA, "apiserver-kubelet-client", []string{"system:masters"}, nil, nil, false, true),
+		issue("front-proxy-client", aggCA, "front-proxy-client", nil, nil, nil, false, true),
+		issue("admin", k8sCA, "admin", []string{"system:masters"}, nil, nil, false, true),
+		issue("controller-manager", k8sCA, "system:kube-controller-manager", nil, nil, nil, false, true),
+		issue("scheduler", k8sCA, "system:kube-scheduler", nil, nil, nil, false, true),
+		issue("serving", k8sCA, host, nil, []net.IP{net.ParseIP(host)}, []string{"localhost"}, true, false),
+	} {
+		if e != nil {
+			return nil, e
+		}
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(pki, name), b, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	writeKubeconfig := func(path, user string) error {
+		return clientcmd.WriteToFile(clientcmdapi.Config{
+			Clusters: map[string]*clientcmdapi.Cluster{opts.Name: {Server: server, CertificateAuthorityData: k8sCA.certPEM}},
+			AuthInfos: map[string]*clientcmdapi.AuthInfo{user: {
+				ClientCertificateData: files[user+".crt"], ClientKeyData: files[user+".key"],
+			}},
+			Contexts:       map[string]*clientcmdapi.Context{"admin@" + opts.Name: {Cluster: opts.Name, AuthInfo: user}},
+			CurrentContext: "admin@" + opts.Name,
+		}, path)
+	}
+	adminKubeconfig := filepath.Join(opts.Dir, "kubeconfig")
+	for _, kc := range []struct{ path, user string }{
+		{adminKubeconfig, "admin"},
+		{filepath.Join(pki, "controller-manager.kubeconfig"), "controller-manager"},
+		{filepath.Join(pki, "scheduler.kubeconfig"), "scheduler"},
+	} {
+		if err := writeKubeconfig(kc.path, kc.user); err != nil {
+			return nil, fmt.Errorf("write %s: %w", kc.path, err)
+		}
+	}
+	p := func(name string) string { return filepath.Join(pki, name) }
+	bin := func(name string) string { return filepath.Join(opts.BinDir, name) }
+
+	cp = &controlPlane{caPEM: k8sCA.certPEM}
+	defer func() {
+		if err != nil {
+			cp.stop()
+		}
+	}()
+	etcdURL := fmt.Sprintf("http://%s:%d", host, etcdPort)
+	etcd, err := startProcess("etcd", logs, bin("etcd"),
+		"--name=ichor-sim", "--data-dir="+filepath.Join(opts.Dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		fmt.Sprintf("--listen-peer-urls=http://%s:%d", host, etcdPeerPort),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://%s:%d", host, etcdPeerPort),
+		fmt.Sprintf("--initial-cluster=ichor-sim=http://%s:%d", host, etcdPeerPort),
+		"--listen-metrics-urls=", "--unsafe-no-fsync", "--log-level=warn",
+		"--quota-backend-bytes=4294967296",
+	)
+	if err != nil {
+		return nil, err
+	}
+	cp.procs = append(cp.procs, etcd)
+
+	apiserver, err := startProcess("kube-apiserver", logs, bin("kube-apiserver"),
+		"--etcd-servers="+etcdURL,
+		"--bind-address="+host, "--advertise-address="+host, fmt.Sprintf("--secure-port=%d", apiPort),
+		"--cert-dir="+pki, "--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
+		"--client-ca-file="+p("ca.crt"),
+		"--kubelet-client-certificate="+p("apiserver-kubelet-client.crt"), "--kubelet-client-key="+p("apiserver-kubelet-client.key"),
+		"--kubelet-preferred-address-types=InternalIP",
+		"--requestheader-client-ca-file="+p("front-proxy-ca.crt"),
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file="+p("front-proxy-client.crt"), "--proxy-client-key-file="+p("front-proxy-client.key"),
+		"--service-account-key-file="+p("sa.key"), "--service-account-signing-key-file="+p("sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range="+serviceCIDR,
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--allow-privileged=true", "--endpoint-reconciler-type=none",
+		"--profiling=false", "--v=1",
+	)
+	if err != nil {
+		return nil, err
+	}
+	cp.procs = append(cp.procs, apiserver)
+
+	cp.restConfig, err = clientcmd.BuildConfigFromFlags("", adminKubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cp.restConfig.QPS, cp.restConfig.Burst = 500, 1000
+	cp.client, err = kubernetes.NewForConfig(cp.restConfig)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, "kube-apiserver", 90*time.Second, apiserver, func(ctx context.Context) error {
+		return cp.client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+	}); err != nil {
+		return nil, err
+	}
+
+	kcm, err := startProcess("kube-controller-manager", logs, bin("kube-controller-manager"),
+		"--kubeconfig="+p("controller-manager.kubeconfig"),
+		"--authentication-kubeconfig="+p("controller-manager.kubeconfig"),
+		"--authorization-kubeconfig="+p("controller-manager.kubeconfig"),
+		"--bind-address="+host, fmt.Sprintf("--secure-port=%d", kcmPort),
+		"--tls-cert-file="+p("serving.crt"), "--tls-private-key-file="+p("serving.key"),
+		"--service-account-private-key-file="+p("sa.key"), "--root-ca-file="+p("ca.crt"),
+		"--use-service-account-credentials=true",
+		"--cluster-signing-cert-file="+p("ca.crt"), "--cluster-signing-key-file="+p("ca.key"),
+		"--cluster-cidr="+clusterCIDR, "--allocate-node-cidrs=true", "--service-cluster-ip-range="+serviceCIDR,
+		"--leader-elect=false", "--flex-volume-plugin-dir="+filepath.Join(opts.Dir, "flexvolume"),
+		"--profiling=false", "--v=1",
+	)
+	if err != nil {
+		return nil, err
+	}
+	cp.procs = append(cp.procs, kcm)
+	sched, err := startProcess("kube-scheduler", logs, bin("kube-scheduler"),
+		"--kubeconfig="+p("scheduler.kubeconfig"),
+		"--authentication-kubeconfig="+p("scheduler.kubeconfig"),
+		"--authorization-kubeconfig="+p("scheduler.kubeconfig"),
+		"--bind-address="+host, fmt.Sprintf("--secure-port=%d", schedPort),
+		"--tls-cert-file="+p("serving.crt"), "--tls-private-key-file="+p("serving.key"),
+		"--leader-elect=false", "--profiling=false", "--v=1",
+	)
+	if err != nil {
+		return nil, err
+	}
+	cp.procs = append(cp.procs, sched)
+	return cp, nil
+}
+
+// alive returns the error of the first control-plane process that ended.
+func (c *controlPlane) alive() error {
+	for _, p := range c.procs {
+		if err := p.exited(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

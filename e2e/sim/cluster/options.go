@@ -1,0 +1,174 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+)
+
+// Options describe a local cluster.
+type Options struct {
+	// Dir holds everything of the cluster: kubeconfig, talosconfig,
+	// events.jsonl, logs/, and the state of its processes.
+	Dir string
+	// Name is the cluster's name (default "ichor-sim").
+	Name string
+	// ControlPlanes and Workers count the simulated Talos machines.
+	ControlPlanes, Workers int
+	// KubernetesVersion is the version every component starts at (vX.Y.Z).
+	KubernetesVersion string
+	// TalosVersion is the Talos version every machine runs (vA.B.C).
+	TalosVersion string
+	// BinDir holds etcd, kube-apiserver, kube-controller-manager and
+	// kube-scheduler (make cluster-bins).
+	BinDir string
+	// FaultsFile is the faults file (see package faults); it may be written
+	// or changed while the cluster runs.
+	FaultsFile string
+	// TalosAPIAccess enables machine.features.kubernetesTalosAPIAccess on the
+	// control planes for the ichor-system namespace with role os:admin.
+	TalosAPIAccess bool
+	// Images maps an image repository to a local directory that stands for
+	// that image's root filesystem: the containers of a pod whose image is in
+	// this map run as local processes (see package kubelet).
+	Images map[string]string
+	// Latency is how long simulated things take.
+	Latency Latency
+}
+
+// Latency holds the simulated durations.
+type Latency struct {
+	// StaticPodRestart is how long a control-plane static pod takes from an
+	// applied config to running on its new image.
+	StaticPodRestart time.Duration
+	// Ready is how long a started container takes to pass readiness.
+	Ready time.Duration
+	// KubeletRestart is how long the node stays NotReady when its kubelet
+	// restarts on a new image.
+	KubeletRestart time.Duration
+	// PodStart is how long a pod takes from bound to running.
+	PodStart time.Duration
+	// ImagePull is how long a Talos image pull takes.
+	ImagePull time.Duration
+	// Reboot is how long a Talos machine is down for a reboot.
+	Reboot time.Duration
+}
+
+// DefaultLatency is what a local cluster uses unless told otherwise: short
+// enough for tests, long enough that ordering is visible.
+func DefaultLatency() Latency {
+	return Latency{
+		StaticPodRestart: 2 * time.Second,
+		Ready:            1 * time.Second,
+		KubeletRestart:   2 * time.Second,
+		PodStart:         300 * time.Millisecond,
+		ImagePull:        200 * time.Millisecond,
+		Reboot:           3 * time.Second,
+	}
+}
+
+var semverRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$`)
+
+// Validate checks the options and fills defaults. Its errors say what to do.
+func (o *Options) Validate() error {
+	if o.Dir == "" {
+		return errors.New("--dir is required: the directory that will hold the cluster's kubeconfig, talosconfig and logs")
+	}
+	abs, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return fmt.Errorf("--dir %q: %w", o.Dir, err)
+	}
+	o.Dir = abs
+	if o.Name == "" {
+		o.Name = "ichor-sim"
+	}
+	if o.ControlPlanes < 1 {
+		return fmt.Errorf("--control-planes %d: a cluster needs at least 1 control plane", o.ControlPlanes)
+	}
+	if o.Workers < 0 {
+		return fmt.Errorf("--workers %d: cannot be negative", o.Workers)
+	}
+	if o.ControlPlanes+o.Workers > maxMachines {
+		return fmt.Errorf("%d machines: at most %d fit in one local cluster", o.ControlPlanes+o.Workers, maxMachines)
+	}
+	if !semverRE.MatchString(o.KubernetesVersion) {
+		return fmt.Errorf("--kubernetes %q: want a version like v1.35.4", o.KubernetesVersion)
+	}
+	if !semverRE.MatchString(o.TalosVersion) {
+		return fmt.Errorf("--talos %q: want a version like v1.12.4", o.TalosVersion)
+	}
+	talos, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: o.TalosVersion})
+	if err != nil {
+		return fmt.Errorf("--talos %s: %w", o.TalosVersion, err)
+	}
+	k8s, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(o.KubernetesVersion, "v"))
+	if err != nil {
+		return fmt.Errorf("--kubernetes %s: %w", o.KubernetesVersion, err)
+	}
+	if err := k8s.SupportedWith(talos); err != nil {
+		return fmt.Errorf("--kubernetes %s with --talos %s: %w (pick a pair that Talos supports)", o.KubernetesVersion, o.TalosVersion, err)
+	}
+	if o.BinDir == "" {
+		return errors.New("--bin-dir is required: the directory with etcd and the kube-* binaries (make cluster-bins)")
+	}
+	if o.Latency == (Latency{}) {
+		o.Latency = DefaultLatency()
+	}
+	return nil
+}
+
+// maxMachines is how many machine addresses one cluster's block holds.
+const maxMachines = 4000
+
+// addressPlan places a cluster on its own block of loopback addresses
+// (127.a.b.0/20): the control plane on .1 and machine i on base+10+i, so every
+// machine has an address of its own, as in a real cluster, and several
+// clusters can run side by side.
+type addressPlan struct {
+	base netip.Addr
+}
+
+func (p addressPlan) apiServer() netip.Addr { return p.offset(1) }
+
+func (p addressPlan) machine(i int) netip.Addr { return p.offset(10 + i) }
+
+func (p addressPlan) offset(n int) netip.Addr {
+	b := p.base.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(n)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// pickAddresses chooses a free block, starting from one derived from dir so a
+// cluster tends to keep its addresses across restarts.
+func pickAddresses(dir string) (addressPlan, error) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(dir))
+	start := int(h.Sum32() % (240 * 16))
+	for i := range 240 * 16 {
+		n := (start + i) % (240 * 16)
+		p := addressPlan{base: netip.AddrFrom4([4]byte{127, byte(10 + n/16), byte((n % 16) * 16), 0})}
+		if free(p.apiServer(), 6443) && free(p.machine(0), 50000) {
+			return p, nil
+		}
+	}
+	return addressPlan{}, errors.New("no free loopback address block: stop other local clusters (ichor-sim down)")
+}
+
+func free(addr netip.Addr, port int) bool {
+	l, err := net.Listen("tcp", netip.AddrPortFrom(addr, uint16(port)).String())
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}

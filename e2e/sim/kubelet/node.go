@@ -1,0 +1,299 @@
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+)
+
+const (
+	leaseNamespace   = "kube-node-lease"
+	leaseDuration    = 40
+	leaseRenewPeriod = 10 * time.Second
+	controlPlaneRole = "node-role.kubernetes.io/control-plane"
+)
+
+// node is the kubelet of one machine. One goroutine (run) owns its state.
+type node struct {
+	k    *Kubelets
+	m    Machine
+	name string
+
+	// Owned by run.
+	up             bool
+	bootID         string
+	kubeletVersion string
+	kubeletImage   string
+	ready          bool
+	staticPods     map[string]*staticPod
+	lastLease      time.Time
+
+	// running is whether the machine is up, read by pod runners.
+	running atomic.Bool
+
+	ipMu   sync.Mutex
+	podIPs map[string]string
+	nextIP int
+}
+
+func newNode(k *Kubelets, m Machine) *node {
+	return &node{k: k, m: m, name: m.Name(), staticPods: map[string]*staticPod{}, podIPs: map[string]string{}}
+}
+
+func (n *node) log() func(msg string, args ...any) {
+	return func(msg string, args ...any) { n.k.opts.Log.Info(msg, append([]any{"node", n.name}, args...)...) }
+}
+
+// register creates (or takes over) the Node object, NotReady until the
+// kubelet's first sync.
+func (n *node) register(ctx context.Context) error {
+	st := n.m.Current()
+	labels := map[string]string{
+		"kubernetes.io/hostname": n.name,
+		"kubernetes.io/os":       "linux",
+		"kubernetes.io/arch":     "amd64",
+	}
+	var taints []corev1.Taint
+	if n.m.ControlPlane() {
+		labels[controlPlaneRole] = ""
+		taints = append(taints, corev1.Taint{Key: controlPlaneRole, Effect: corev1.TaintEffectNoSchedule})
+	}
+	obj := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: labels},
+		Spec:       corev1.NodeSpec{Taints: taints},
+	}
+	if _, err := n.k.opts.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	n.kubeletImage = st.KubeletImage
+	n.kubeletVersion = VersionOf(st.KubeletImage)
+	return n.writeStatus(ctx, st, false, "KubeletNotReady", "kubelet is starting")
+}
+
+// writeStatus writes the Node's status: addresses, node info and the Ready
+// condition.
+func (n *node) writeStatus(ctx context.Context, st MachineState, ready bool, reason, message string) error {
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		obj, err := n.k.opts.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		status := corev1.ConditionFalse
+		if ready {
+			status = corev1.ConditionTrue
+		}
+		obj.Status.Capacity = nodeCapacity()
+		obj.Status.Allocatable = nodeCapacity()
+		obj.Status.Addresses = []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: n.m.IP().String()},
+			{Type: corev1.NodeHostName, Address: n.name},
+		}
+		obj.Status.NodeInfo = corev1.NodeSystemInfo{
+			MachineID:               "sim-" + n.name,
+			SystemUUID:              "sim-" + n.name,
+			BootID:                  st.BootID,
+			KernelVersion:           "6.18.0-talos",
+			OSImage:                 fmt.Sprintf("Talos (%s)", st.TalosVersion),
+			ContainerRuntimeVersion: "containerd://2.1.5",
+			KubeletVersion:          n.kubeletVersion,
+			OperatingSystem:         "linux",
+			Architecture:            "amd64",
+		}
+		obj.Status.DaemonEndpoints.KubeletEndpoint.Port = kubeletPort
+		var conds []corev1.NodeCondition
+		for _, c := range obj.Status.Conditions {
+			if c.Type != corev1.NodeReady {
+				conds = append(conds, c)
+			}
+		}
+		for _, t := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure} {
+			if !hasCondition(conds, t) {
+				conds = append(conds, corev1.NodeCondition{Type: t, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficient" + string(t)[:len(t)-len("Pressure")], LastHeartbeatTime: now, LastTransitionTime: now})
+			}
+		}
+		ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: status, Reason: reason, Message: message, LastHeartbeatTime: now, LastTransitionTime: now}
+		for _, c := range obj.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == status {
+				ready.LastTransitionTime = c.LastTransitionTime
+			}
+		}
+		obj.Status.Conditions = append(conds, ready)
+		_, err = n.k.opts.Client.CoreV1().Nodes().UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+func hasCondition(conds []corev1.NodeCondition, t corev1.NodeConditionType) bool {
+	for _, c := range conds {
+		if c.Type == t {
+			return true
+		}
+	}
+	return false
+}
+
+// run is the kubelet's loop: it reacts to the machine's changes and renews
+// the Lease.
+func (n *node) run(ctx context.Context) {
+	changes, cancel := n.m.Changes()
+	defer cancel()
+	lease := time.NewTicker(leaseRenewPeriod)
+	defer lease.Stop()
+	for {
+		n.sync(ctx)
+		select {
+		case <-ctx.Done():
+			for _, sp := range n.staticPods {
+				sp.stop()
+			}
+			return
+		case <-changes:
+		case <-lease.C:
+		}
+	}
+}
+
+// sync brings the node's Kubernetes view in step with its machine.
+func (n *node) sync(ctx context.Context) {
+	st := n.m.Current()
+	logf := n.log()
+	if !st.Up {
+		if n.up {
+			logf("machine down: node NotReady, pods stopped")
+			n.up = false
+			n.setUp(false)
+			for _, sp := range n.staticPods {
+				sp.stop()
+			}
+			n.staticPods = map[string]*staticPod{}
+			for _, r := range n.k.runnersOn(n.name) {
+				r.nodeDown()
+			}
+			n.ready = false
+			if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "node is shutting down"); err != nil {
+				logf("write status", "err", err)
+			}
+		}
+		return
+	}
+	if !n.up || n.bootID != st.BootID {
+		// A (re)boot: the kubelet starts on the machine's kubelet image.
+		n.up, n.bootID = true, st.BootID
+		n.kubeletImage = st.KubeletImage
+		n.kubeletVersion = VersionOf(st.KubeletImage)
+		n.k.opts.Events.Start(n.name, events.Kubelet, n.kubeletVersion)
+		n.setUp(true)
+		n.becomeReady(ctx, st)
+	} else if st.KubeletImage != n.kubeletImage {
+		logf("kubelet image changed: restarting kubelet", "image", st.KubeletImage)
+		n.ready = false
+		if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "kubelet is restarting"); err != nil {
+			logf("write status", "err", err)
+		}
+		if !sleep(ctx, n.k.opts.KubeletRestart) {
+			return
+		}
+		n.kubeletImage = st.KubeletImage
+		n.kubeletVersion = VersionOf(st.KubeletImage)
+		n.k.opts.Events.Start(n.name, events.Kubelet, n.kubeletVersion)
+		n.becomeReady(ctx, st)
+	} else if !n.ready && !n.k.opts.Faults.For(n.name).StayNotReady {
+		n.becomeReady(ctx, st)
+	}
+	n.renewLease(ctx)
+	for component, want := range st.StaticPods {
+		sp := n.staticPods[component]
+		if sp == nil {
+			sp = newStaticPod(n, component)
+			n.staticPods[component] = sp
+		}
+		sp.want(want)
+	}
+	for component, sp := range n.staticPods {
+		if _, ok := st.StaticPods[component]; !ok {
+			sp.stop()
+			delete(n.staticPods, component)
+		}
+	}
+}
+
+func (n *node) becomeReady(ctx context.Context, st MachineState) {
+	if n.k.opts.Faults.For(n.name).StayNotReady {
+		if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "container runtime network not ready (simulated fault)"); err != nil {
+			n.log()("write status", "err", err)
+		}
+		n.ready = false
+		return
+	}
+	if err := n.writeStatus(ctx, st, true, "KubeletReady", "kubelet is posting ready status"); err != nil {
+		n.log()("write status", "err", err)
+		return
+	}
+	n.ready = true
+}
+
+// setUp tells pod runners whether the node's kubelet runs.
+func (n *node) setUp(up bool) {
+	n.running.Store(up)
+	if up {
+		for _, r := range n.k.runnersOn(n.name) {
+			r.nodeUp()
+		}
+	}
+}
+
+func (n *node) renewLease(ctx context.Context) {
+	if time.Since(n.lastLease) < leaseRenewPeriod/2 {
+		return
+	}
+	leases := n.k.opts.Client.CoordinationV1().Leases(leaseNamespace)
+	now := metav1.NewMicroTime(time.Now())
+	l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		node, err := n.k.opts.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return
+		}
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: n.name, Namespace: leaseNamespace, OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1", Kind: "Node", Name: n.name, UID: types.UID(node.UID),
+			}}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &n.name, LeaseDurationSeconds: ptr(int32(leaseDuration)), RenewTime: &now},
+		}, metav1.CreateOptions{})
+		if err == nil {
+			n.lastLease = time.Now()
+		}
+	case err == nil:
+		l.Spec.RenewTime = &now
+		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+			n.lastLease = time.Now()
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,267 @@
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+)
+
+// podRunner runs one pod bound to a simulated node, from its first sight to
+// its removal. Its goroutine (run) owns the pod's lifecycle; the informer and
+// the node talk to it through channels.
+type podRunner struct {
+	k    *Kubelets
+	n    *node
+	uid  string
+	ns   string
+	name string
+
+	updates  chan *corev1.Pod
+	nodeCh   chan bool // node up (true) or down (false)
+	goneCh   chan struct{}
+	goneOnce sync.Once
+
+	mu    sync.Mutex
+	procs []*containerProc
+	exits chan struct{}
+}
+
+func newPodRunner(k *Kubelets, n *node, pod *corev1.Pod) *podRunner {
+	return &podRunner{
+		k: k, n: n, uid: string(pod.UID), ns: pod.Namespace, name: pod.Name,
+		updates: make(chan *corev1.Pod, 1),
+		nodeCh:  make(chan bool, 4),
+		goneCh:  make(chan struct{}),
+		exits:   make(chan struct{}, 16),
+	}
+}
+
+func (r *podRunner) update(pod *corev1.Pod) {
+	select {
+	case <-r.updates:
+	default:
+	}
+	r.updates <- pod
+}
+
+func (r *podRunner) gone()     { r.goneOnce.Do(func() { close(r.goneCh) }) }
+func (r *podRunner) nodeDown() { r.nodeCh <- false }
+func (r *podRunner) nodeUp()   { r.nodeCh <- true }
+
+func (r *podRunner) logf(msg string, args ...any) {
+	r.k.opts.Log.Info(msg, append([]any{"node", r.n.name, "pod", r.ns + "/" + r.name}, args...)...)
+}
+
+func (r *podRunner) run(ctx context.Context) {
+	var pod *corev1.Pod
+	select {
+	case pod = <-r.updates:
+	case <-ctx.Done():
+		return
+	}
+	root, asProcess := r.k.imageRoot(pod.Spec.Containers[0].Image)
+	started := false
+	killedByReboot := false
+	startAt := time.Now().Add(r.k.opts.PodStart)
+	var readyAt time.Time
+
+	for {
+		terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+		switch {
+		case pod.DeletionTimestamp != nil:
+			r.terminate(ctx, pod, started)
+			return
+		case terminal:
+			// Nothing runs; wait for the pod to be deleted.
+		case !r.n.running.Load():
+			// The machine is down: nothing starts until it is back.
+		case killedByReboot:
+			r.writeTerminated(ctx, 137, "the node rebooted while the pod ran")
+			killedByReboot = false
+		case !started && !time.Now().Before(startAt):
+			if asProcess {
+				if err := r.startProcesses(ctx, pod, root); err != nil {
+					r.logf("start processes", "err", err)
+					r.writeTerminated(ctx, 128, err.Error())
+					break
+				}
+			}
+			started = true
+			readyAt = time.Now().Add(r.k.opts.Ready)
+			r.writeRunning(ctx, false)
+			if pod.Labels["k8s-app"] == "kube-proxy" {
+				r.k.opts.Events.Start(r.n.name, events.KubeProxy, VersionOf(pod.Spec.Containers[0].Image))
+			}
+		case started && !readyAt.IsZero() && !time.Now().Before(readyAt):
+			readyAt = time.Time{}
+			r.writeRunning(ctx, true)
+		}
+
+		var timer <-chan time.Time
+		if !terminal && r.n.running.Load() {
+			switch {
+			case !started:
+				timer = time.After(time.Until(startAt))
+			case !readyAt.IsZero():
+				timer = time.After(time.Until(readyAt))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.goneCh:
+			r.stopProcesses(0)
+			return
+		case p := <-r.updates:
+			pod = p
+		case up := <-r.nodeCh:
+			if !up {
+				if started && asProcess {
+					r.stopProcesses(0)
+					killedByReboot = true
+				}
+				started = false
+			}
+			startAt = time.Now().Add(r.k.opts.PodStart)
+		case <-r.exits:
+			if code, done := r.exited(); done && started {
+				r.writeExited(ctx, pod, code)
+			}
+		case <-timer:
+		}
+	}
+}
+
+// terminate ends a pod that is being deleted: its containers get the grace
+// period, its final status is written, and the pod object is removed.
+func (r *podRunner) terminate(ctx context.Context, pod *corev1.Pod, started bool) {
+	grace := 30 * time.Second
+	if pod.DeletionGracePeriodSeconds != nil {
+		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	}
+	code := 0
+	if started {
+		code = r.stopProcesses(grace)
+	}
+	if pod.Spec.RestartPolicy != corev1.RestartPolicyAlways && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		if code == 0 && len(r.procs) == 0 {
+			code = 143
+		}
+		r.writeTerminated(ctx, code, "terminated: the pod was deleted")
+	}
+	zero := int64(0)
+	uid := pod.UID
+	err := r.k.opts.Client.CoreV1().Pods(r.ns).Delete(ctx, r.name, metav1.DeleteOptions{
+		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		r.logf("delete pod", "err", err)
+	}
+}
+
+func (r *podRunner) podIP(pod *corev1.Pod) string {
+	if pod.Spec.HostNetwork {
+		return r.n.m.IP().String()
+	}
+	return r.n.podIP(r.uid)
+}
+
+func (r *podRunner) mutateStatus(ctx context.Context, mutate func(pod *corev1.Pod)) {
+	pods := r.k.opts.Client.CoreV1().Pods(r.ns)
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		pod, err := pods.Get(ctx, r.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if string(pod.UID) != r.uid {
+			return nil
+		}
+		mutate(pod)
+		_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
+		r.logf("write pod status", "err", err)
+	}
+}
+
+func (r *podRunner) writeRunning(ctx context.Context, ready bool) {
+	r.mutateStatus(ctx, func(pod *corev1.Pod) {
+		keep := preservedConditions(pod)
+		pod.Status = runningStatus(pod, r.n.m.IP().String(), r.podIP(pod), true, ready)
+		pod.Status.Conditions = append(pod.Status.Conditions, keep...)
+	})
+}
+
+// writeExited records that every container ended, as a kubelet does for a
+// pod that does not restart them.
+func (r *podRunner) writeExited(ctx context.Context, pod *corev1.Pod, code int) {
+	if pod.Spec.RestartPolicy == corev1.RestartPolicyAlways {
+		r.logf("container of a restartPolicy Always pod exited; not restarted by the simulator", "code", code)
+	}
+	r.writeTerminated(ctx, code, "")
+}
+
+func (r *podRunner) writeTerminated(ctx context.Context, code int, message string) {
+	r.mutateStatus(ctx, func(pod *corev1.Pod) {
+		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			return
+		}
+		keep := preservedConditions(pod)
+		st := runningStatus(pod, r.n.m.IP().String(), r.podIP(pod), false, false)
+		st.Phase = corev1.PodFailed
+		if code == 0 {
+			st.Phase = corev1.PodSucceeded
+		}
+		st.Message = message
+		now := metav1.Now()
+		for i := range st.ContainerStatuses {
+			cs := &st.ContainerStatuses[i]
+			reason := "Completed"
+			if code != 0 {
+				reason = "Error"
+			}
+			cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: int32(code), Reason: reason, Message: message, FinishedAt: now,
+			}}
+			cs.Started = ptr(false)
+		}
+		st.Conditions = append(st.Conditions, keep...)
+		pod.Status = st
+	})
+}
+
+// preservedConditions are conditions set by others (DisruptionTarget, set by
+// the eviction API) that a kubelet keeps.
+func preservedConditions(pod *corev1.Pod) []corev1.PodCondition {
+	var out []corev1.PodCondition
+	for _, c := range pod.Status.Conditions {
+		switch c.Type {
+		case corev1.PodReady, corev1.ContainersReady, corev1.PodInitialized, corev1.PodScheduled, corev1.PodReadyToStartContainers:
+		default:
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (n *node) podIP(uid string) string {
+	n.ipMu.Lock()
+	defer n.ipMu.Unlock()
+	if ip, ok := n.podIPs[uid]; ok {
+		return ip
+	}
+	n.nextIP++
+	a := n.m.IP().As4()
+	ip := fmt.Sprintf("10.%d.%d.%d", 128+int(a[2])%128, a[3], n.nextIP%250+2)
+	n.podIPs[uid] = ip
+	return ip
+}
