@@ -1,0 +1,119 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// This file is the contract between the upgrade engine (this package) and
+// the runner that drives it in the Job (pkg/job). The engine holds no state
+// of its own that it cannot re-derive from the cluster: every call compares
+// each node's active config with the render for the current stage and either
+// applies or only verifies. The little it must remember across a pod restart
+// (a Talos node's boot ID before its Upgrade call) goes through Memo, which
+// the runner backs with the state ConfigMap.
+
+// Kind is the kind of an upgrade.
+type Kind string
+
+// The kinds of upgrade.
+const (
+	KindKubernetes Kind = "kubernetes"
+	KindTalos      Kind = "talos"
+)
+
+// NodePhase is where a node is in the current stage.
+type NodePhase string
+
+// Node phases, in the order a node goes through them.
+const (
+	PhasePending   NodePhase = "Pending"
+	PhaseCordoned  NodePhase = "Cordoned"
+	PhaseDraining  NodePhase = "Draining"
+	PhaseApplying  NodePhase = "Applying"
+	PhaseUpgrading NodePhase = "Upgrading" // a Talos upgrade: the Upgrade call, then the reboot
+	PhaseVerifying NodePhase = "Verifying"
+	PhaseDone      NodePhase = "Done"
+	PhaseFailed    NodePhase = "Failed"
+	PhaseHeld      NodePhase = "Held"
+)
+
+// Progress receives the engine's progress. Calls come from one goroutine at
+// a time per node; implementations must be safe for concurrent use (workers
+// of one batch move in parallel). A nil Progress is allowed.
+type Progress interface {
+	// Stage is called when a stage begins (index from 1).
+	Stage(index, total int, name string)
+	// Node is called on every phase change of a node, with a one-line
+	// message (what was done or what is awaited).
+	Node(stage, node string, phase NodePhase, message string)
+}
+
+// Memo is a small durable key/value store. Set returns only once the value
+// is durable (written to the state ConfigMap), so a restarted runner sees it.
+type Memo interface {
+	Get(key string) (string, bool)
+	Set(ctx context.Context, key, value string) error
+}
+
+// EngineOptions configure one upgrade.
+type EngineOptions struct {
+	Kind Kind
+	// Target is the version to reach (vX.Y.Z).
+	Target string
+	// Image is the Talos installer image (KindTalos; empty: each node's own
+	// installer repository with the target tag).
+	Image string
+	// MaxUnavailable is how many workers move at once (>= 1).
+	MaxUnavailable int
+	// Self is the node the runner runs on: it goes last in its group.
+	Self string
+
+	// Bounds. Zero values take the defaults below.
+	ApplyTimeout   time.Duration // one ApplyConfiguration call (a control-plane apply blocks while static pods restart)
+	VerifyTimeout  time.Duration // a node's verification after its apply
+	DrainTimeout   time.Duration // one node's drain
+	UpgradeTimeout time.Duration // one Talos Upgrade call (pulls and installs)
+	RebootTimeout  time.Duration // a Talos node coming back after its reboot
+	PullTimeout    time.Duration // pre-pulling a stage's images
+	Concurrency    int           // parallel Talos calls (pre-pull, discovery)
+}
+
+// Default bounds.
+const (
+	DefaultApplyTimeout   = 5 * time.Minute
+	DefaultVerifyTimeout  = 20 * time.Minute
+	DefaultDrainTimeout   = 5 * time.Minute
+	DefaultUpgradeTimeout = 10 * time.Minute
+	DefaultRebootTimeout  = 20 * time.Minute
+	DefaultPullTimeout    = 10 * time.Minute
+	DefaultConcurrency    = 8
+)
+
+// PauseError is how the engine stops on a failure: the operation pauses with
+// this reason, and resuming it continues from the cluster's state. Nothing is
+// skipped: the failed node is tried again on resume.
+type PauseError struct {
+	Stage string
+	Node  string // empty for a stage-wide step (manifest sync, rollout)
+	// Reason is one line: what failed.
+	Reason string
+	// Action is one line: what the operator should do before resuming.
+	Action string
+	Err    error
+}
+
+func (e *PauseError) Error() string {
+	where := e.Stage
+	if e.Node != "" {
+		where += " " + e.Node
+	}
+	msg := fmt.Sprintf("%s: %s", where, e.Reason)
+	if e.Action != "" {
+		msg += ": " + e.Action
+	}
+	return msg
+}
+
+func (e *PauseError) Unwrap() error { return e.Err }
