@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make demo: start a local simulated Talos cluster (3 control planes, 2
+# workers), show it, plan a Kubernetes upgrade against it, and tear it down.
+set -o errexit -o nounset -o pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=$root/_output/bin
+dir=${ICHOR_DEMO_DIR:-$root/_output/demo}
+from=${ICHOR_DEMO_FROM:-v1.35.4}
+to=${ICHOR_DEMO_TO:-v1.36.3}
+
+cleanup() { "$bin/ichor-sim" down --dir "$dir" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+step "Starting a local Talos cluster (3 control planes, 2 workers, Kubernetes $from)"
+"$bin/ichor-sim" down --dir "$dir" >/dev/null 2>&1 || true
+"$bin/ichor-sim" up --dir "$dir" --control-planes 3 --workers 2 --kubernetes "$from" --talos v1.13.9 \
+  --image "ghcr.io/ichor-dev/kubectl-ichor=$root/_output/image/rootfs"
+export KUBECONFIG=$dir/kubeconfig TALOSCONFIG=$dir/talosconfig
+kubectl=$root/_output/cluster-bins/kubectl
+
+step "kubectl get nodes"
+"$kubectl" get nodes -o wide
+step "The control plane's static pods"
+"$kubectl" get pods -n kube-system -l tier=control-plane -o wide
+
+step "kubectl ichor plan kubernetes --to $to"
+PATH=$bin:$PATH kubectl-ichor plan kubernetes --to "$to"
+
+step "Done: the cluster is being torn down (keep one with: _output/bin/ichor-sim up --dir /tmp/c)"
