@@ -250,6 +250,11 @@ func TestSimulatedCluster(t *testing.T) {
 					RestartPolicy:      corev1.RestartPolicyNever,
 					Containers: []corev1.Container{{
 						Name: "check", Image: "ichor.test/podcheck:v1", Command: []string{"/podcheck"},
+						SecurityContext: &corev1.SecurityContext{
+							RunAsUser:              new(int64(65532)),
+							RunAsNonRoot:           new(true),
+							ReadOnlyRootFilesystem: new(true),
+						},
 						VolumeMounts: []corev1.VolumeMount{{Name: "talos", MountPath: "/var/run/secrets/talos.dev", ReadOnly: true}},
 					}},
 					Volumes: []corev1.Volume{{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "podcheck-talos"}}}},
@@ -276,6 +281,7 @@ func TestSimulatedCluster(t *testing.T) {
 		require.NoError(t, err, out)
 		require.Contains(t, out, "kubernetes: 5 nodes")
 		require.Contains(t, out, "talos: v1.13.9")
+		require.Contains(t, out, "uid 65532, root filesystem read-only")
 	})
 
 	t.Run("no node was tainted unreachable", func(t *testing.T) {
@@ -329,7 +335,11 @@ func TestTwoClustersAtOnce(t *testing.T) {
 
 func buildPodcheck(t *testing.T) string {
 	t.Helper()
-	root := t.TempDir()
+	// An image's files are readable by any user: not t.TempDir (0700).
+	root, err := os.MkdirTemp("", "podcheck-image-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(root, 0o755))
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	cmd := exec.Command("go", "build", "-o", filepath.Join(root, "podcheck"), "./internal/podcheck")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()

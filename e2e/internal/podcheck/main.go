@@ -49,6 +49,14 @@ func run() error {
 		return fmt.Errorf("talos version: %w", err)
 	}
 	fmt.Printf("talos: %s\n", v.Messages[0].Version.Tag)
+	ro := "writable"
+	if f, err := os.CreateTemp("/", "podcheck-"); err != nil {
+		ro = "read-only"
+	} else {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+	}
+	fmt.Printf("uid %d, root filesystem %s\n", os.Getuid(), ro)
 	if len(os.Args) > 1 && os.Args[1] == "sleep" {
 		<-ctx.Done()
 	}

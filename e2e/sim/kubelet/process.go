@@ -28,6 +28,14 @@ type ExecSpec struct {
 	Env        []string `json:"env"`
 	WorkingDir string   `json:"workingDir,omitempty"`
 	Mounts     []Mount  `json:"mounts"`
+	// UID and GID, when set, are the user the command runs as
+	// (securityContext.runAsUser/runAsGroup).
+	UID *int64 `json:"uid,omitempty"`
+	GID *int64 `json:"gid,omitempty"`
+	// ReadOnlyRoot makes the root filesystem read-only for the container, as
+	// securityContext.readOnlyRootFilesystem does; its volumes stay writable
+	// unless mounted read-only.
+	ReadOnlyRoot bool `json:"readOnlyRoot,omitempty"`
 }
 
 // Mount is a bind mount of Source at Target inside the pod's namespace.
@@ -53,22 +61,19 @@ func RunPod(specPath string) error {
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private (needs root and a new mount namespace): %w", err)
 	}
+	// Mount points first: the root may become read-only below.
 	for _, m := range spec.Mounts {
-		st, err := os.Stat(m.Source)
-		if err != nil {
-			return fmt.Errorf("volume %s: %w", m.Source, err)
+		if err := mountPoint(m); err != nil {
+			return err
 		}
-		if st.IsDir() {
-			err = os.MkdirAll(m.Target, 0o755)
-		} else if _, serr := os.Stat(m.Target); serr != nil {
-			err = os.MkdirAll(filepath.Dir(m.Target), 0o755)
-			if err == nil {
-				err = os.WriteFile(m.Target, nil, 0o644)
-			}
+	}
+	if spec.ReadOnlyRoot {
+		// A bind remount changes only this namespace's copy of the root mount.
+		if err := syscall.Mount("", "/", "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("read-only root filesystem: %w", err)
 		}
-		if err != nil {
-			return fmt.Errorf("mount point %s: %w", m.Target, err)
-		}
+	}
+	for _, m := range spec.Mounts {
 		if err := syscall.Mount(m.Source, m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind %s at %s: %w", m.Source, m.Target, err)
 		}
@@ -83,7 +88,44 @@ func RunPod(specPath string) error {
 			return fmt.Errorf("working dir: %w", err)
 		}
 	}
-	return syscall.Exec(spec.Argv[0], spec.Argv, spec.Env)
+	if spec.GID != nil {
+		if err := syscall.Setgroups(nil); err != nil {
+			return fmt.Errorf("setgroups: %w", err)
+		}
+		if err := syscall.Setresgid(int(*spec.GID), int(*spec.GID), int(*spec.GID)); err != nil {
+			return fmt.Errorf("run as group %d: %w", *spec.GID, err)
+		}
+	}
+	if spec.UID != nil {
+		if err := syscall.Setresuid(int(*spec.UID), int(*spec.UID), int(*spec.UID)); err != nil {
+			return fmt.Errorf("run as user %d: %w", *spec.UID, err)
+		}
+	}
+	if err := syscall.Exec(spec.Argv[0], spec.Argv, spec.Env); err != nil {
+		return fmt.Errorf("exec %s as uid %d: %w", spec.Argv[0], os.Getuid(), err)
+	}
+	return nil
+}
+
+// mountPoint makes sure m's target exists: a directory for a directory
+// source, an empty file for a file.
+func mountPoint(m Mount) error {
+	st, err := os.Stat(m.Source)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", m.Source, err)
+	}
+	if st.IsDir() {
+		err = os.MkdirAll(m.Target, 0o755)
+	} else if _, serr := os.Stat(m.Target); serr != nil {
+		err = os.MkdirAll(filepath.Dir(m.Target), 0o755)
+		if err == nil {
+			err = os.WriteFile(m.Target, nil, 0o644)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("mount point %s: %w", m.Target, err)
+	}
+	return nil
 }
 
 // containerProc is one running container process.
@@ -124,6 +166,7 @@ func (r *podRunner) startProcesses(ctx context.Context, pod *corev1.Pod, root st
 			return fmt.Errorf("container %s: %w", c.Name, err)
 		}
 		spec := ExecSpec{Argv: argv, Env: env, WorkingDir: c.WorkingDir, Mounts: []Mount{{Source: hosts, Target: "/etc/hosts", ReadOnly: true}}}
+		spec.UID, spec.GID, spec.ReadOnlyRoot = securityOf(pod, c)
 		for _, vm := range c.VolumeMounts {
 			src, ok := vols[vm.Name]
 			if !ok {
@@ -426,4 +469,25 @@ func (r *podRunner) hostsFile(pod *corev1.Pod) string {
 		fmt.Fprintf(&b, "%s\t%s\n", r.k.opts.Hosts[n], n)
 	}
 	return b.String()
+}
+
+// securityOf returns the user, group and read-only root of a container, the
+// container's securityContext overriding the pod's.
+func securityOf(pod *corev1.Pod, c corev1.Container) (uid, gid *int64, readOnlyRoot bool) {
+	if psc := pod.Spec.SecurityContext; psc != nil {
+		uid, gid = psc.RunAsUser, psc.RunAsGroup
+	}
+	if sc := c.SecurityContext; sc != nil {
+		if sc.RunAsUser != nil {
+			uid = sc.RunAsUser
+		}
+		if sc.RunAsGroup != nil {
+			gid = sc.RunAsGroup
+		}
+		readOnlyRoot = sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem
+	}
+	if uid != nil && gid == nil {
+		gid = uid
+	}
+	return uid, gid, readOnlyRoot
 }
