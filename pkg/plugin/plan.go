@@ -44,14 +44,32 @@ type planOptions struct {
 	Output string
 	// MaxUnavailable is --max-unavailable: how many workers move at once.
 	MaxUnavailable int
+	// RequestStats is the hidden --request-stats: count the Kubernetes requests and Talos
+	// calls and print the counts on stderr at the end.
+	RequestStats bool
 
 	target stages.Version
+	stats  *requestStats
 }
 
 func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
 	cmd.Flags().StringVar(&o.To, "to", "", "The version to upgrade to, vX.Y.Z (required), e.g. "+example)
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Plan document")
 	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
+	cmd.Flags().BoolVar(&o.RequestStats, "request-stats", false, "Print the number of Kubernetes requests and Talos calls made on stderr")
+	_ = cmd.Flags().MarkHidden("request-stats")
+}
+
+// run runs the command, then prints the request counts when --request-stats asks.
+func (o *planOptions) run(ctx context.Context, run func(context.Context) error) error {
+	if o.RequestStats {
+		o.stats = newRequestStats()
+		o.flags.kube.WrapConfigFn = o.stats.wrapKube
+
+		defer o.stats.print(o.ErrOut)
+	}
+
+	return run(ctx)
 }
 
 func (o *planOptions) validate() error {
@@ -89,6 +107,10 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 	talos, err := o.deps.talos(ctx, o.flags.talos)
 	if err != nil {
 		return nil, nil, err
+	}
+
+	if o.stats != nil {
+		talos = o.stats.wrapTalos(talos)
 	}
 
 	if c, isCloser := talos.(io.Closer); isCloser {
@@ -205,7 +227,7 @@ func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalF
 				return err
 			}
 
-			return o.Run(cmd.Context())
+			return o.run(cmd.Context(), o.Run)
 		},
 	}
 
@@ -280,7 +302,7 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 				return err
 			}
 
-			return o.Run(cmd.Context())
+			return o.run(cmd.Context(), o.Run)
 		},
 	}
 
