@@ -3,6 +3,7 @@ package checks
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -75,9 +76,14 @@ func (RemovedAPIs) Run(ctx context.Context, in *Input) api.Check {
 // parseRemovedAPIs returns "group/version resource requested (removed in X.Y)" for every
 // deprecated API requested whose removal release is at or before target.
 func parseRemovedAPIs(body []byte, target stages.Version) ([]string, error) {
+	lines, err := familyLines(body, DeprecatedAPIsMetric)
+	if err != nil {
+		return nil, err
+	}
+
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(lines))
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +129,40 @@ func parseRemovedAPIs(body []byte, target stages.Version) ([]string, error) {
 	}
 
 	sort.Strings(out)
+
+	return out, nil
+}
+
+// familyLines keeps the lines of one metric family (its HELP and TYPE comments and its
+// samples) out of a Prometheus text exposition. An apiserver's /metrics is megabytes and
+// parsing all of it cost a plan of a 1000-node cluster a tenth of its CPU; the family
+// is a few lines. A body with no HELP or TYPE comment at all is not an exposition.
+func familyLines(body []byte, name string) ([]byte, error) {
+	var (
+		out        []byte
+		exposition bool
+	)
+
+	for rest := body; len(rest) > 0; {
+		var line []byte
+
+		line, rest, _ = bytes.Cut(rest, []byte("\n"))
+
+		switch {
+		case bytes.HasPrefix(line, []byte("# HELP ")), bytes.HasPrefix(line, []byte("# TYPE ")):
+			exposition = true
+
+			if f := bytes.Fields(line); len(f) >= 3 && string(f[2]) == name {
+				out = append(append(out, line...), '\n')
+			}
+		case len(line) > len(name) && bytes.HasPrefix(line, []byte(name)) && (line[len(name)] == '{' || line[len(name)] == ' '):
+			out = append(append(out, line...), '\n')
+		}
+	}
+
+	if !exposition {
+		return nil, errors.New("not in the Prometheus text format (no HELP or TYPE line)")
+	}
 
 	return out, nil
 }
