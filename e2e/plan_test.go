@@ -234,6 +234,24 @@ func TestPlan(t *testing.T) {
 			})
 		}
 
+		t.Run("kubernetes unreachable", func(t *testing.T) {
+			kubeconfig := c.kubeconfigWithServer(t, "https://127.0.0.1:1")
+			r := runPlugin(t, nil, "plan", "kubernetes", "--to", planTo, "--kubeconfig", kubeconfig, "--talosconfig", c.Talosconfig)
+			r.requireExit(t, 1)
+			require.Empty(t, r.stdout)
+			r.requireOneLineError(t, "kubernetes API at https://127.0.0.1:1 unreachable")
+			require.Contains(t, r.stderr, "check --kubeconfig and --context")
+		})
+
+		t.Run("talos unreachable", func(t *testing.T) {
+			r := c.plugin(t, "plan", "kubernetes", "--to", planTo, "--talos-endpoints", "127.0.0.1:1")
+			r.requireExit(t, 1)
+			require.Empty(t, r.stdout)
+			r.requireOneLineError(t, "talos API at ")
+			require.Contains(t, r.stderr, "unreachable")
+			require.Contains(t, r.stderr, "check --talos-endpoints and --talosconfig")
+		})
+
 		t.Run("RBAC denied", func(t *testing.T) {
 			kubeconfig := c.serviceAccountKubeconfig(t, "default", "ichor-e2e-nobody")
 			r := runPlugin(t, nil, "plan", "kubernetes", "--to", planTo, "--kubeconfig", kubeconfig, "--talosconfig", c.Talosconfig)
@@ -464,6 +482,7 @@ func (r pluginResult) requireExit(t *testing.T, code int) {
 // containing want.
 func (r pluginResult) requireOneLineError(t *testing.T, want string) {
 	t.Helper()
+	t.Logf("stderr: %s", r.stderr)
 	require.True(t, strings.HasPrefix(r.stderr, "error: "), "stderr: %q", r.stderr)
 	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "stderr is not one line: %q", r.stderr)
 	require.True(t, strings.HasSuffix(r.stderr, "\n"), "stderr: %q", r.stderr)
@@ -578,6 +597,20 @@ func (c *Cluster) serviceAccountKubeconfig(t *testing.T, ns, name string) string
 	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
 	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: "ichor-sim", AuthInfo: name}
 	cfg.CurrentContext = name
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
+	return path
+}
+
+// kubeconfigWithServer returns a copy of the admin kubeconfig that points
+// at server.
+func (c *Cluster) kubeconfigWithServer(t *testing.T, server string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(c.Kubeconfig)
+	require.NoError(t, err)
+	for _, cl := range cfg.Clusters {
+		cl.Server = server
+	}
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
 	return path
