@@ -300,8 +300,13 @@ func (s *Server) resolve(node string) (*machine.Machine, error) {
 			return m, nil
 		}
 	}
-	known := make([]string, 0, len(s.machines))
-	for _, m := range s.machines {
+	const shown = 5
+	known := make([]string, 0, shown+1)
+	for i, m := range s.machines {
+		if i == shown {
+			known = append(known, fmt.Sprintf("and %d more", len(s.machines)-shown))
+			break
+		}
 		known = append(known, m.Name()+" ("+m.IP().String()+")")
 	}
 	return nil, status.Errorf(codes.NotFound, "node %q is not a machine of this cluster; known nodes: %s", node, strings.Join(known, ", "))
