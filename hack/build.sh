@@ -5,7 +5,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
 mkdir -p _output/bin
+image=${IMAGE_REPO:-ghcr.io/ichor-dev/kubectl-ichor}:$version
 ldflags="-X github.com/ichor-dev/kubectl-ichor/pkg/version.Version=$version"
+ldflags+=" -X github.com/ichor-dev/kubectl-ichor/pkg/version.Image=$image"
 CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o _output/bin/kubectl-ichor ./cmd/kubectl-ichor
 CGO_ENABLED=0 go build -trimpath -o _output/bin/ichor-sim ./e2e/cmd/ichor-sim
 echo "build: _output/bin/kubectl-ichor ($version) and _output/bin/ichor-sim"
