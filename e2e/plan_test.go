@@ -371,7 +371,7 @@ func TestPlan(t *testing.T) {
 		r.requireOneLineError(t, "plan refused by version skew")
 		checks := tableChecks(r.stdout)
 		require.Equal(t, api.ResultRefused, checks["version skew"].result)
-		require.Contains(t, checks["version skew"].detail, "worker-2 kubelet: v1.36.3 skips a minor from v1.34.5: upgrade to 1.35 first")
+		require.Contains(t, checks["version skew"].detail, "v1.36.3 skips a minor from v1.34.5: upgrade to 1.35 first (kubelet on worker-2)")
 		require.NotContains(t, checks["version skew"].detail, "worker-1")
 		require.Regexp(t, `(?m)^kubelet\s+v1\.34\.5 x1, v1\.35\.4 x4\s+v1\.36\.3$`, r.stdout)
 

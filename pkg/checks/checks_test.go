@@ -53,7 +53,7 @@ func TestChecks(t *testing.T) {
 		{
 			name: "skew skipped minor names the minor to go first", check: checks.VersionSkew{},
 			cluster: func(c *discoverytest.Cluster) { c.Node("worker-2").Kubernetes = "v1.34.7" },
-			result:  api.ResultRefused, detail: []string{"worker-2 kubelet", "upgrade to 1.35 first"},
+			result:  api.ResultRefused, detail: []string{"kubelet on worker-2", "upgrade to 1.35 first"},
 		},
 		{
 			name: "skew downgrade", check: checks.VersionSkew{}, target: stages.MustParseVersion("v1.35.1"),
@@ -72,7 +72,7 @@ func TestChecks(t *testing.T) {
 			cluster: func(c *discoverytest.Cluster) {
 				c.Node("cp-2").Versions = map[discovery.Component]string{discovery.Scheduler: "v1.34.1"}
 			},
-			result: api.ResultRefused, detail: []string{"cp-2 kube-scheduler", "upgrade to 1.35 first"},
+			result: api.ResultRefused, detail: []string{"kube-scheduler", "on cp-2", "upgrade to 1.35 first"},
 		},
 		// talos pairing
 		{name: "pairing ok", check: checks.TalosPairing{}, result: api.ResultOK, detail: []string{"Talos v1.13.9 supports Kubernetes 1.31-1.36"}},

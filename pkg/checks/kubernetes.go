@@ -26,15 +26,31 @@ func (VersionSkew) Name() string { return "version skew" }
 // Run implements Check.
 func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
 	var (
+		oldest *stages.Version
+		// The same problem on many nodes is said once, naming the nodes.
 		problems []string
-		oldest   *stages.Version
+		nodesOf  = map[string][]string{}
+		compsOf  = map[string]map[string]bool{}
 	)
+
+	note := func(problem, component, node string) {
+		if _, seen := nodesOf[problem]; !seen {
+			problems = append(problems, problem)
+			compsOf[problem] = map[string]bool{}
+		}
+
+		if l := nodesOf[problem]; len(l) == 0 || l[len(l)-1] != node {
+			nodesOf[problem] = append(l, node)
+		}
+
+		compsOf[problem][component] = true
+	}
 
 	for _, n := range active(in.Snapshot) {
 		for _, rv := range runningVersions(n) {
 			v, err := stages.ParseVersion(rv.version)
 			if err != nil {
-				problems = append(problems, fmt.Sprintf("%s %s: %v", n.Name, rv.component, err))
+				note(err.Error(), rv.component, n.Name)
 
 				continue
 			}
@@ -44,13 +60,29 @@ func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
 			}
 
 			if err := stages.CheckStep(v, in.Target); err != nil {
-				problems = append(problems, fmt.Sprintf("%s %s: %v", n.Name, rv.component, err))
+				note(err.Error(), rv.component, n.Name)
 			}
 		}
 	}
 
 	if len(problems) > 0 {
-		return refused(summarize(problems), "choose a target one minor at most above what every node runs, or hold the nodes behind")
+		lines := make([]string, 0, len(problems))
+		for _, p := range problems {
+			where := "on " + summarizeList(nodesOf[p])
+			if len(compsOf[p]) <= 3 {
+				comps := make([]string, 0, len(compsOf[p]))
+				for c := range compsOf[p] {
+					comps = append(comps, c)
+				}
+
+				sort.Strings(comps)
+				where = strings.Join(comps, ", ") + " " + where
+			}
+
+			lines = append(lines, fmt.Sprintf("%s (%s)", p, where))
+		}
+
+		return refused(summarize(lines), "choose a target one minor at most above what every node runs, or hold the nodes behind")
 	}
 
 	switch {
