@@ -1,0 +1,23 @@
+// Package kube owns the Kubernetes side of an upgrade step, as the engine in
+// pkg/stages uses it:
+//
+//   - Cache: informers over Nodes, the control-plane mirror pods and
+//     kube-proxy pods in kube-system, and the kube-proxy DaemonSet, with a
+//     Wait that re-evaluates a condition on every change it sees (no fixed
+//     polling) and gives up after a bound, saying what it still waited for;
+//   - the conditions verification waits for: a node Ready on a kubelet
+//     version, its static pods' mirror pods Ready on a tag, a DaemonSet
+//     rolled out on a tag;
+//   - Cordon and Uncordon, which mark the node with CordonedAnnotation so that
+//     a resumed engine (or abort) knows which cordon is ichor's, and Drain
+//     with k8s.io/kubectl/pkg/drain (DaemonSet pods ignored, PDBs respected
+//     through eviction, emptyDir data deleted, bounded);
+//   - ManifestApplier: server-side apply of Talos' bootstrap manifests with
+//     Talos' own field manager ("talos");
+//   - Observe: what the cluster runs (mirror pods, kube-proxy pods, kubelets),
+//     for the engine's invariant check;
+//   - Retry of what is temporary (an apiserver restarting) with a bound.
+//
+// Nothing here decides policy (which version a component should run, what
+// order nodes go in); that is pkg/stages.
+package kube

@@ -1,0 +1,96 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+)
+
+// Running is one component the cluster runs somewhere.
+type Running struct {
+	// Node is where it runs.
+	Node string
+	// Component is the component.
+	Component discovery.Component
+	// Version is its version: the tag of its image, or the Node's
+	// kubeletVersion for a kubelet.
+	Version string
+	// Source names what it was read from ("pod kube-system/kube-proxy-x7k2p",
+	// "Node cp-1").
+	Source string
+}
+
+// Observe reads what the cluster runs with two LISTs: every Node's kubelet
+// version, and the image of every control-plane mirror pod and kube-proxy
+// pod in kube-system that has not finished. Temporary failures are retried.
+func Observe(ctx context.Context, client kubernetes.Interface) ([]Running, error) {
+	var (
+		nodes *corev1.NodeList
+		pods  *corev1.PodList
+	)
+
+	err := Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		nodes, err = client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+
+	err = Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		pods, err = client.CoreV1().Pods(discovery.StaticPodNamespace).List(ctx, metav1.ListOptions{
+			LabelSelector: fmt.Sprintf("%s in (%s)", discovery.ComponentLabel, strings.Join(CacheComponents(), ",")),
+		})
+
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pods in %s: %w", discovery.StaticPodNamespace, err)
+	}
+
+	var out []Running
+
+	for _, n := range nodes.Items {
+		out = append(out, Running{
+			Node: n.Name, Component: discovery.Kubelet, Version: n.Status.NodeInfo.KubeletVersion, Source: "Node " + n.Name,
+		})
+	}
+
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+
+		comp := discovery.Component(p.Labels[discovery.ComponentLabel])
+
+		out = append(out, Running{
+			Node:      p.Spec.NodeName,
+			Component: comp,
+			Version:   render.TagOf(ContainerImage(p.Spec, string(comp))),
+			Source:    "pod " + p.Namespace + "/" + p.Name,
+		})
+	}
+
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Node != out[j].Node {
+			return out[i].Node < out[j].Node
+		}
+
+		return out[i].Component < out[j].Component
+	})
+
+	return out, nil
+}
