@@ -1,0 +1,335 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// checkStage runs the checks that gate a stage's first apply, on the nodes
+// it will change: each Ready, each change at most one minor forward and
+// never back (judged per node against what it runs), the target supported
+// by each node's Talos, and the invariant holding now.
+func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*stageNode) error {
+	stage := s.Name()
+
+	var notReady, skew, pairing []string
+
+	for _, n := range pending {
+		if !n.Ready {
+			notReady = append(notReady, n.Name)
+		}
+
+		for _, ch := range n.changes {
+			from, errFrom := ParseVersion(render.TagOf(ch.From))
+			to, errTo := ParseVersion(render.TagOf(ch.To))
+
+			switch {
+			case errFrom != nil:
+				skew = append(skew, fmt.Sprintf("%s %s: running %q: %v", n.Name, ch.Component, ch.From, errFrom))
+			case errTo != nil:
+				skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, errTo))
+			default:
+				if err := CheckStep(from, to); err != nil {
+					skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, err))
+				}
+			}
+		}
+
+		if err := supportedBy(r.target, n.Talos.Version); err != nil {
+			pairing = append(pairing, fmt.Sprintf("%s: %v", n.Name, err))
+		}
+	}
+
+	switch {
+	case len(notReady) > 0:
+		return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", "),
+			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+	case len(skew) > 0:
+		return r.refuse(ctx, stage, nil, "version skew: "+summarize(skew),
+			"choose a target at most one minor above what every node runs, or hold the nodes behind")
+	case len(pairing) > 0:
+		return r.refuse(ctx, stage, nil, "talos pairing: "+summarize(pairing),
+			"upgrade Talos first (kubectl ichor plan talos --to <a release that supports the target>)")
+	}
+
+	return r.checkInvariant(ctx, stage, "")
+}
+
+// refuse pauses a stage before it changes anything, naming the node when
+// there is one.
+func (r *kubeRun) refuse(ctx context.Context, stage string, nodes []string, reason, action string) error {
+	node := ""
+	if len(nodes) == 1 {
+		node = nodes[0]
+	}
+
+	return r.pause(ctx, stage, node, "checks: "+reason, action, errors.New(reason))
+}
+
+// supportedBy reports whether a node's Talos version supports Kubernetes
+// target, per machinery's compatibility tables (a Talos minor they do not
+// know is not supported).
+func supportedBy(target Version, talosVersion string) error {
+	kv, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(target.String(), "v"))
+	if err != nil {
+		return fmt.Errorf("kubernetes %s: %w", target, err)
+	}
+
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: talosVersion})
+	if err != nil {
+		return fmt.Errorf("talos %q: %w", talosVersion, err)
+	}
+
+	if err := kv.SupportedWith(tv); err != nil {
+		return fmt.Errorf("talos %s does not support kubernetes %s: %w", talosVersion, target, err)
+	}
+
+	return nil
+}
+
+func summarize(problems []string) string {
+	const shown = 3
+
+	if len(problems) <= shown {
+		return strings.Join(problems, "; ")
+	}
+
+	return fmt.Sprintf("%s; and %d more", strings.Join(problems[:shown], "; "), len(problems)-shown)
+}
+
+// pull is one image to pre-pull on one node.
+type pull struct {
+	ref string
+	ns  talos.ImageNamespace
+}
+
+// prePull pulls every image the stage changes on the nodes that will take
+// it, a bounded number of nodes at a time, under PullTimeout. In the
+// KubeProxy stage the new kube-proxy image is also pulled on the workers,
+// which run it once the DaemonSet rolls. A node that cannot pre-pull is
+// skipped; any other failure pauses before the first apply.
+func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
+	stage := s.Name()
+	pulls := map[string][]pull{}
+	names := map[string]string{}
+
+	var ips []string
+
+	add := func(n discovery.Node, p pull) {
+		if _, seen := pulls[n.InternalIP]; !seen {
+			ips = append(ips, n.InternalIP)
+			names[n.InternalIP] = n.Name
+		}
+
+		pulls[n.InternalIP] = append(pulls[n.InternalIP], p)
+	}
+
+	proxyImage := ""
+
+	for _, n := range pending {
+		for _, ch := range n.changes {
+			ns := talos.NamespaceCRI
+			if ch.Component == discovery.Kubelet {
+				ns = talos.NamespaceSystem
+			}
+
+			add(n.Node, pull{ref: ch.To, ns: ns})
+
+			if ch.Component == discovery.KubeProxy && proxyImage == "" {
+				proxyImage = ch.To
+			}
+		}
+	}
+
+	if _, isProxy := s.(KubeProxy); isProxy && proxyImage != "" {
+		for _, n := range snap.Nodes {
+			if !n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
+				add(n, pull{ref: proxyImage, ns: talos.NamespaceCRI})
+			}
+		}
+	}
+
+	var (
+		mu                  sync.Mutex
+		pulled, unsupported int
+	)
+
+	r.e.step(stage, "pre-pull", "pulling the stage's images on %d node(s)", len(ips))
+
+	pullCtx, cancel := context.WithTimeout(ctx, r.opts.PullTimeout)
+	defer cancel()
+
+	err := talos.ForEach(pullCtx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
+		for _, p := range pulls[ip] {
+			err := r.e.Talos.PullImage(ctx, ip, p.ns, p.ref)
+			if errors.Is(err, talos.ErrPullUnsupported) {
+				mu.Lock()
+				unsupported++
+				mu.Unlock()
+
+				return nil
+			}
+
+			if err != nil {
+				return fmt.Errorf("node %q: pull %s: %w", names[ip], p.ref, err)
+			}
+
+			mu.Lock()
+			pulled++
+			mu.Unlock()
+		}
+
+		return nil
+	})
+	if err != nil {
+		return r.pause(ctx, stage, "", "pre-pull: "+firstLine(err),
+			"make the images reachable from the nodes (registry, mirrors: talosctl -n <node> image pull <image>), then resume", err)
+	}
+
+	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(ips))
+	if unsupported > 0 {
+		msg += fmt.Sprintf("; %d node(s) cannot pre-pull: skipped", unsupported)
+	}
+
+	r.e.step(stage, "pre-pull", "%s", msg)
+
+	return nil
+}
+
+// checkInvariant reads what the cluster runs and pauses if any
+// controller-manager, scheduler, kube-proxy or kubelet is newer than any
+// apiserver.
+func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error {
+	running, err := kube.Observe(ctx, r.e.Kube)
+	if err != nil {
+		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
+	}
+
+	if v := invariantViolations(running); len(v) > 0 {
+		reason := "invariant broken: " + summarize(v)
+
+		return r.pause(ctx, stage, node, reason,
+			"no controller-manager, scheduler, kube-proxy or kubelet may be newer than an apiserver: bring it back to the apiservers' version (or the apiservers forward) before resuming",
+			errors.New(reason))
+	}
+
+	return nil
+}
+
+// predictApply pauses before an apply that would break the invariant: what
+// the cluster runs, with the node's components replaced by the render's
+// (such as a held control plane whose apiserver stays behind).
+func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
+	running, err := kube.Observe(ctx, r.e.Kube)
+	if err != nil {
+		return r.pause(ctx, stage, sn.Name, "invariant check: "+err.Error(), actionResume, err)
+	}
+
+	images := render.Images(res.Config)
+	after := running[:0:0]
+	seen := map[discovery.Component]bool{}
+
+	for _, run := range running {
+		if image, ok := images[run.Component]; ok && run.Node == sn.Name && run.Component != discovery.KubeProxy {
+			run.Version = render.TagOf(image)
+			seen[run.Component] = true
+		}
+
+		after = append(after, run)
+	}
+
+	for _, c := range []discovery.Component{discovery.APIServer, discovery.ControllerManager, discovery.Scheduler, discovery.Kubelet} {
+		if image, ok := images[c]; ok && !seen[c] {
+			after = append(after, kube.Running{Node: sn.Name, Component: c, Version: render.TagOf(image), Source: "the render"})
+		}
+	}
+
+	if v := invariantViolations(after); len(v) > 0 {
+		reason := "applying " + describeChanges(res.Changed) + " would break the invariant: " + summarize(v)
+
+		return r.pause(ctx, stage, sn.Name, reason, heldAction, errors.New(reason))
+	}
+
+	return nil
+}
+
+// predictKubeProxy pauses before a manifest sync would run kube-proxy at the
+// target while some apiserver is older.
+func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) error {
+	running, err := kube.Observe(ctx, r.e.Kube)
+	if err != nil {
+		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
+	}
+
+	running = append(running, kube.Running{Node: "every node", Component: discovery.KubeProxy, Version: r.target.String(), Source: "the bootstrap manifests"})
+
+	if v := invariantViolations(running); len(v) > 0 {
+		reason := "syncing the bootstrap manifests would break the invariant: " + summarize(v)
+
+		return r.pause(ctx, stage, node, reason, heldAction, errors.New(reason))
+	}
+
+	return nil
+}
+
+const heldAction = "an apiserver is behind (a held control plane?): move every apiserver to the target first (remove the hold), then resume"
+
+// invariantViolations returns one line for every controller-manager,
+// scheduler, kube-proxy or kubelet newer than the oldest apiserver. Versions
+// that do not parse are not judged.
+func invariantViolations(running []kube.Running) []string {
+	var (
+		oldest *Version
+		at     kube.Running
+	)
+
+	for _, run := range running {
+		if run.Component != discovery.APIServer {
+			continue
+		}
+
+		v, err := ParseVersion(run.Version)
+		if err != nil {
+			continue
+		}
+
+		if oldest == nil || v.Compare(*oldest) < 0 {
+			oldest, at = &v, run
+		}
+	}
+
+	if oldest == nil {
+		return nil
+	}
+
+	var out []string
+
+	for _, run := range running {
+		switch run.Component {
+		case discovery.ControllerManager, discovery.Scheduler, discovery.KubeProxy, discovery.Kubelet:
+		default:
+			continue
+		}
+
+		v, err := ParseVersion(run.Version)
+		if err != nil || v.Compare(*oldest) <= 0 {
+			continue
+		}
+
+		out = append(out, fmt.Sprintf("%s %s on %s (%s) is newer than %s %s on %s",
+			run.Component, run.Version, run.Node, run.Source, at.Component, at.Version, at.Node))
+	}
+
+	return out
+}

@@ -1,0 +1,839 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// talosReadTimeout bounds one read of a node's Talos side (version, config,
+// manifests); applies, pulls and waits have their own bounds in
+// EngineOptions.
+const talosReadTimeout = time.Minute
+
+// Actions the pauses of the Kubernetes upgrade suggest.
+const (
+	actionResume      = "fix the cause, then resume (kubectl ichor resume)"
+	actionTalosAccess = "check the node's Talos API is reachable with the credentials (talosctl -n <node> version), then resume"
+)
+
+// kubeRun is one Run of a Kubernetes upgrade.
+type kubeRun struct {
+	e       *Engine
+	opts    EngineOptions
+	target  Version
+	cache   *kube.Cache
+	applier *kube.ManifestApplier
+}
+
+// stageNode is a node a stage visits, as read at the stage's start.
+type stageNode struct {
+	discovery.Node
+	// changes are what the stage's render changes on the node, as read at
+	// the stage's start.
+	changes []render.Change
+	// planned is that render, from the active config whose hash is
+	// plannedFrom; a visit that finds the same config and kubelet version
+	// uses it rather than render again.
+	planned     *render.Result
+	plannedFrom string
+}
+
+// runKubernetes drives the four stages in order. A stage whose nodes are all
+// done only verifies them, so a Run always walks every stage and picks up
+// where the cluster is.
+func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
+	target, err := ParseVersion(opts.Target)
+	if err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+
+	if e.Kube == nil || e.Dynamic == nil || e.Talos == nil {
+		return errors.New("the engine needs Kube, Dynamic and Talos clients")
+	}
+
+	c, err := kube.StartCache(ctx, e.Kube)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("start: %w", ctx.Err())
+		}
+
+		return &PauseError{Reason: err.Error(), Action: actionResume, Err: err}
+	}
+	defer c.Stop()
+
+	r := &kubeRun{e: e, opts: opts, target: target, cache: c, applier: kube.NewManifestApplier(e.Dynamic, e.Kube.Discovery())}
+
+	all := KubernetesStages()
+	for i, s := range all {
+		if err := r.runStage(ctx, i+1, len(all), s); err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+// runStage runs one stage: read the stage's nodes, plan each one's render,
+// and when any needs an apply run the checks and the pre-pull first; then
+// visit the nodes in order, and for KubeProxy wait for the rollout.
+func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesStage) error {
+	name := s.Name()
+	r.e.stage(index, total, name)
+
+	snap, visit, held, err := r.observe(ctx, s)
+	if err != nil {
+		return err
+	}
+
+	if reason := r.skipReason(s, snap, visit); reason != "" {
+		r.e.step(name, "skipped", "%s", reason)
+
+		return nil
+	}
+
+	for _, n := range held {
+		r.e.node(name, n.Name, PhaseHeld, "held (%s)", holdText(n))
+	}
+
+	var pending []*stageNode
+
+	for _, group := range visit {
+		for _, n := range group {
+			res, err := r.render(s, n.Node, n.Talos.Config)
+			if err == nil {
+				n.plannedFrom, err = render.Hash(n.Talos.Config)
+			}
+
+			if err != nil {
+				return r.pause(ctx, name, n.Name, err.Error(), actionResume, err)
+			}
+
+			n.changes, n.planned = res.Changed, res
+			if len(n.changes) == 0 {
+				r.e.node(name, n.Name, PhasePending, "nothing to apply: to verify")
+
+				continue
+			}
+
+			pending = append(pending, n)
+			r.e.node(name, n.Name, PhasePending, "to apply: %s", describeChanges(n.changes))
+		}
+	}
+
+	if len(pending) > 0 {
+		if err := r.checkStage(ctx, s, pending); err != nil {
+			return err
+		}
+
+		if err := r.prePull(ctx, s, snap, pending); err != nil {
+			return err
+		}
+	}
+
+	var synced bool
+
+	for _, group := range visit {
+		ok, err := r.runGroup(ctx, s, group)
+		if err != nil {
+			return err
+		}
+
+		synced = synced || ok
+	}
+
+	if _, isProxy := s.(KubeProxy); isProxy && synced {
+		return r.rollout(ctx, name)
+	}
+
+	return nil
+}
+
+// observe reads the cluster for stage s: the snapshot, the nodes to visit
+// grouped in visiting order (each with its Talos version and active config),
+// and the held nodes of the stage.
+func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Snapshot, [][]*stageNode, []discovery.Node, error) {
+	name := s.Name()
+
+	var snap *discovery.Snapshot
+
+	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		snap, err = (&discovery.Discoverer{Kube: r.e.Kube}).Discover(ctx)
+
+		return err
+	})
+	if err != nil {
+		return nil, nil, nil, r.pause(ctx, name, "", "read the cluster: "+err.Error(), actionResume, err)
+	}
+
+	var (
+		candidates, held []discovery.Node
+		ips              []string
+		byIP             = map[string]*discovery.Node{}
+	)
+
+	for _, n := range snap.Nodes {
+		if !n.ControlPlane && !s.VisitsWorkers() {
+			continue
+		}
+
+		if n.Held {
+			held = append(held, n)
+
+			continue
+		}
+
+		if !n.IsTalos() {
+			err := fmt.Errorf("node %q runs %q, not Talos", n.Name, n.OSImage)
+
+			return nil, nil, nil, r.pause(ctx, name, n.Name, err.Error(),
+				fmt.Sprintf("hold it (kubectl annotate node %s %s=not-talos), then resume", n.Name, discovery.HoldAnnotation), err)
+		}
+
+		if n.InternalIP == "" {
+			err := fmt.Errorf("node %q has no InternalIP address to reach its Talos API", n.Name)
+
+			return nil, nil, nil, r.pause(ctx, name, n.Name, err.Error(), "check the Node's status.addresses, then resume", err)
+		}
+
+		candidates = append(candidates, n)
+	}
+
+	for i := range candidates {
+		byIP[candidates[i].InternalIP] = &candidates[i]
+		ips = append(ips, candidates[i].InternalIP)
+	}
+
+	err = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
+		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+		defer cancel()
+
+		version, err := r.e.Talos.Version(ctx, ip)
+		if err != nil {
+			return err
+		}
+
+		cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+		if err != nil {
+			return err
+		}
+
+		n := byIP[ip]
+		n.Talos = &discovery.Talos{
+			Version:          version,
+			Images:           render.Images(cfg),
+			KubeProxyEnabled: cfg.Cluster() != nil && cfg.Cluster().Proxy().Enabled(),
+			Config:           cfg,
+		}
+
+		return nil
+	})
+	if err != nil {
+		return nil, nil, nil, r.pause(ctx, name, "", "read the nodes' Talos side: "+firstLine(err), actionTalosAccess, err)
+	}
+
+	order, err := OrderNodes(candidates, OrderOptions{Self: r.opts.Self, MaxUnavailable: r.opts.MaxUnavailable})
+	if err != nil {
+		return nil, nil, nil, r.pause(ctx, name, "", err.Error(), actionResume, err)
+	}
+
+	return snap, r.groups(s, order), held, nil
+}
+
+// groups lays out the nodes of a stage in visiting order: each control plane
+// alone, then, in the Kubelets stage, the workers in batches of
+// MaxUnavailable. In the Kubelets stage a node ichor cordoned (a run that
+// stopped mid-node, such as the runner evicted by its own drain) goes first
+// in its group: it is finished before anything else is made unavailable.
+func (r *kubeRun) groups(s KubernetesStage, order Order) [][]*stageNode {
+	_, kubelets := s.(Kubelets)
+
+	inProgress := func(name string) bool {
+		n, ok := r.cache.Node(name)
+
+		return kubelets && ok && kube.CordonedByIchor(n)
+	}
+
+	firstInProgress := func(nodes []discovery.Node) []*stageNode {
+		out := make([]*stageNode, 0, len(nodes))
+
+		for _, n := range nodes {
+			if inProgress(n.Name) {
+				out = append(out, &stageNode{Node: n})
+			}
+		}
+
+		for _, n := range nodes {
+			if !inProgress(n.Name) {
+				out = append(out, &stageNode{Node: n})
+			}
+		}
+
+		return out
+	}
+
+	var groups [][]*stageNode
+
+	for _, n := range firstInProgress(order.ControlPlanes) {
+		groups = append(groups, []*stageNode{n})
+	}
+
+	if !s.VisitsWorkers() {
+		return groups
+	}
+
+	workers := firstInProgress(slices.Concat(order.Workers...))
+	for start := 0; start < len(workers); start += r.opts.MaxUnavailable {
+		groups = append(groups, workers[start:min(start+r.opts.MaxUnavailable, len(workers))])
+	}
+
+	return groups
+}
+
+// skipReason says why a stage does not run: only KubeProxy can be skipped,
+// when there is no kube-proxy DaemonSet or no control plane's config enables
+// kube-proxy.
+func (r *kubeRun) skipReason(s KubernetesStage, snap *discovery.Snapshot, visit [][]*stageNode) string {
+	if _, isProxy := s.(KubeProxy); !isProxy {
+		return ""
+	}
+
+	if reason := s.SkipReason(snap); reason != "" {
+		return reason
+	}
+
+	for _, group := range visit {
+		for _, n := range group {
+			if n.Talos.KubeProxyEnabled {
+				return ""
+			}
+		}
+	}
+
+	return "kube-proxy is disabled in the control planes' machine config (cluster.proxy.disabled)"
+}
+
+// render returns the stage's config for node n (its kubelet version read
+// from its Node) from its active config cfg.
+func (r *kubeRun) render(s KubernetesStage, n discovery.Node, cfg config.Provider) (*render.Result, error) {
+	versions := render.Versions{}
+
+	for c, image := range render.Images(cfg) {
+		v, err := DesiredVersion(s, n, c, image, r.target)
+		if err != nil {
+			return nil, err
+		}
+
+		versions[c] = v.String()
+	}
+
+	res, err := render.Render(cfg, versions)
+	if err != nil {
+		return nil, fmt.Errorf("node %q: render: %w", n.Name, err)
+	}
+
+	return res, nil
+}
+
+// runGroup visits a group's nodes (several at once for a worker batch) and
+// returns whether any synced the bootstrap manifests. Every node of a batch
+// finishes its step; the first failure, in the batch's order, is returned.
+func (r *kubeRun) runGroup(ctx context.Context, s KubernetesStage, group []*stageNode) (bool, error) {
+	synced := make([]bool, len(group))
+	errs := make([]error, len(group))
+
+	var wg sync.WaitGroup
+
+	for i, n := range group {
+		wg.Go(func() { synced[i], errs[i] = r.visit(ctx, s, n) })
+	}
+
+	wg.Wait()
+
+	for _, err := range errs {
+		if err != nil {
+			return false, err
+		}
+	}
+
+	return slices.Contains(synced, true), nil
+}
+
+// visit takes one node through the stage: read its Node and active config,
+// render; if the render differs, refuse a staged config, check the
+// invariant would hold, (Kubelets) cordon and drain, dry run and apply, check
+// the invariant; then verify, (Kubelets) uncordon, (KubeProxy) sync the
+// bootstrap manifests. It reports whether it synced them.
+func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (bool, error) {
+	stage, name, ip := s.Name(), sn.Name, sn.InternalIP
+	_, kubelets := s.(Kubelets)
+	_, proxy := s.(KubeProxy)
+
+	node, err := r.getNode(ctx, name)
+	if err != nil {
+		return false, r.pause(ctx, stage, name, "read the Node: "+err.Error(), actionResume, err)
+	}
+
+	cfg, activeHash, err := r.activeConfig(ctx, name, ip)
+	if err != nil {
+		return false, r.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+	}
+
+	current := sn.Node
+	current.KubeletVersion = node.Status.NodeInfo.KubeletVersion
+
+	// The pins come from the Node: render again unless the config and the
+	// kubelet version are those the stage's start rendered from.
+	res := sn.planned
+	if res == nil || activeHash != sn.plannedFrom || current.KubeletVersion != sn.KubeletVersion {
+		if res, err = r.render(s, current, cfg); err != nil {
+			return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+	}
+
+	ours := kube.CordonedByIchor(node)
+	applied := res.Hash != activeHash
+
+	var drained string
+
+	if applied {
+		if err := r.refuseStaged(ctx, stage, name, ip, cfg, activeHash); err != nil {
+			return false, err
+		}
+
+		if err := r.predictApply(ctx, stage, sn, res); err != nil {
+			return false, err
+		}
+
+		if kubelets {
+			if drained, err = r.cordonAndDrain(ctx, stage, name, ours); err != nil {
+				return false, err
+			}
+
+			ours = true
+		}
+
+		if err := r.apply(ctx, stage, name, ip, res); err != nil {
+			return false, err
+		}
+
+		if err := r.checkInvariant(ctx, stage, name); err != nil {
+			return false, err
+		}
+	}
+
+	expect := r.expect(s, sn, res)
+	r.e.node(stage, name, PhaseVerifying, "waiting for %s", describeExpect(expect))
+
+	start := time.Now()
+
+	err = r.cache.Wait(ctx, r.opts.VerifyTimeout, r.cache.NodeVerified(expect), func(waiting string) {
+		r.e.node(stage, name, PhaseVerifying, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
+	})
+	if err != nil {
+		var timeout *kube.WaitTimeoutError
+		if errors.As(err, &timeout) {
+			reason := fmt.Sprintf("verify: %s", timeout.Waiting)
+			if kubelets && ours {
+				reason += " (the node stays cordoned)"
+			}
+
+			return false, r.pause(ctx, stage, name, fmt.Sprintf("%s after %s", reason, timeout.After),
+				verifyAction(name), fmt.Errorf("node %q: verify: %w", name, err))
+		}
+
+		return false, r.pause(ctx, stage, name, "verify: "+err.Error(), actionResume, fmt.Errorf("node %q: verify: %w", name, err))
+	}
+
+	if kubelets && ours {
+		if err := kube.Uncordon(ctx, r.e.Kube, name); err != nil {
+			return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+	}
+
+	if applied {
+		if err := r.checkInvariant(ctx, stage, name); err != nil {
+			return false, err
+		}
+	}
+
+	synced := false
+
+	if proxy {
+		if synced, err = r.syncManifests(ctx, stage, sn, res); err != nil {
+			return false, err
+		}
+	}
+
+	done := describeExpect(expect)
+
+	switch {
+	case applied && drained != "":
+		done = drained + ", " + done
+	case !applied:
+		done = "already applied; " + done
+	}
+
+	if kubelets && ours {
+		done += ", uncordoned"
+	}
+
+	if synced {
+		done += ", bootstrap manifests synced"
+	}
+
+	r.e.node(stage, name, PhaseDone, "%s", done)
+
+	return synced, nil
+}
+
+// getNode reads a Node, retrying what is temporary.
+func (r *kubeRun) getNode(ctx context.Context, name string) (*corev1.Node, error) {
+	var node *corev1.Node
+
+	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		node, err = r.e.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+
+		return err
+	})
+
+	return node, err
+}
+
+// activeConfig reads a node's active config and its hash.
+func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Provider, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+	if err != nil {
+		return nil, "", fmt.Errorf("node %q: read machine config: %w", name, err)
+	}
+
+	hash, err := render.Hash(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("node %q: %w", name, err)
+	}
+
+	return cfg, hash, nil
+}
+
+// refuseStaged refuses a node whose persistent config differs from its
+// active one: a change staged for the next reboot, which an apply would
+// overwrite.
+func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider, activeHash string) error {
+	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	persistent, err := r.e.Talos.PersistentMachineConfig(readCtx, ip)
+	if err != nil {
+		err = fmt.Errorf("node %q: read persistent machine config: %w", name, err)
+
+		return r.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+	}
+
+	if persistent == nil {
+		return nil
+	}
+
+	hash, err := render.Hash(persistent)
+	if err != nil {
+		return r.pause(ctx, stage, name, err.Error(), actionResume, err)
+	}
+
+	if hash == activeHash {
+		return nil
+	}
+
+	where := stagedPaths(active, persistent)
+	err = fmt.Errorf("node %q: a machine config change is staged for the next reboot (%s): applying would overwrite it", name, where)
+
+	return r.pause(ctx, stage, name, err.Error(),
+		fmt.Sprintf("settle it first: reboot the node into it (talosctl -n %s reboot) or apply the active config again, then resume", ip), err)
+}
+
+// stagedPaths names where the persistent config differs from the active one.
+func stagedPaths(active, persistent config.Provider) string {
+	var paths []string
+
+	var changed *render.UnexpectedChangeError
+	if err := render.Verify(active, persistent); errors.As(err, &changed) {
+		paths = append(paths, changed.Paths...)
+	}
+
+	before, after := render.Images(active), render.Images(persistent)
+	for _, c := range render.Components() {
+		if before[c] != after[c] {
+			paths = append(paths, c.Path())
+		}
+	}
+
+	if len(paths) == 0 {
+		return "the documents differ in form"
+	}
+
+	slices.Sort(paths)
+
+	return "at " + strings.Join(paths, ", ")
+}
+
+// cordonAndDrain cordons the node (marked as ichor's) unless ichor already
+// had, and drains it. A failed drain uncordons it again. It returns a
+// summary ("drained 3 pods").
+func (r *kubeRun) cordonAndDrain(ctx context.Context, stage, name string, ours bool) (string, error) {
+	if !ours {
+		if err := kube.Cordon(ctx, r.e.Kube, name, time.Now()); err != nil {
+			return "", r.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		r.e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
+	}
+
+	r.e.node(stage, name, PhaseDraining, "draining (bound %s)", r.opts.DrainTimeout)
+
+	evicted, err := kube.Drainer{
+		Client:          r.e.Kube,
+		Timeout:         r.opts.DrainTimeout,
+		EvictRetryDelay: r.e.evictRetryDelay,
+		OnEvicted: func(pod string) {
+			r.e.node(stage, name, PhaseDraining, "evicted %s", pod)
+		},
+	}.Drain(ctx, name)
+	if err != nil {
+		// Cancelled (the runner itself evicted, or stopped): the node stays
+		// cordoned by ichor, and the next run finishes it first.
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
+		}
+
+		if uerr := kube.Uncordon(ctx, r.e.Kube, name); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+
+		return "", r.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
+			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
+	}
+
+	return fmt.Sprintf("drained %d pod(s)", evicted), nil
+}
+
+// apply dry-runs, then applies, the render, each call under its own
+// deadline.
+func (r *kubeRun) apply(ctx context.Context, stage, name, ip string, res *render.Result) error {
+	what := describeChanges(res.Changed)
+
+	r.e.node(stage, name, PhaseApplying, "dry run: %s", what)
+
+	if _, err := r.applyCall(ctx, ip, res.Bytes, true); err != nil {
+		err = fmt.Errorf("node %q: apply (dry run): %w", name, err)
+
+		return r.pause(ctx, stage, name, err.Error(), "nothing was changed on the node: "+actionResume, err)
+	}
+
+	r.e.node(stage, name, PhaseApplying, "applying %s (NO_REBOOT, bound %s)", what, r.opts.ApplyTimeout)
+
+	result, err := r.applyCall(ctx, ip, res.Bytes, false)
+	if err != nil {
+		err = fmt.Errorf("node %q: apply: %w", name, err)
+
+		return r.pause(ctx, stage, name, err.Error(),
+			"the node may or may not have the new config; resuming reads it again and applies or only verifies", err)
+	}
+
+	r.e.node(stage, name, PhaseApplying, "applied %s (%s)", what, result.Mode)
+
+	return nil
+}
+
+// applyCall is one ApplyConfiguration call under its own ApplyTimeout.
+func (r *kubeRun) applyCall(ctx context.Context, ip string, data []byte, dryRun bool) (talos.ApplyResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.ApplyTimeout)
+	defer cancel()
+
+	return r.e.Talos.Apply(ctx, ip, data, dryRun)
+}
+
+// expect is what verifies node sn in stage s with render res: Ready, the
+// stage's static pods on their rendered tags and Ready, and in the Kubelets
+// stage the kubelet on its rendered version.
+func (r *kubeRun) expect(s KubernetesStage, sn *stageNode, res *render.Result) kube.NodeExpect {
+	images := render.Images(res.Config)
+	e := kube.NodeExpect{Node: sn.Name, StaticPods: map[discovery.Component]string{}}
+
+	if _, kubelets := s.(Kubelets); kubelets {
+		e.KubeletVersion = render.TagOf(images[discovery.Kubelet])
+	}
+
+	if sn.ControlPlane {
+		for _, c := range discovery.StaticPodComponents() {
+			if image, ok := images[c]; ok && s.AtTarget(c) {
+				e.StaticPods[c] = render.TagOf(image)
+			}
+		}
+	}
+
+	return e
+}
+
+// syncManifests server-side applies the bootstrap manifests of a control
+// plane whose config runs kube-proxy at the target, once the invariant
+// allows kube-proxy at the target everywhere. It reports whether it synced.
+func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode, res *render.Result) (bool, error) {
+	image, ok := render.Images(res.Config)[discovery.KubeProxy]
+	if !ok || render.TagOf(image) != r.target.String() {
+		return false, nil
+	}
+
+	if err := r.predictKubeProxy(ctx, stage, sn.Name); err != nil {
+		return false, err
+	}
+
+	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	objs, err := r.e.Talos.Manifests(readCtx, sn.InternalIP)
+	if err != nil {
+		err = fmt.Errorf("node %q: read bootstrap manifests: %w", sn.Name, err)
+
+		return false, r.pause(ctx, stage, sn.Name, err.Error(), actionTalosAccess, err)
+	}
+
+	n, err := r.applier.Apply(ctx, objs)
+	if err != nil {
+		err = fmt.Errorf("node %q: sync bootstrap manifests (%d of %d applied): %w", sn.Name, n, len(objs), err)
+
+		return false, r.pause(ctx, stage, sn.Name, err.Error(), actionResume, err)
+	}
+
+	r.e.step(stage, "manifests", "applied %d bootstrap manifest object(s) from %s (field manager %s)", n, sn.Name, kube.FieldManager)
+
+	return true, nil
+}
+
+// rollout waits for the kube-proxy DaemonSet to run the target everywhere.
+func (r *kubeRun) rollout(ctx context.Context, stage string) error {
+	tag := r.target.String()
+	r.e.step(stage, "rollout", "waiting for DaemonSet %s/%s on %s", discovery.StaticPodNamespace, discovery.KubeProxyDaemonSet, tag)
+
+	start := time.Now()
+
+	err := r.cache.Wait(ctx, r.opts.VerifyTimeout,
+		r.cache.DaemonSetRolledOut(discovery.KubeProxyDaemonSet, discovery.KubeProxyDaemonSet, tag),
+		func(waiting string) {
+			r.e.step(stage, "rollout", "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
+		})
+	if err != nil {
+		reason := "kube-proxy rollout: " + err.Error()
+
+		return r.pause(ctx, stage, "", reason, fmt.Sprintf("check the kube-proxy pods (kubectl -n %s get pods -l %s=%s -o wide), then resume",
+			discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.KubeProxyDaemonSet), fmt.Errorf("stage %s: %s", stage, reason))
+	}
+
+	if err := r.checkInvariant(ctx, stage, ""); err != nil {
+		return err
+	}
+
+	r.e.step(stage, "rollout", "DaemonSet %s rolled out on %s", discovery.KubeProxyDaemonSet, tag)
+
+	return nil
+}
+
+// pause reports a failed node (when node is set) and returns the
+// *PauseError; when ctx ended, it returns ctx's error instead, wrapped, for
+// the runner to tell a stop from a failure.
+func (r *kubeRun) pause(ctx context.Context, stage, node, reason, action string, err error) error {
+	if ctx.Err() != nil {
+		if node != "" {
+			return fmt.Errorf("stage %s: node %q: %w", stage, node, ctx.Err())
+		}
+
+		return fmt.Errorf("stage %s: %w", stage, ctx.Err())
+	}
+
+	reason = oneLine(reason)
+
+	if node != "" {
+		r.e.node(stage, node, PhaseFailed, "%s", reason)
+	} else if stage != "" {
+		r.e.step(stage, "failed", "%s", reason)
+	}
+
+	return &PauseError{Stage: stage, Node: node, Reason: reason, Action: action, Err: err}
+}
+
+func verifyAction(node string) string {
+	return fmt.Sprintf("see what is not Ready (kubectl describe node %s; kubectl -n %s get pods -o wide --field-selector spec.nodeName=%s), fix it, then resume",
+		node, discovery.StaticPodNamespace, node)
+}
+
+// describeChanges says what a render changes: "kube-apiserver v1.35.4 ->
+// v1.36.3, kubelet v1.35.4 -> v1.36.3".
+func describeChanges(changes []render.Change) string {
+	parts := make([]string, 0, len(changes))
+	for _, c := range changes {
+		parts = append(parts, fmt.Sprintf("%s %s -> %s", c.Component, orUnknownTag(render.TagOf(c.From)), render.TagOf(c.To)))
+	}
+
+	return strings.Join(parts, ", ")
+}
+
+// describeExpect says what verification waits for: "node Ready, kubelet
+// v1.36.3, kube-apiserver v1.36.3 Ready".
+func describeExpect(e kube.NodeExpect) string {
+	parts := []string{"node Ready"}
+
+	if e.KubeletVersion != "" {
+		parts = append(parts, "kubelet "+e.KubeletVersion)
+	}
+
+	for _, c := range discovery.StaticPodComponents() {
+		if tag, ok := e.StaticPods[c]; ok {
+			parts = append(parts, fmt.Sprintf("%s %s Ready", c, tag))
+		}
+	}
+
+	return strings.Join(parts, ", ")
+}
+
+func holdText(n discovery.Node) string {
+	if n.HoldReason == "" {
+		return discovery.HoldAnnotation
+	}
+
+	return discovery.HoldAnnotation + ": " + n.HoldReason
+}
+
+func orUnknownTag(tag string) string {
+	if tag == "" {
+		return "(default)"
+	}
+
+	return tag
+}
+
+// firstLine keeps the first of joined errors, and how many more there were.
+func firstLine(err error) string {
+	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	if len(lines) == 1 {
+		return lines[0]
+	}
+
+	return fmt.Sprintf("%s (and %d more)", lines[0], len(lines)-1)
+}

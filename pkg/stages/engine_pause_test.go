@@ -1,0 +1,491 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+)
+
+// requirePause checks err is a *PauseError of stage and node whose reason
+// holds every one of reason, with an action to take.
+func requirePause(t *testing.T, err error, stage, node string, reason ...string) *PauseError {
+	t.Helper()
+
+	var pause *PauseError
+	require.ErrorAs(t, err, &pause, "want a pause, got %v", err)
+	assert.Equal(t, stage, pause.Stage, "stage of %q", pause.Reason)
+	assert.Equal(t, node, pause.Node, "node of %q", pause.Reason)
+
+	for _, r := range reason {
+		assert.Contains(t, pause.Reason, r)
+	}
+
+	assert.NotEmpty(t, pause.Action)
+	assert.NotContains(t, pause.Reason, "\n")
+	assert.Contains(t, pause.Error(), pause.Reason)
+
+	return pause
+}
+
+// appliesOn counts the real applies on node.
+func appliesOn(f *fakeCluster, node string) int {
+	n := 0
+
+	for _, a := range f.realApplies() {
+		if a.node == node {
+			n++
+		}
+	}
+
+	return n
+}
+
+// requireFinished checks the cluster ended at target with every node
+// schedulable, no node applied twice with the same config, and the
+// invariant never broken.
+func requireFinished(t *testing.T, f *fakeCluster, target string) {
+	t.Helper()
+
+	seen := map[string]bool{}
+
+	for _, a := range f.realApplies() {
+		key := a.node + " " + a.hash
+		assert.False(t, seen[key], "%s applied the same config twice", a.node)
+		seen[key] = true
+	}
+
+	for _, m := range f.machines {
+		for c, image := range render.Images(m.active) {
+			assert.Equal(t, target, render.TagOf(image), "%s %s", m.name, c)
+		}
+	}
+
+	nodes, err := f.cs.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+
+	for _, n := range nodes.Items {
+		assert.False(t, n.Spec.Unschedulable, "%s is schedulable", n.Name)
+		assert.False(t, kube.CordonedByIchor(&n), "%s carries no cordon mark", n.Name)
+		assert.Equal(t, target, n.Status.NodeInfo.KubeletVersion, n.Name)
+	}
+
+	assert.Empty(t, f.invariantHistory())
+}
+
+func TestEngineRefusesStagedConfig(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+	cp2 := f.machine("cp-2")
+
+	staged, err := cp2.active.PatchV1Alpha1(func(c *v1alpha1.Config) error {
+		c.MachineConfig.MachineNodeLabels = map[string]string{"rack": "r2"}
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	cp2.persistent = reloadConfig(t, staged)
+
+	err = f.engine("v1.36.3").Run(context.Background())
+	p := requirePause(t, err, "APIServers", "cp-2", "staged for the next reboot", "machine.nodeLabels.rack")
+	assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 reboot")
+	assert.Equal(t, 1, appliesOn(f, "cp-1"))
+	assert.Zero(t, appliesOn(f, "cp-2"), "nothing applied over the staged change")
+
+	// Settled (rebooted into it): the next run carries on from cp-2.
+	cp2.active = cp2.persistent
+
+	require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+	assert.Equal(t, 4, appliesOn(f, "cp-1"), "cp-1 was not applied again")
+	requireFinished(t, f, "v1.36.3")
+}
+
+func TestEngineChecksRefuse(t *testing.T) {
+	notReady := func(node string) func(*fakeCluster) {
+		return func(f *fakeCluster) {
+			n, err := f.cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+			require.NoError(f.t, err)
+
+			n.Status.Conditions[0].Status = corev1.ConditionFalse
+			_, err = f.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
+			require.NoError(f.t, err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name       string
+		spec       clusterSpec
+		target     string
+		setup      func(*fakeCluster)
+		stage      string
+		node       string
+		reason     []string
+		appliedCPs int // real applies before the pause
+	}{
+		{
+			name:   "a node not Ready",
+			spec:   clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"},
+			target: "v1.36.3", setup: notReady("worker-2"),
+			stage: "Kubelets", node: "worker-2", reason: []string{"checks: not Ready: worker-2"},
+			appliedCPs: 3, // the control-plane stages do not visit worker-2
+		},
+		{
+			name:   "a skipped minor",
+			spec:   clusterSpec{controlPlanes: 2, kubernetes: "v1.34.5"},
+			target: "v1.36.3",
+			stage:  "APIServers", reason: []string{"version skew", "cp-1 kube-apiserver", "upgrade to 1.35 first"},
+		},
+		{
+			name:   "a downgrade",
+			spec:   clusterSpec{controlPlanes: 2, kubernetes: "v1.36.3"},
+			target: "v1.36.1",
+			stage:  "APIServers", reason: []string{"version skew", "downgrades are not supported"},
+		},
+		{
+			name:   "a Talos too old for the target",
+			spec:   clusterSpec{controlPlanes: 2, kubernetes: "v1.35.4", talos: "v1.11.5"},
+			target: "v1.36.3",
+			stage:  "APIServers", reason: []string{"talos pairing", "cp-1: talos v1.11.5 does not support kubernetes v1.36.3"},
+		},
+		{
+			name:   "a Talos newer than this build knows",
+			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.14.0"},
+			target: "v1.36.3",
+			stage:  "APIServers", node: "", reason: []string{"talos pairing", "v1.14.0"},
+		},
+		{
+			name:   "a node that is not Talos",
+			spec:   clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"},
+			target: "v1.36.3",
+			setup: func(f *fakeCluster) {
+				n, err := f.cs.CoreV1().Nodes().Get(context.Background(), "worker-1", metav1.GetOptions{})
+				require.NoError(f.t, err)
+
+				n.Status.NodeInfo.OSImage = "Ubuntu 24.04"
+				_, err = f.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
+				require.NoError(f.t, err)
+			},
+			stage: "Kubelets", node: "worker-1", reason: []string{`runs "Ubuntu 24.04", not Talos`},
+			appliedCPs: 3,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeCluster(t, tc.spec)
+			if tc.setup != nil {
+				tc.setup(f)
+			}
+
+			err := f.engine(tc.target).Run(context.Background())
+			requirePause(t, err, tc.stage, tc.node, tc.reason...)
+			assert.Len(t, f.realApplies(), tc.appliedCPs)
+		})
+	}
+}
+
+func TestEngineHeldControlPlaneKeepsItsPlace(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+
+	n, err := f.cs.CoreV1().Nodes().Get(context.Background(), "cp-3", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	n.Annotations[discovery.HoldAnnotation] = "RMA"
+	_, err = f.cs.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+
+	err = e.Run(context.Background())
+
+	// Its apiserver stays behind, so no controller-manager may move past it:
+	// refused before the apply, not found broken after.
+	requirePause(t, err, "ControlPlaneComponents", "cp-1",
+		"would break the invariant", "kube-controller-manager v1.36.3 on cp-1", "kube-apiserver v1.35.4 on cp-3")
+	assert.NotEmpty(t, rec.with("APIServers cp-3 Held: held (ichor.dev/hold: RMA)"))
+	assert.Equal(t, 1, appliesOn(f, "cp-1"))
+	assert.Zero(t, appliesOn(f, "cp-3"))
+	assert.Empty(t, f.invariantHistory())
+}
+
+func TestEngineInvariant(t *testing.T) {
+	t.Run("broken before the stage", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.takeConfig(f.machine("worker-1"), kubeletAt(t, f.machine("worker-1"), "v1.36.3"))
+
+		err := f.engine("v1.36.3").Run(context.Background())
+		requirePause(t, err, "APIServers", "", "invariant broken", "kubelet v1.36.3 on worker-1 (Node worker-1) is newer than kube-apiserver v1.35.4 on cp-1")
+		assert.Empty(t, f.realApplies())
+	})
+
+	t.Run("broken behind the engine's back during a stage", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+		f.beforeApply = func(_ context.Context, m *fakeMachine) {
+			if m.name == "cp-2" {
+				w := f.machine("worker-1")
+				f.takeConfig(w, kubeletAt(t, w, "v1.36.3"))
+			}
+		}
+
+		err := f.engine("v1.36.3").Run(context.Background())
+		requirePause(t, err, "APIServers", "cp-2", "invariant broken", "kubelet v1.36.3 on worker-1")
+	})
+}
+
+// kubeletAt returns m's active config with the kubelet at version.
+func kubeletAt(t *testing.T, m *fakeMachine, version string) config.Provider {
+	t.Helper()
+
+	res, err := render.Render(m.active, render.Versions{render.Kubelet: version})
+	require.NoError(t, err)
+
+	return reloadConfig(t, res.Config)
+}
+
+func TestEngineTimeouts(t *testing.T) {
+	t.Run("an apply that blocks pauses under its own deadline", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+		f.machine("cp-2").faults.applyBlocks = true
+
+		err := f.engine("v1.36.3", func(o *EngineOptions) { o.ApplyTimeout = 50 * time.Millisecond }).Run(context.Background())
+		p := requirePause(t, err, "APIServers", "cp-2", `node "cp-2": apply:`, "deadline exceeded")
+		require.ErrorIs(t, p, context.DeadlineExceeded)
+		assert.Zero(t, appliesOn(f, "cp-3"), "nothing after the failed node")
+
+		f.machine("cp-2").faults.applyBlocks = false
+		require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+		requireFinished(t, f, "v1.36.3")
+	})
+
+	t.Run("a static pod that never gets Ready", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+		f.machine("cp-2").faults.neverReady = []discovery.Component{discovery.Scheduler}
+
+		err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
+		requirePause(t, err, "ControlPlaneComponents", "cp-2", "verify: kube-scheduler-cp-2 on v1.36.3 not Ready after 100ms")
+		assert.Zero(t, appliesOn(f, "cp-3")-1, "cp-3 is still at its APIServers apply")
+
+		// Fixed by hand: the resumed run verifies cp-2 without applying it again.
+		f.machine("cp-2").faults.neverReady = nil
+		pod, err := f.cs.CoreV1().Pods("kube-system").Get(context.Background(), "kube-scheduler-cp-2", metav1.GetOptions{})
+		require.NoError(t, err)
+
+		pod.Status = readyStatus(true)
+		_, err = f.cs.CoreV1().Pods("kube-system").Update(context.Background(), pod, metav1.UpdateOptions{})
+		require.NoError(t, err)
+
+		require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+		requireFinished(t, f, "v1.36.3")
+	})
+
+	t.Run("a node that stays NotReady after its kubelet", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+		f.machine("worker-1").faults.stayNotReady = true
+
+		err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
+		requirePause(t, err, "Kubelets", "worker-1",
+			"node NotReady (KubeletNotReady: container runtime network not ready)", "the node stays cordoned")
+		assert.Equal(t, []string{"worker-1"}, f.cordonedByIchor())
+		assert.Zero(t, appliesOn(f, "worker-2"))
+	})
+
+	t.Run("a drain a budget blocks uncordons and pauses", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", workloads: 1})
+		f.pdbBlocks = true
+
+		err := f.engine("v1.36.3", func(o *EngineOptions) { o.DrainTimeout = 100 * time.Millisecond }).Run(context.Background())
+		requirePause(t, err, "Kubelets", "worker-1", "global timeout reached", "disruption budget", "(uncordoned again)")
+		assert.Empty(t, f.cordonedByIchor())
+		assert.Zero(t, appliesOn(f, "worker-1"))
+
+		n, err := f.cs.CoreV1().Nodes().Get(context.Background(), "worker-1", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.False(t, n.Spec.Unschedulable)
+	})
+
+	t.Run("a rollout that never finishes", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.rolloutStuck = true
+
+		err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
+		requirePause(t, err, "KubeProxy", "", "kube-proxy rollout", "0 of 2 pods updated to v1.36.3")
+		assert.Zero(t, appliesOn(f, "worker-1"), "no kubelet moves before kube-proxy is rolled out")
+	})
+}
+
+func TestEngineDrainRefusesUnmanagedPods(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+
+	_, err := f.cs.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "debug"},
+		Spec:       corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{Name: "sh", Image: "busybox"}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	err = f.engine("v1.36.3").Run(context.Background())
+	requirePause(t, err, "Kubelets", "worker-1", "default/debug", "declare no controller")
+	assert.Empty(t, f.cordonedByIchor())
+}
+
+func TestEnginePrePull(t *testing.T) {
+	t.Run("a failing pull pauses before the stage's first apply", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+		f.machine("cp-3").faults.pullFails = true
+
+		err := f.engine("v1.36.3").Run(context.Background())
+		requirePause(t, err, "APIServers", "", "pre-pull", `node "cp-3": pull registry.k8s.io/kube-apiserver:v1.36.3`, "not found")
+		assert.Empty(t, f.realApplies())
+	})
+
+	t.Run("a node that cannot pre-pull is skipped", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.machine("worker-1").faults.pullUnsup = true
+
+		rec := &recorder{}
+		e := f.engine("v1.36.3")
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		assert.NotEmpty(t, rec.with("Kubelets [pre-pull]", "1 node(s) cannot pre-pull: skipped"))
+		requireFinished(t, f, "v1.36.3")
+	})
+}
+
+func TestEngineKubeProxyDisabled(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 2, workers: 1, kubernetes: "v1.35.4", proxyDisabled: true})
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	assert.NotEmpty(t, rec.with("KubeProxy [skipped] kube-proxy is disabled"))
+	assert.Empty(t, f.applied, "no bootstrap manifests synced")
+	assert.Equal(t, fullOrder([]string{"cp-1", "cp-2"}, []string{"worker-1"})[:4], appliedSteps(t, f, "v1.35.4", "v1.36.3")[:4])
+	assert.Len(t, f.realApplies(), 2+2+2+1)
+	requireFinished(t, f, "v1.36.3")
+}
+
+func TestEngineOptions(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4"})
+
+	for _, tc := range []struct {
+		name string
+		e    *Engine
+		err  string
+	}{
+		{"bad target", f.engine("1.36"), `malformed version "1.36"`},
+		{"unknown kind", func() *Engine { e := f.engine("v1.36.3"); e.Options.Kind = "os"; return e }(), `unknown upgrade kind "os"`},
+		{"no dynamic client", func() *Engine { e := f.engine("v1.36.3"); e.Dynamic = nil; return e }(), "needs Kube, Dynamic and Talos"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorContains(t, tc.e.Run(context.Background()), tc.err)
+			assert.Empty(t, f.realApplies())
+		})
+	}
+
+	assert.Equal(t, EngineOptions{
+		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
+		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout,
+		Concurrency: DefaultConcurrency, MaxUnavailable: 1,
+	}, EngineOptions{}.withDefaults())
+}
+
+// TestEngineResumesFromAnyPoint stops an upgrade after every possible
+// number of progress events, then runs a fresh engine: it must finish, never
+// apply a config a node already has, and leave nothing cordoned.
+func TestEngineResumesFromAnyPoint(t *testing.T) {
+	spec := clusterSpec{controlPlanes: 2, workers: 2, kubernetes: "v1.35.4", workloads: 1}
+
+	ref := newFakeCluster(t, spec)
+	all := &recorder{}
+	e := ref.engine("v1.36.3", func(o *EngineOptions) { o.MaxUnavailable = 2 })
+	e.Progress = all
+	require.NoError(t, e.Run(context.Background()))
+
+	total := len(all.all())
+	require.Greater(t, total, 50)
+	wantApplies := len(ref.realApplies())
+
+	for stopAt := 1; stopAt <= total; stopAt++ {
+		t.Run(fmt.Sprintf("after %d of %d", stopAt, total), func(t *testing.T) {
+			t.Parallel()
+
+			f := newFakeCluster(t, spec)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+
+			rec := &recorder{stopAt: stopAt, cancel: cancel}
+			first := f.engine("v1.36.3", func(o *EngineOptions) { o.MaxUnavailable = 2 })
+			first.Progress = rec
+
+			if err := first.Run(ctx); err != nil {
+				require.ErrorIs(t, err, context.Canceled, "a stop is not a pause: %v", err)
+
+				var pause *PauseError
+				require.False(t, errors.As(err, &pause))
+			}
+
+			require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+			assert.Len(t, f.realApplies(), wantApplies, "no node applied twice")
+			requireFinished(t, f, "v1.36.3")
+		})
+	}
+}
+
+// TestEngineSurvivesEvictingItself: the runner's pod runs on the node it
+// drains; the eviction stops the engine. The next runner (on another node)
+// finishes that node first, without applying anything twice.
+func TestEngineSurvivesEvictingItself(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 3, kubernetes: "v1.35.4", workloads: 1})
+
+	_, err := f.cs.CoreV1().Pods("ichor-system").Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ichor-system", Name: "ichor-run-abcde",
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "ichor-run", Controller: new(true)}},
+		},
+		Spec: corev1.PodSpec{NodeName: "worker-2", Containers: []corev1.Container{{Name: "run", Image: "ghcr.io/ichor-dev/kubectl-ichor"}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// The kubelet stops the runner's container: its context ends.
+	f.onEvict = func(ns, name string) {
+		if ns == "ichor-system" {
+			cancel()
+		}
+	}
+
+	err = f.engine("v1.36.3", func(o *EngineOptions) { o.Self = "worker-2" }).Run(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, []string{"worker-2"}, f.cordonedByIchor(), "the runner's node stays cordoned by ichor")
+	assert.Zero(t, appliesOn(f, "worker-2"))
+	assert.Equal(t, 1, appliesOn(f, "worker-3"), "the runner's node went last")
+
+	// The Job's next pod runs on worker-1.
+	rec := &recorder{}
+	next := f.engine("v1.36.3", func(o *EngineOptions) { o.Self = "worker-1" })
+	next.Progress = rec
+
+	require.NoError(t, next.Run(context.Background()))
+	requireFinished(t, f, "v1.36.3")
+	assert.Equal(t, 1, appliesOn(f, "worker-2"))
+
+	kubelets := rec.with("Kubelets ", "Pending")
+	require.NotEmpty(t, kubelets)
+	assert.Contains(t, rec.with("Kubelets worker-")[0], "worker-2", "the node ichor cordoned is finished first")
+}

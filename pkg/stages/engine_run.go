@@ -1,0 +1,175 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// KubernetesTalos is the part of the Talos API the Kubernetes upgrade uses.
+// Every call is addressed to one node by the address Talos routes it by (the
+// Node's InternalIP); *talos.Client satisfies it.
+type KubernetesTalos interface {
+	// Version returns the Talos version the node runs, e.g. "v1.13.9".
+	Version(ctx context.Context, node string) (string, error)
+	// MachineConfig returns the node's active machine config.
+	MachineConfig(ctx context.Context, node string) (config.Provider, error)
+	// PersistentMachineConfig returns the config saved for the next boot
+	// (nil when the node keeps none).
+	PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error)
+	// Apply applies a machine config in mode NO_REBOOT (only checks it with
+	// dryRun).
+	Apply(ctx context.Context, node string, cfg []byte, dryRun bool) (talos.ApplyResult, error)
+	// PullImage pulls an image on the node ahead of its use; an error
+	// wrapping talos.ErrPullUnsupported means the node cannot.
+	PullImage(ctx context.Context, node string, ns talos.ImageNamespace, ref string) error
+	// Manifests returns the bootstrap manifests a control plane renders.
+	Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error)
+}
+
+// TalosClient is the Talos API the Engine uses: one interface per upgrade
+// kind, composed. *talos.Client satisfies it.
+type TalosClient interface {
+	KubernetesTalos
+}
+
+// StepProgress may be implemented by a Progress to hear about a stage's own
+// steps, which belong to no node (the KubeProxy stage's manifest sync and
+// DaemonSet rollout). step is a short name ("manifests", "rollout"), message
+// one line.
+type StepProgress interface {
+	Step(stage, step, message string)
+}
+
+// Engine runs one upgrade to completion, or until it pauses. It holds no
+// state of its own: every Run re-derives where the upgrade is from the
+// cluster (each node's active config against the render for the current
+// stage), so a fresh Engine on a half-done cluster finishes it and never
+// re-applies a node that is done.
+//
+// Set the fields, then call Run. An Engine is for one Run at a time.
+type Engine struct {
+	// Kube is the Kubernetes client.
+	Kube kubernetes.Interface
+	// Dynamic server-side applies the bootstrap manifests in the KubeProxy
+	// stage (required for KindKubernetes).
+	Dynamic dynamic.Interface
+	// Talos is the Talos API of the cluster's nodes.
+	Talos TalosClient
+	// Options say what to upgrade to and the bounds.
+	Options EngineOptions
+	// Progress receives every stage and every node's phase changes; may be
+	// nil.
+	Progress Progress
+	// Memo keeps what the engine must remember across a pod restart; the
+	// Kubernetes kind needs none, so it may be nil there.
+	Memo Memo
+	// Out, when not nil, receives the same progress as plain lines, one per
+	// event (for logs).
+	Out io.Writer
+
+	outMu sync.Mutex
+	// evictRetryDelay overrides the drain's wait between evictions a budget
+	// refused (tests).
+	evictRetryDelay time.Duration
+}
+
+// Run drives the upgrade. It returns nil once every stage is done, a
+// *PauseError when a step failed or a check refused (nothing was skipped:
+// resuming tries the same node again), or ctx's error, wrapped, when ctx
+// ended first (a node may then be cordoned by ichor, which the next Run
+// finishes first).
+func (e *Engine) Run(ctx context.Context) error {
+	opts := e.Options.withDefaults()
+
+	switch opts.Kind {
+	case KindKubernetes:
+		return e.runKubernetes(ctx, opts)
+	case KindTalos:
+		return errors.New("the Talos OS upgrade is not implemented by this engine yet")
+	default:
+		return fmt.Errorf("unknown upgrade kind %q: want %q or %q", opts.Kind, KindKubernetes, KindTalos)
+	}
+}
+
+// withDefaults fills every zero bound with its default.
+func (o EngineOptions) withDefaults() EngineOptions {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+
+	def(&o.ApplyTimeout, DefaultApplyTimeout)
+	def(&o.VerifyTimeout, DefaultVerifyTimeout)
+	def(&o.DrainTimeout, DefaultDrainTimeout)
+	def(&o.UpgradeTimeout, DefaultUpgradeTimeout)
+	def(&o.RebootTimeout, DefaultRebootTimeout)
+	def(&o.PullTimeout, DefaultPullTimeout)
+
+	if o.Concurrency <= 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+
+	if o.MaxUnavailable <= 0 {
+		o.MaxUnavailable = 1
+	}
+
+	return o
+}
+
+// stage reports the start of a stage.
+func (e *Engine) stage(index, total int, name string) {
+	e.line("Stage %d/%d %s", index, total, name)
+
+	if e.Progress != nil {
+		e.Progress.Stage(index, total, name)
+	}
+}
+
+// node reports a node's phase.
+func (e *Engine) node(stage, node string, phase NodePhase, format string, args ...any) {
+	msg := oneLine(fmt.Sprintf(format, args...))
+	e.line("  %s %s: %s", node, phase, msg)
+
+	if e.Progress != nil {
+		e.Progress.Node(stage, node, phase, msg)
+	}
+}
+
+// step reports a stage-wide step.
+func (e *Engine) step(stage, step, format string, args ...any) {
+	msg := oneLine(fmt.Sprintf(format, args...))
+	e.line("  [%s] %s", step, msg)
+
+	if sp, ok := e.Progress.(StepProgress); ok {
+		sp.Step(stage, step, msg)
+	}
+}
+
+func (e *Engine) line(format string, args ...any) {
+	if e.Out == nil {
+		return
+	}
+
+	e.outMu.Lock()
+	defer e.outMu.Unlock()
+
+	_, _ = fmt.Fprintf(e.Out, format+"\n", args...)
+}
+
+// oneLine folds a message onto one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
