@@ -36,8 +36,8 @@ const (
 	imageUser       = "65532:65532"
 )
 
-// repoRoot is the repository's root: the tests run in e2e/.
-func repoRoot(t *testing.T) string {
+// distRepoRoot is the repository's root: the tests run in e2e/.
+func distRepoRoot(t *testing.T) string {
 	t.Helper()
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -46,16 +46,16 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// artifact is $name if set, else def under the repository root; it fails the
+// distArtifact is $name if set, else def under the repository root; it fails the
 // test with what to run when the path does not exist.
-func artifact(t *testing.T, name, def, make string) string {
+func distArtifact(t *testing.T, name, def, how string) string {
 	t.Helper()
 	p := os.Getenv(name)
 	if p == "" {
-		p = filepath.Join(repoRoot(t), def)
+		p = filepath.Join(distRepoRoot(t), def)
 	}
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("%v: build it with %s (or set $%s)", err, make, name)
+		t.Fatalf("%v: build it with %s (or set $%s)", err, how, name)
 	}
 	return p
 }
@@ -64,16 +64,16 @@ func artifact(t *testing.T, name, def, make string) string {
 // $VERSION), which make dist and make image built.
 func distVersion(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(repoRoot(t), "hack", "dist.sh"), "version").Output()
+	out, err := exec.Command(filepath.Join(distRepoRoot(t), "hack", "dist.sh"), "version").Output()
 	if err != nil {
 		t.Fatalf("hack/dist.sh version: %v", err)
 	}
 	return strings.TrimSpace(string(out))
 }
 
-// run runs a command with env added to the test's environment and returns
+// runTool runs a command with env added to the test's environment and returns
 // its combined output, failing the test if it fails.
-func run(t *testing.T, env []string, name string, args ...string) string {
+func runTool(t *testing.T, env []string, name string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -112,8 +112,8 @@ type krewManifest struct {
 // the platform), and on this machine's platform through `kubectl krew`, then
 // runs `kubectl ichor version` found by kubectl's plugin discovery.
 func TestDistKrewInstall(t *testing.T) {
-	dist := artifact(t, "ICHOR_DIST", "_output/dist", "make dist")
-	tools := artifact(t, "ICHOR_TOOLS", "_output/tools", "make dist")
+	dist := distArtifact(t, "ICHOR_DIST", "_output/dist", "make dist")
+	tools := distArtifact(t, "ICHOR_TOOLS", "_output/tools", "make dist")
 	kubectl := filepath.Join(env(t, "ICHOR_CLUSTER_BINS"), "kubectl")
 	krew := filepath.Join(tools, "krew")
 	version := distVersion(t)
@@ -158,7 +158,7 @@ func TestDistKrewInstall(t *testing.T) {
 			}
 
 			root := t.TempDir()
-			run(t, []string{"KREW_ROOT=" + root, "KREW_OS=" + goos, "KREW_ARCH=" + goarch, "KREW_NO_UPGRADE_CHECK=1"},
+			runTool(t, []string{"KREW_ROOT=" + root, "KREW_OS=" + goos, "KREW_ARCH=" + goarch, "KREW_NO_UPGRADE_CHECK=1"},
 				krew, "install", "--manifest="+manifestPath, "--archive="+archive)
 			store := filepath.Join(root, "store", "ichor", version)
 			for _, f := range []string{p.Bin, "LICENSE"} {
@@ -186,7 +186,7 @@ func TestDistKrewInstall(t *testing.T) {
 			"KREW_ROOT=" + root, "KREW_NO_UPGRADE_CHECK=1", "HOME=" + home, "KUBECONFIG=" + filepath.Join(home, "none"),
 			"PATH=" + pathDir + string(os.PathListSeparator) + filepath.Join(root, "bin") + string(os.PathListSeparator) + os.Getenv("PATH"),
 		}
-		out := run(t, env, kubectl, "krew", "install", "--manifest="+manifestPath, "--archive="+archive)
+		out := runTool(t, env, kubectl, "krew", "install", "--manifest="+manifestPath, "--archive="+archive)
 		t.Logf("kubectl krew install:\n%s", out)
 		if !strings.Contains(out, `Installed plugin: ichor`) {
 			t.Errorf("kubectl krew install did not say it installed ichor")
@@ -195,11 +195,11 @@ func TestDistKrewInstall(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, "receipts", "ichor.yaml")); err != nil {
 			t.Errorf("krew's receipt of ichor: %v", err)
 		}
-		out = run(t, env, kubectl, "plugin", "list")
+		out = runTool(t, env, kubectl, "plugin", "list")
 		if !strings.Contains(out, filepath.Join(root, "bin", "kubectl-ichor")) {
 			t.Errorf("kubectl plugin list does not find kubectl-ichor in $KREW_ROOT/bin:\n%s", out)
 		}
-		if out := strings.TrimSpace(run(t, env, kubectl, "ichor", "version")); out != version {
+		if out := strings.TrimSpace(runTool(t, env, kubectl, "ichor", "version")); out != version {
 			t.Errorf("kubectl ichor version = %q, want %q", out, version)
 		}
 	})
@@ -309,7 +309,7 @@ func (f imageTarball) blob(t *testing.T, d ociDescriptor) []byte {
 	return b
 }
 
-func unmarshal(t *testing.T, what string, b []byte, v any) {
+func unmarshalJSON(t *testing.T, what string, b []byte, v any) {
 	t.Helper()
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatalf("%s: %v", what, err)
@@ -322,7 +322,7 @@ func unmarshal(t *testing.T, what string, b []byte, v any) {
 // version and carries the image's own reference as its default image. Where
 // a Docker engine runs, the image is loaded and run there too.
 func TestImageTarball(t *testing.T) {
-	tarball := artifact(t, "ICHOR_IMAGE", "_output/image/kubectl-ichor.tar", "make image")
+	tarball := distArtifact(t, "ICHOR_IMAGE", "_output/image/kubectl-ichor.tar", "make image")
 	version := distVersion(t)
 	ref := imageRepository + ":" + version
 	files := readImageTarball(t, tarball)
@@ -331,7 +331,7 @@ func TestImageTarball(t *testing.T) {
 		t.Errorf("oci-layout = %q", got)
 	}
 	var index ociIndex
-	unmarshal(t, "index.json", files["index.json"], &index)
+	unmarshalJSON(t, "index.json", files["index.json"], &index)
 	if index.SchemaVersion != 2 || len(index.Manifests) != 1 {
 		t.Fatalf("index.json: want schemaVersion 2 and one image, got %+v", index)
 	}
@@ -346,7 +346,7 @@ func TestImageTarball(t *testing.T) {
 	desc := top
 	if top.MediaType == "application/vnd.oci.image.index.v1+json" {
 		var platforms ociIndex
-		unmarshal(t, "image index", files.blob(t, top), &platforms)
+		unmarshalJSON(t, "image index", files.blob(t, top), &platforms)
 		desc = ociDescriptor{}
 		for _, d := range platforms.Manifests {
 			if d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == runtime.GOARCH {
@@ -361,9 +361,9 @@ func TestImageTarball(t *testing.T) {
 		t.Fatalf("manifest media type %q", desc.MediaType)
 	}
 	var manifest ociManifest
-	unmarshal(t, "manifest", files.blob(t, desc), &manifest)
+	unmarshalJSON(t, "manifest", files.blob(t, desc), &manifest)
 	var cfg ociConfig
-	unmarshal(t, "config", files.blob(t, manifest.Config), &cfg)
+	unmarshalJSON(t, "config", files.blob(t, manifest.Config), &cfg)
 
 	if strings.Join(cfg.Config.Entrypoint, " ") != imageBinary || len(cfg.Config.Cmd) != 0 {
 		t.Errorf("entrypoint %q cmd %q, want [%s] and no cmd", cfg.Config.Entrypoint, cfg.Config.Cmd, imageBinary)
@@ -440,7 +440,7 @@ func TestImageTarball(t *testing.T) {
 		}
 	}
 	ef.Close()
-	if out := strings.TrimSpace(run(t, nil, bin, "version")); out != version {
+	if out := strings.TrimSpace(runTool(t, nil, bin, "version")); out != version {
 		t.Errorf("%s version = %q, want %q", imageBinary, out, version)
 	}
 	// The Job's default image is this very image: `upgrade kubernetes --help`
@@ -461,7 +461,7 @@ func TestImageTarball(t *testing.T) {
 		RepoTags []string
 		Layers   []string
 	}
-	unmarshal(t, "manifest.json", files["manifest.json"], &docker)
+	unmarshalJSON(t, "manifest.json", files["manifest.json"], &docker)
 	if len(docker) != 1 || strings.Join(docker[0].RepoTags, " ") != ref || docker[0].Config == "" {
 		t.Errorf("manifest.json = %+v, want one image tagged %s", docker, ref)
 	}
@@ -478,7 +478,7 @@ func testImageInDocker(t *testing.T, tarball, ref, version string) {
 	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
 		t.Skipf("no Docker engine answers here (docker info: %v: %s)", err, bytes.TrimSpace(out))
 	}
-	out := run(t, nil, "docker", "load", "-i", tarball)
+	out := runTool(t, nil, "docker", "load", "-i", tarball)
 	t.Cleanup(func() {
 		if out, err := exec.Command("docker", "rmi", "-f", ref).CombinedOutput(); err != nil {
 			t.Logf("docker rmi %s: %v: %s", ref, err, out)
@@ -487,10 +487,10 @@ func testImageInDocker(t *testing.T, tarball, ref, version string) {
 	if !strings.Contains(out, "Loaded image: "+ref) {
 		t.Errorf("docker load: %s, want it to load %s", strings.TrimSpace(out), ref)
 	}
-	if user := strings.TrimSpace(run(t, nil, "docker", "image", "inspect", "--format", "{{.Config.User}}", ref)); user != imageUser {
+	if user := strings.TrimSpace(runTool(t, nil, "docker", "image", "inspect", "--format", "{{.Config.User}}", ref)); user != imageUser {
 		t.Errorf("docker: user %q, want %q", user, imageUser)
 	}
-	if out := strings.TrimSpace(run(t, nil, "docker", "run", "--rm", "--network", "none", ref, "version")); out != version {
+	if out := strings.TrimSpace(runTool(t, nil, "docker", "run", "--rm", "--network", "none", ref, "version")); out != version {
 		t.Errorf("docker run %s version = %q, want %q", ref, out, version)
 	}
 	if out, err := exec.Command("docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", ref, "-c", "true").CombinedOutput(); err == nil {
