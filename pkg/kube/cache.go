@@ -25,6 +25,10 @@ import (
 // DefaultSyncTimeout bounds the first LIST of every informer of a Cache.
 const DefaultSyncTimeout = 2 * time.Minute
 
+// DefaultHeartbeat is how often Cache.Wait reports what it still waits for
+// when nothing changed.
+const DefaultHeartbeat = 15 * time.Second
+
 // Condition is what a Cache waits for. It reads the cache and returns done,
 // or what it still waits for, in one line ("kube-apiserver-cp-1 on v1.36.3
 // not Ready").
@@ -53,6 +57,9 @@ type Cache struct {
 	pods       corelisters.PodLister
 	daemonSets appslisters.DaemonSetLister
 	cancel     context.CancelFunc
+	// heartbeat is how often Wait reports what it waits for even when that
+	// did not change, so a status line's "waited" stays fresh.
+	heartbeat time.Duration
 
 	mu      sync.Mutex
 	waiters map[int]chan struct{}
@@ -72,7 +79,7 @@ func CacheComponents() []string {
 // unreachable, or RBAC forbids the reads). Stop it with Stop.
 func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &Cache{cancel: cancel, waiters: map[int]chan struct{}{}}
+	c := &Cache{cancel: cancel, heartbeat: DefaultHeartbeat, waiters: map[int]chan struct{}{}}
 
 	all := informers.NewSharedInformerFactory(client, 0)
 	system := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(discovery.StaticPodNamespace))
@@ -169,13 +176,17 @@ func (c *Cache) subscribe() (<-chan struct{}, func()) {
 // Wait evaluates cond now and again on every change the cache sees, until it
 // is done (nil), ctx ends (ctx's error) or timeout passes (a
 // *WaitTimeoutError with what cond still waited for). report, when not nil,
-// is called whenever what cond waits for changes.
+// is called whenever what cond waits for changes, and every heartbeat while
+// it does not.
 func (c *Cache) Wait(ctx context.Context, timeout time.Duration, cond Condition, report func(waiting string)) error {
 	changed, cancel := c.subscribe()
 	defer cancel()
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
+
+	heartbeat := time.NewTicker(c.heartbeat)
+	defer heartbeat.Stop()
 
 	last := ""
 
@@ -202,6 +213,10 @@ func (c *Cache) Wait(ctx context.Context, timeout time.Duration, cond Condition,
 			}
 
 			return &WaitTimeoutError{After: timeout, Waiting: waiting}
+		case <-heartbeat.C:
+			if report != nil {
+				report(last)
+			}
 		case <-changed:
 		}
 	}

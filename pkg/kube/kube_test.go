@@ -130,6 +130,18 @@ func TestCacheWait(t *testing.T) {
 		assert.NotEmpty(t, reports)
 	})
 
+	t.Run("reports again while nothing changes", func(t *testing.T) {
+		beats := &Cache{nodes: c.nodes, pods: c.pods, daemonSets: c.daemonSets, heartbeat: time.Millisecond, waiters: map[int]chan struct{}{}}
+
+		var reports []string
+
+		err := beats.Wait(t.Context(), time.Minute, func() (bool, string) { return len(reports) >= 3, "still" }, func(w string) {
+			reports = append(reports, w)
+		})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"still", "still", "still"}, reports)
+	})
+
 	t.Run("stops with its context", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
