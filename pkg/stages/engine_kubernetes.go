@@ -106,6 +106,13 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 	}
 
 	for _, n := range held {
+		if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
+			r.e.node(name, n.Name, PhaseHeld, "held (%s), still cordoned by ichor: remove the hold to finish it, or kubectl uncordon %s",
+				holdText(n), n.Name)
+
+			continue
+		}
+
 		r.e.node(name, n.Name, PhaseHeld, "held (%s)", holdText(n))
 	}
 
@@ -223,17 +230,18 @@ func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Sn
 		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
 		defer cancel()
 
+		n := byIP[ip]
+
 		version, err := r.e.Talos.Version(ctx, ip)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 
 		cfg, err := r.e.Talos.MachineConfig(ctx, ip)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 
-		n := byIP[ip]
 		n.Talos = &discovery.Talos{
 			Version:          version,
 			Images:           render.Images(cfg),

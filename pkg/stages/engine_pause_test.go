@@ -299,6 +299,22 @@ func TestEngineTimeouts(t *testing.T) {
 			"node NotReady (KubeletNotReady: container runtime network not ready)", "the node stays cordoned")
 		assert.Equal(t, []string{"worker-1"}, f.cordonedByIchor())
 		assert.Zero(t, appliesOn(f, "worker-2"))
+
+		// Held now: the others go on, and the progress says it stays cordoned.
+		n, err := f.cs.CoreV1().Nodes().Get(context.Background(), "worker-1", metav1.GetOptions{})
+		require.NoError(t, err)
+
+		n.Annotations[discovery.HoldAnnotation] = "disk"
+		_, err = f.cs.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+
+		rec := &recorder{}
+		e := f.engine("v1.36.3")
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		assert.NotEmpty(t, rec.with("Kubelets worker-1 Held: held (ichor.dev/hold: disk), still cordoned by ichor"))
+		assert.Equal(t, 1, appliesOn(f, "worker-2"))
 	})
 
 	t.Run("a drain a budget blocks uncordons and pauses", func(t *testing.T) {
