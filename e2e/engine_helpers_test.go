@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"slices"
 	"strings"
@@ -35,14 +36,14 @@ type countingTalos struct {
 	*talos.Client
 
 	mu      sync.Mutex
-	applied []string // "ip hash" of every real apply that succeeded
+	applied []string // "ip sha256" of every real apply that succeeded
 }
 
 func (c *countingTalos) Apply(ctx context.Context, node string, cfg []byte, dryRun bool) (talos.ApplyResult, error) {
 	res, err := c.Client.Apply(ctx, node, cfg, dryRun)
 	if err == nil && !dryRun {
 		c.mu.Lock()
-		c.applied = append(c.applied, fmt.Sprintf("%s %x", node, cfg))
+		c.applied = append(c.applied, fmt.Sprintf("%s %x", node, sha256.Sum256(cfg)))
 		c.mu.Unlock()
 	}
 

@@ -119,39 +119,70 @@ func TestEngineResumes(t *testing.T) {
 	requireEventOrder(t, c.Events(t), "v1.36.3", controlPlanes, allNodes)
 }
 
-// TestEngineVerifyTimeout: a scheduler that never gets Ready on cp-2 pauses
-// the upgrade there, with a message naming it, and nothing moves further.
-func TestEngineVerifyTimeout(t *testing.T) {
-	// Written once the cluster is up: the fault holds from a component's
-	// first start, which would keep the cluster from ever being Ready.
+// TestEngineFaults: an apply that blocks on cp-2 pauses under its own
+// deadline with nothing changed; once it is cleared, a scheduler that never
+// gets Ready on cp-2 pauses the next run there, with a message naming it,
+// and nothing moves further.
+func TestEngineFaults(t *testing.T) {
+	// Written once the cluster is up: a neverReady fault holds from a
+	// component's first start, which would keep the cluster from being Ready.
 	faults := filepath.Join(t.TempDir(), "faults.yaml")
-
-	c := startCluster(t, "--control-planes", "3", "--workers", "1", "--kubernetes", "v1.35.4", "--talos", "v1.13.9", "--faults", faults)
-	require.NoError(t, os.WriteFile(faults, []byte("nodes:\n  cp-2:\n    neverReady: [kube-scheduler]\n"), 0o644))
-
-	tc := openTalos(t, c)
-
-	e := engineFor(t, c, tc, "v1.36.3", &lines{})
-	e.Options.VerifyTimeout = 10 * time.Second
-
-	err := e.Run(context.Background())
-
-	var pause *stages.PauseError
-	require.ErrorAs(t, err, &pause)
-	t.Logf("paused: %v", err)
-	assert.Equal(t, "ControlPlaneComponents", pause.Stage)
-	assert.Equal(t, "cp-2", pause.Node)
-	assert.Contains(t, pause.Reason, "verify: kube-scheduler-cp-2 on v1.36.3 not Ready after 10s")
-	assert.Contains(t, pause.Action, "kubectl describe node cp-2")
-
-	// cp-3 kept its controller-manager and scheduler; no kubelet moved.
-	cfgs := machineConfigs(t, c, tc)
-	assert.Equal(t, "v1.35.4", render.TagOf(render.Images(cfgs["cp-3"])[render.Scheduler]))
-	assert.Equal(t, "v1.36.3", render.TagOf(render.Images(cfgs["cp-3"])[render.APIServer]))
-
-	for _, name := range []string{"cp-1", "cp-2", "cp-3", "worker-1"} {
-		assert.Equal(t, "v1.35.4", render.TagOf(render.Images(cfgs[name])[render.Kubelet]), name)
+	setFaults := func(doc string) {
+		t.Helper()
+		require.NoError(t, os.WriteFile(faults, []byte(doc), 0o644))
 	}
 
+	c := startCluster(t, "--control-planes", "3", "--workers", "1", "--kubernetes", "v1.35.4", "--talos", "v1.13.9", "--faults", faults)
+	tc := openTalos(t, c)
+
+	t.Run("an apply that blocks", func(t *testing.T) {
+		setFaults("nodes:\n  cp-2:\n    applyBlocks: true\n")
+
+		e := engineFor(t, c, tc, "v1.36.3", &lines{})
+		e.Options.ApplyTimeout = 3 * time.Second
+
+		err := e.Run(context.Background())
+
+		var pause *stages.PauseError
+		require.ErrorAs(t, err, &pause)
+		t.Logf("paused: %v", err)
+		assert.Equal(t, "APIServers", pause.Stage)
+		assert.Equal(t, "cp-2", pause.Node)
+		assert.Contains(t, pause.Reason, `node "cp-2": apply:`)
+		assert.Contains(t, pause.Reason, "DeadlineExceeded")
+
+		cfgs := machineConfigs(t, c, tc)
+		assert.Equal(t, "v1.36.3", render.TagOf(render.Images(cfgs["cp-1"])[render.APIServer]))
+		assert.Equal(t, "v1.35.4", render.TagOf(render.Images(cfgs["cp-2"])[render.APIServer]), "nothing applied")
+		assert.Equal(t, "v1.35.4", render.TagOf(render.Images(cfgs["cp-3"])[render.APIServer]), "nothing after cp-2")
+	})
+
+	t.Run("a scheduler that never gets Ready", func(t *testing.T) {
+		setFaults("nodes:\n  cp-2:\n    neverReady: [kube-scheduler]\n")
+
+		e := engineFor(t, c, tc, "v1.36.3", &lines{})
+		e.Options.VerifyTimeout = 10 * time.Second
+
+		err := e.Run(context.Background())
+
+		var pause *stages.PauseError
+		require.ErrorAs(t, err, &pause)
+		t.Logf("paused: %v", err)
+		assert.Equal(t, "ControlPlaneComponents", pause.Stage)
+		assert.Equal(t, "cp-2", pause.Node)
+		assert.Contains(t, pause.Reason, "verify: kube-scheduler-cp-2 on v1.36.3 not Ready after 10s")
+		assert.Contains(t, pause.Action, "kubectl describe node cp-2")
+
+		// cp-3 kept its controller-manager and scheduler; no kubelet moved.
+		cfgs := machineConfigs(t, c, tc)
+		assert.Equal(t, "v1.35.4", render.TagOf(render.Images(cfgs["cp-3"])[render.Scheduler]))
+		assert.Equal(t, "v1.36.3", render.TagOf(render.Images(cfgs["cp-3"])[render.APIServer]))
+
+		for _, name := range []string{"cp-1", "cp-2", "cp-3", "worker-1"} {
+			assert.Equal(t, "v1.35.4", render.TagOf(render.Images(cfgs[name])[render.Kubelet]), name)
+		}
+	})
+
 	assert.Empty(t, invariantBreaks(c.Events(t)))
+	assert.Len(t, tc.applies(), 3+2, "cp-1 to cp-3 in APIServers (cp-2 once the fault was cleared); cp-1, cp-2 in ControlPlaneComponents")
 }
