@@ -23,12 +23,17 @@ import (
 func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*stageNode) error {
 	stage := s.Name()
 
-	var notReady, skew, pairing []string
+	var (
+		notReady, skew, pairing []string
+		skewNodes, pairingNodes []string
+	)
 
 	for _, n := range pending {
 		if !n.Ready {
 			notReady = append(notReady, n.Name)
 		}
+
+		before := len(skew)
 
 		for _, ch := range n.changes {
 			from, errFrom := ParseVersion(render.TagOf(ch.From))
@@ -46,8 +51,13 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 			}
 		}
 
+		if len(skew) > before {
+			skewNodes = append(skewNodes, n.Name)
+		}
+
 		if err := supportedBy(r.target, n.Talos.Version); err != nil {
 			pairing = append(pairing, fmt.Sprintf("%s: %v", n.Name, err))
+			pairingNodes = append(pairingNodes, n.Name)
 		}
 	}
 
@@ -56,10 +66,10 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 		return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", "),
 			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
 	case len(skew) > 0:
-		return r.refuse(ctx, stage, nil, "version skew: "+summarize(skew),
+		return r.refuse(ctx, stage, skewNodes, "version skew: "+summarize(skew),
 			"choose a target at most one minor above what every node runs, or hold the nodes behind")
 	case len(pairing) > 0:
-		return r.refuse(ctx, stage, nil, "talos pairing: "+summarize(pairing),
+		return r.refuse(ctx, stage, pairingNodes, "talos pairing: "+summarize(pairing),
 			"upgrade Talos first (kubectl ichor plan talos --to <a release that supports the target>)")
 	}
 
