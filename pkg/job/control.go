@@ -1,0 +1,800 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+)
+
+// Default bounds of Control.
+const (
+	// DefaultCredentialsTimeout bounds the wait for Talos to write the Job's credentials.
+	DefaultCredentialsTimeout = time.Minute
+	// DefaultStopTimeout bounds abort's wait for the runner to stop: its grace period,
+	// then the lock's expiry.
+	DefaultStopTimeout = TerminationGrace*time.Second + LeaseDuration + 15*time.Second
+)
+
+// Control is the operator's handle on the operations of one namespace: it launches,
+// resumes and aborts them, and keeps to one operation at a time.
+type Control struct {
+	// Kube and Dynamic reach the cluster with the operator's credentials.
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Namespace is the product's namespace.
+	Namespace string
+	// CredentialsTimeout bounds the wait for Talos' credentials Secret (0: the default).
+	CredentialsTimeout time.Duration
+	// StopTimeout bounds abort's wait for the runner to stop (0: the default).
+	StopTimeout time.Duration
+	// Poll is how often waits look again (0: one second).
+	Poll time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (c *Control) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+
+	return time.Now()
+}
+
+func (c *Control) poll() time.Duration {
+	if c.Poll > 0 {
+		return c.Poll
+	}
+
+	return time.Second
+}
+
+func (c *Control) applier() applier { return applier{kube: c.Kube, dyn: c.Dynamic} }
+
+// Store is the state ConfigMap of the namespace.
+func (c *Control) Store() *Store {
+	return &Store{Client: c.Kube.CoreV1(), Namespace: c.Namespace, Now: c.Now}
+}
+
+// Get returns the namespace's operation (ErrNoOperation, wrapped, when there is none).
+func (c *Control) Get(ctx context.Context) (*Operation, error) {
+	op, _, err := c.Store().Get(ctx)
+
+	return op, err
+}
+
+// CheckFree returns nil when a new operation may start: none is in progress. Otherwise a
+// *BusyError names the operation, its age and the lock's holder.
+func (c *Control) CheckFree(ctx context.Context) error {
+	op, err := c.Get(ctx)
+	if errors.Is(err, ErrNoOperation) {
+		return nil
+	}
+
+	if err != nil {
+		return err
+	}
+
+	return c.Busy(ctx, op)
+}
+
+// Busy returns nil when op may be replaced by a new operation (it finished, or it was
+// abandoned: no runner holds the lock, no Job of it is active, and it was not launched
+// just now), else a *BusyError.
+func (c *Control) Busy(ctx context.Context, op *Operation) error {
+	if op.Status.Phase.Finished() {
+		return nil
+	}
+
+	now := c.now()
+	busy := &BusyError{Namespace: c.Namespace, Operation: op.Spec.ID, Phase: op.Status.Phase, Age: op.Age(now), Job: op.Status.Job, Reason: op.Status.Reason}
+
+	holder, _, err := liveHolder(ctx, c.Kube, c.Namespace, now)
+	if err != nil {
+		return err
+	}
+
+	if holder != "" {
+		busy.Holder = holder
+
+		return busy
+	}
+
+	if op.Status.Phase == PhasePaused {
+		return busy
+	}
+
+	active, err := c.jobActive(ctx, op.Status.Job)
+	if err != nil {
+		return err
+	}
+
+	if active {
+		return busy
+	}
+
+	if op.Status.UpdatedAt != nil && now.Sub(op.Status.UpdatedAt.Time) < launchGrace {
+		busy.Job = ""
+
+		return busy
+	}
+
+	return nil
+}
+
+// jobActive reports whether the Job exists and has not finished.
+func (c *Control) jobActive(ctx context.Context, name string) (bool, error) {
+	if name == "" {
+		return false, nil
+	}
+
+	j, err := c.Kube.BatchV1().Jobs(c.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", describe("job", c.Namespace, name), err)
+	}
+
+	_, finished := jobFinished(j)
+
+	return !finished, nil
+}
+
+// jobFinished returns the condition that ended a Job, if any.
+func jobFinished(j *batchv1.Job) (batchv1.JobCondition, bool) {
+	for _, cond := range j.Status.Conditions {
+		if (cond.Type == batchv1.JobComplete || cond.Type == batchv1.JobFailed) && cond.Status == corev1.ConditionTrue {
+			return cond, true
+		}
+	}
+
+	return batchv1.JobCondition{}, false
+}
+
+// LaunchRequest is a new operation to launch.
+type LaunchRequest struct {
+	// Spec is the operation; CreatedAt is set when zero.
+	Spec OperationSpec
+	// Plan is the plan the operator confirmed (JSON).
+	Plan []byte
+	// Talosconfig is the operator's talosconfig, copied for CredentialsLocal.
+	Talosconfig []byte
+}
+
+// Launch creates, in this order: the namespace; the state ConfigMap (claiming the
+// namespace for this operation: refused with a *BusyError while another is in progress);
+// the runner's ServiceAccount and RBAC; the Talos credentials (waiting for Talos to write
+// them); and the Job. When a step after the claim fails, the operation is marked Aborted
+// with the reason, so that it does not block the next launch.
+func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, error) {
+	if req.Spec.CreatedAt.IsZero() {
+		req.Spec.CreatedAt = metav1.NewTime(c.now().UTC().Truncate(time.Second))
+	}
+
+	if err := c.applier().apply(ctx, Namespace(c.Namespace)); err != nil {
+		return nil, err
+	}
+
+	op := NewOperation(req.Spec)
+	op.Status.Attempt = 1
+	op.Status.Job = JobName(op.Spec.ID, 1)
+	op.Status.UpdatedAt = ptrTime(c.now())
+
+	if err := c.Store().Create(ctx, op, req.Plan, func(old *Operation) error { return c.Busy(ctx, old) }); err != nil {
+		return nil, err
+	}
+
+	if err := c.start(ctx, op, req.Talosconfig); err != nil {
+		_, _ = c.Store().Update(context.WithoutCancel(ctx), func(o *Operation) error {
+			if o.Spec.ID != op.Spec.ID {
+				return errReplaced
+			}
+
+			o.Status.Phase = PhaseAborted
+			o.Status.Reason = "launch failed: " + err.Error()
+			o.Status.FinishedAt = ptrTime(c.now())
+
+			return nil
+		})
+
+		if op.Spec.Credentials == CredentialsLocal {
+			_ = c.deleteLocalTalosconfig(context.WithoutCancel(ctx))
+		}
+
+		return nil, err
+	}
+
+	return op, nil
+}
+
+// start applies the runner's objects and credentials and creates the Job of op's current
+// attempt.
+func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) error {
+	for _, obj := range RunnerObjects(c.Namespace) {
+		if err := c.applier().apply(ctx, obj); err != nil {
+			return err
+		}
+	}
+
+	switch op.Spec.Credentials {
+	case CredentialsLocal:
+		if len(talosconfig) == 0 {
+			return errors.New("--talos-credentials=local: no talosconfig to copy")
+		}
+
+		if err := c.applier().apply(ctx, LocalTalosconfig(c.Namespace, op.Spec.ID, talosconfig)); err != nil {
+			return err
+		}
+	default:
+		if err := c.applier().apply(ctx, TalosAccount(c.Namespace)); err != nil {
+			return fmt.Errorf("%w: enable machine.features.kubernetesTalosAPIAccess on the control planes, or pass --talos-credentials=local", err)
+		}
+
+		if err := c.waitCredentials(ctx); err != nil {
+			return err
+		}
+	}
+
+	return c.applier().apply(ctx, Job(JobParams{
+		Namespace: c.Namespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt, Image: op.Spec.Image, Credentials: op.Spec.Credentials,
+	}))
+}
+
+// waitCredentials waits until Talos wrote the talosconfig of its ServiceAccount.
+func (c *Control) waitCredentials(ctx context.Context) error {
+	timeout := c.CredentialsTimeout
+	if timeout <= 0 {
+		timeout = DefaultCredentialsTimeout
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	for {
+		s, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(wctx, TalosAccountName, metav1.GetOptions{})
+		if err == nil && len(s.Data[TalosconfigKey]) > 0 {
+			return nil
+		}
+
+		if err != nil && !apierrors.IsNotFound(err) && wctx.Err() == nil {
+			return fmt.Errorf("read %s: %w", describe("secret", c.Namespace, TalosAccountName), explain(err))
+		}
+
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+
+			why := ""
+			if reason := c.talosAccountFailure(ctx); reason != "" {
+				why = " (Talos says: " + reason + ")"
+			}
+
+			return fmt.Errorf("talos did not write the credentials of talos.dev ServiceAccount %s/%s in %s%s: "+
+				"enable machine.features.kubernetesTalosAPIAccess on the control planes with role %s and namespace %s "+
+				"(kubectl ichor plan shows the patch), or pass --talos-credentials=local",
+				c.Namespace, TalosAccountName, timeout, why, TalosRole, c.Namespace)
+		case <-time.After(c.poll() / 2):
+		}
+	}
+}
+
+// talosAccountFailure is Talos' reason for refusing the ServiceAccount, if it gave one.
+func (c *Control) talosAccountFailure(ctx context.Context) string {
+	u, err := c.Dynamic.Resource(TalosAccountResource).Namespace(c.Namespace).Get(ctx, TalosAccountName, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+
+	reason, _, _ := unstructured.NestedString(u.Object, "status", "failureReason")
+
+	return reason
+}
+
+func (c *Control) deleteLocalTalosconfig(ctx context.Context) error {
+	err := c.Kube.CoreV1().Secrets(c.Namespace).Delete(ctx, LocalTalosconfigName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete %s: %w", describe("secret", c.Namespace, LocalTalosconfigName), err)
+	}
+
+	return nil
+}
+
+var errReplaced = errors.New("the operation was replaced by another")
+
+// Resume continues an operation that paused, or whose runner stopped for good (its Job
+// failed or is gone): it sets it Pending and starts a new Job (the next attempt), which
+// continues from the cluster's state. talosconfig re-copies the operator's talosconfig
+// for CredentialsLocal (nil keeps the copy in the cluster).
+func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, error) {
+	op, err := c.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	n := nsFlag(c.Namespace)
+
+	switch op.Status.Phase {
+	case PhaseSucceeded:
+		return nil, fmt.Errorf("operation %s succeeded: nothing to resume", op.Spec.ID)
+	case PhaseAborted:
+		return nil, fmt.Errorf("operation %s was aborted: start a new one with kubectl ichor upgrade%s", op.Spec.ID, n)
+	}
+
+	holder, _, err := liveHolder(ctx, c.Kube, c.Namespace, c.now())
+	if err != nil {
+		return nil, err
+	}
+
+	if holder != "" {
+		return nil, fmt.Errorf("operation %s is running (pod %s holds the lock): nothing to resume; follow it with kubectl ichor status --watch%s",
+			op.Spec.ID, holder, n)
+	}
+
+	if op.Status.Phase != PhasePaused {
+		running, err := c.jobRunning(ctx, op.Status.Job)
+		if err != nil {
+			return nil, err
+		}
+
+		if running != "" {
+			return nil, fmt.Errorf("operation %s is %s in pod %s: nothing to resume; follow it with kubectl ichor status --watch%s",
+				op.Spec.ID, strings.ToLower(string(op.Status.Phase)), running, n)
+		}
+	}
+
+	previous := op.Status.Job
+	attempt := op.Status.Attempt
+
+	op, err = c.Store().Update(ctx, func(o *Operation) error {
+		if o.Spec.ID != op.Spec.ID || o.Status.Attempt != attempt || o.Status.Phase.Finished() {
+			return fmt.Errorf("operation %s changed while resuming it: look at kubectl ichor status%s", op.Spec.ID, n)
+		}
+
+		o.Status.Phase = PhasePending
+		o.Status.Attempt = attempt + 1
+		o.Status.Job = JobName(o.Spec.ID, o.Status.Attempt)
+		o.Status.Reason, o.Status.Action, o.Status.PausedNode = "", "", ""
+
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	if err := c.deleteJob(ctx, previous); err != nil {
+		return nil, err
+	}
+
+	if op.Spec.Credentials == CredentialsLocal && talosconfig == nil {
+		if _, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(ctx, LocalTalosconfigName, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("read %s: %w: the copy of your talosconfig is gone, resume with your talosconfig at hand",
+				describe("secret", c.Namespace, LocalTalosconfigName), err)
+		}
+	}
+
+	if talosconfig == nil && op.Spec.Credentials == CredentialsLocal {
+		if err := c.startKeepingTalosconfig(ctx, op); err != nil {
+			return nil, err
+		}
+
+		return op, nil
+	}
+
+	if err := c.start(ctx, op, talosconfig); err != nil {
+		return nil, err
+	}
+
+	return op, nil
+}
+
+// startKeepingTalosconfig starts op's Job with the talosconfig copy already in the cluster.
+func (c *Control) startKeepingTalosconfig(ctx context.Context, op *Operation) error {
+	for _, obj := range RunnerObjects(c.Namespace) {
+		if err := c.applier().apply(ctx, obj); err != nil {
+			return err
+		}
+	}
+
+	return c.applier().apply(ctx, Job(JobParams{
+		Namespace: c.Namespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt, Image: op.Spec.Image, Credentials: op.Spec.Credentials,
+	}))
+}
+
+// jobRunning returns a pod of the Job that has not ended, "" when none.
+func (c *Control) jobRunning(ctx context.Context, name string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + name})
+	if err != nil {
+		return "", fmt.Errorf("list the pods of %s: %w", describe("job", c.Namespace, name), err)
+	}
+
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
+			return p.Name, nil
+		}
+	}
+
+	return "", nil
+}
+
+func (c *Control) deleteJob(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+
+	err := c.Kube.BatchV1().Jobs(c.Namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete %s: %w", describe("job", c.Namespace, name), err)
+	}
+
+	return nil
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// AbortResult is what Abort did.
+type AbortResult struct {
+	// Operation is the aborted operation ("" when the state was corrupted).
+	Operation string
+	// Was is its phase before.
+	Was Phase
+	// Jobs are the Jobs deleted.
+	Jobs []string
+	// Uncordoned are the nodes uncordoned.
+	Uncordoned []string
+	// Released is true when the lock had a holder that abort cleared.
+	Released bool
+	// StateErr is the state ConfigMap's error when it could not be read (it is kept as is).
+	StateErr error
+}
+
+// Abort stops an operation for good and leaves the cluster as ready as it can: it marks
+// the operation Aborted (the runner stops at its next write), deletes its Jobs and their
+// pods, waits until the runner stopped (the lock is free or expired), uncordons every
+// node the engine cordoned (kube.CordonedAnnotation), releases the lock and deletes a copied
+// talosconfig. The state ConfigMap stays, for the record. A corrupted state does not
+// stop an abort: the Jobs kubectl-ichor manages in the namespace are stopped instead.
+func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
+	res := &AbortResult{}
+
+	op, err := c.Get(ctx)
+
+	var corrupt *CorruptStateError
+
+	switch {
+	case errors.As(err, &corrupt):
+		res.StateErr = err
+	case err != nil:
+		return nil, err
+	case op.Status.Phase == PhaseSucceeded:
+		return nil, fmt.Errorf("operation %s succeeded: nothing to abort", op.Spec.ID)
+	default:
+		res.Operation, res.Was = op.Spec.ID, op.Status.Phase
+
+		if op.Status.Phase != PhaseAborted {
+			_, err := c.Store().Update(ctx, func(o *Operation) error {
+				if o.Spec.ID != op.Spec.ID {
+					return errReplaced
+				}
+
+				o.Status.Phase = PhaseAborted
+				o.Status.Reason = "aborted with kubectl ichor abort"
+				o.Status.Action = ""
+				o.Status.FinishedAt = ptrTime(c.now())
+
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	selector := labels.Set{LabelManagedBy: AppName}
+	if op != nil {
+		selector[LabelOperation] = op.Spec.ID
+	}
+
+	jobs, err := c.stopJobs(ctx, selector.String())
+	if err != nil {
+		return nil, err
+	}
+
+	res.Jobs = jobs
+
+	lock, err := c.waitStopped(ctx, selector.String())
+	if err != nil {
+		return nil, err
+	}
+
+	if res.Uncordoned, err = c.uncordonAll(ctx); err != nil {
+		return nil, err
+	}
+
+	if lock != nil && lock.Holder != "" {
+		if err := releaseLock(ctx, c.Kube, c.Namespace, lock); err != nil {
+			return nil, err
+		}
+
+		res.Released = true
+	}
+
+	if op == nil || op.Spec.Credentials == CredentialsLocal {
+		if err := c.deleteLocalTalosconfig(ctx); err != nil {
+			return nil, err
+		}
+	}
+
+	return res, nil
+}
+
+// stopJobs deletes the Jobs that match selector and their pods (which get their grace
+// period to stop the engine and release the lock).
+func (c *Control) stopJobs(ctx context.Context, selector string) ([]string, error) {
+	list, err := c.Kube.BatchV1().Jobs(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, fmt.Errorf("list the jobs in namespace %s: %w", c.Namespace, err)
+	}
+
+	var names []string
+
+	for _, j := range list.Items {
+		if err := c.deleteJob(ctx, j.Name); err != nil {
+			return nil, err
+		}
+
+		names = append(names, j.Name)
+	}
+
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods in namespace %s: %w", c.Namespace, err)
+	}
+
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+
+		err := c.Kube.CoreV1().Pods(c.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("delete %s: %w", describe("pod", c.Namespace, p.Name), err)
+		}
+	}
+
+	sort.Strings(names)
+
+	return names, nil
+}
+
+// waitStopped waits until no runner can change anything any more: no pod matching
+// selector runs and no live holder keeps the lock. It returns the lock as last read.
+func (c *Control) waitStopped(ctx context.Context, selector string) (*Lock, error) {
+	timeout := c.StopTimeout
+	if timeout <= 0 {
+		timeout = DefaultStopTimeout
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	for {
+		running, err := c.runningPod(wctx, selector)
+		if err == nil && running == "" {
+			var lock *Lock
+
+			lock, err = ReadLock(wctx, c.Kube, c.Namespace)
+			if err == nil {
+				var holder string
+
+				if holder, _, err = liveHolder(wctx, c.Kube, c.Namespace, c.now()); err == nil && holder == "" {
+					return lock, nil
+				}
+
+				running = holder
+			}
+		}
+
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+
+			if err != nil {
+				return nil, err
+			}
+
+			return nil, fmt.Errorf("the runner (pod %s/%s) did not stop in %s: its node may be unreachable; "+
+				"once it is gone, run kubectl ichor abort%s again to uncordon the nodes and release the lock",
+				c.Namespace, running, timeout, nsFlag(c.Namespace))
+		case <-time.After(c.poll()):
+		}
+	}
+}
+
+// runningPod returns a pod matching selector that has not ended, "" when none.
+func (c *Control) runningPod(ctx context.Context, selector string) (string, error) {
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return "", fmt.Errorf("list the pods in namespace %s: %w", c.Namespace, err)
+	}
+
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			return p.Name, nil
+		}
+	}
+
+	return "", nil
+}
+
+// uncordonAll uncordons every node the engine cordoned (kube.CordonedAnnotation) and
+// removes the mark.
+func (c *Control) uncordonAll(ctx context.Context) ([]string, error) {
+	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+
+	var done []string
+
+	for _, n := range nodes.Items {
+		if !kube.CordonedByIchor(&n) {
+			continue
+		}
+
+		if err := kube.Uncordon(ctx, c.Kube, n.Name); err != nil {
+			return done, err
+		}
+
+		done = append(done, n.Name)
+	}
+
+	return done, nil
+}
+
+// Pods returns the pods of an operation's Jobs, oldest first.
+func (c *Control) Pods(ctx context.Context, operation string) ([]corev1.Pod, error) {
+	sel := labels.Set{LabelOperation: operation}.String()
+
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods of operation %s: %w", operation, err)
+	}
+
+	items := pods.Items
+	sort.SliceStable(items, func(i, j int) bool {
+		return items[i].CreationTimestamp.Before(&items[j].CreationTimestamp)
+	})
+
+	return items, nil
+}
+
+// Problem is something wrong with an operation's Job that its state does not show.
+type Problem struct {
+	// Message is one line saying what and what to do.
+	Message string
+	// Final is true when the Job will not run the operation any further (it failed):
+	// only `resume` or `abort` moves it on.
+	Final bool
+}
+
+// Diagnose looks at the Job of an unfinished operation for what its state cannot tell:
+// a Job that failed without pausing the operation, a pod that cannot start or is not
+// scheduled. It returns nil when nothing is wrong.
+func (c *Control) Diagnose(ctx context.Context, op *Operation) (*Problem, error) {
+	if op.Status.Phase.Finished() || op.Status.Phase == PhasePaused || op.Status.Job == "" {
+		return nil, nil
+	}
+
+	n := nsFlag(c.Namespace)
+
+	j, err := c.Kube.BatchV1().Jobs(c.Namespace).Get(ctx, op.Status.Job, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		if op.Status.UpdatedAt != nil && c.now().Sub(op.Status.UpdatedAt.Time) < launchGrace {
+			return nil, nil
+		}
+
+		return &Problem{Final: true, Message: fmt.Sprintf("job %s/%s is gone while operation %s is %s: continue it with kubectl ichor resume%s",
+			c.Namespace, op.Status.Job, op.Spec.ID, op.Status.Phase, n)}, nil
+	}
+
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", describe("job", c.Namespace, op.Status.Job), err)
+	}
+
+	if cond, finished := jobFinished(j); finished && cond.Type == batchv1.JobFailed {
+		return &Problem{Final: true, Message: fmt.Sprintf("job %s/%s failed (%s: %s): read kubectl ichor logs%s, then continue with kubectl ichor resume%s",
+			c.Namespace, j.Name, cond.Reason, oneLine(cond.Message), n, n)}, nil
+	}
+
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + j.Name})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods of %s: %w", describe("job", c.Namespace, j.Name), err)
+	}
+
+	if p := newestPod(pods.Items); p != nil && p.Status.Phase == corev1.PodFailed && !hasDisruption(p) {
+		why := ""
+
+		for _, cs := range p.Status.ContainerStatuses {
+			if t := cs.State.Terminated; t != nil {
+				why = fmt.Sprintf(" (exit code %d)", t.ExitCode)
+				if t.Message != "" {
+					why = fmt.Sprintf(" (exit code %d: %s)", t.ExitCode, oneLine(t.Message))
+				}
+			}
+		}
+
+		return &Problem{Message: fmt.Sprintf("runner pod %s failed%s; the Job tries again (%d failures of %d allowed): read kubectl ichor logs%s",
+			p.Name, why, j.Status.Failed, BackoffLimit, n)}, nil
+	}
+
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodPending {
+			continue
+		}
+
+		for _, cs := range p.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
+				return &Problem{Message: fmt.Sprintf("pod %s cannot start: %s: %s (is --image %s right?)", p.Name, w.Reason, oneLine(w.Message), op.Spec.Image)}, nil
+			}
+		}
+
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable {
+				return &Problem{Message: fmt.Sprintf("pod %s is not scheduled: %s", p.Name, oneLine(cond.Message))}, nil
+			}
+		}
+	}
+
+	return nil, nil
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// newestPod is the most recently created pod, nil for none.
+func newestPod(pods []corev1.Pod) *corev1.Pod {
+	var newest *corev1.Pod
+
+	for i := range pods {
+		if newest == nil || newest.CreationTimestamp.Before(&pods[i].CreationTimestamp) {
+			newest = &pods[i]
+		}
+	}
+
+	return newest
+}
+
+// hasDisruption reports whether a pod was stopped by a disruption (an eviction): the
+// Job replaces it without counting a failure.
+func hasDisruption(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+
+	return false
+}

@@ -1,0 +1,30 @@
+package job
+
+import (
+	"context"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// NewStagesEngine is the EngineFactory of the product: the engine of pkg/stages, with
+// the Talos API reached through the talosconfig mounted in the Job's pod
+// (/var/run/secrets/talos.dev/config, found by Talos' default search).
+func NewStagesEngine(ctx context.Context, cfg EngineConfig) (Engine, func(), error) {
+	tc, err := talos.Open(ctx, talos.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+
+	engine := &stages.Engine{
+		Kube:     cfg.Kube,
+		Dynamic:  cfg.Dynamic,
+		Talos:    tc,
+		Options:  cfg.Options,
+		Progress: cfg.Progress,
+		Memo:     cfg.Memo,
+		Out:      cfg.Out,
+	}
+
+	return engine, func() { _ = tc.Close() }, nil
+}

@@ -1,0 +1,207 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Lease timings of the lock: a runner renews every RetryPeriod and stops changing
+// anything when it could not renew for RenewDeadline; another may take the lock once
+// LeaseDuration passed without a renewal.
+const (
+	LeaseDuration = 15 * time.Second
+	RenewDeadline = 10 * time.Second
+	RetryPeriod   = 2 * time.Second
+)
+
+// DefaultNamespace is the product's namespace when -n is not given.
+const DefaultNamespace = "ichor-system"
+
+// launchGrace is how long a Pending operation without a Job or a lock holder counts as
+// being launched (rather than abandoned).
+const launchGrace = 2 * time.Minute
+
+// Lock is the Lease as read.
+type Lock struct {
+	// Holder is the runner pod that holds (or last held) the lock; "" when released.
+	Holder string
+	// Renewed is the holder's last renewal; Duration how long it is valid for.
+	Renewed  time.Time
+	Duration time.Duration
+	// Acquired is when the holder took it.
+	Acquired time.Time
+
+	resourceVersion string
+}
+
+// HeldAt reports whether the lock is held and not expired at now.
+func (l *Lock) HeldAt(now time.Time) bool {
+	return l != nil && l.Holder != "" && now.Before(l.Renewed.Add(l.Duration))
+}
+
+// ReadLock reads the lock of namespace; nil when there is none.
+func ReadLock(ctx context.Context, client kubernetes.Interface, namespace string) (*Lock, error) {
+	lease, err := client.CoordinationV1().Leases(namespace).Get(ctx, LockName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", describe("lease", namespace, LockName), err)
+	}
+
+	return lockOf(lease), nil
+}
+
+func lockOf(lease *coordinationv1.Lease) *Lock {
+	l := &Lock{resourceVersion: lease.ResourceVersion}
+
+	if lease.Spec.HolderIdentity != nil {
+		l.Holder = *lease.Spec.HolderIdentity
+	}
+
+	if lease.Spec.LeaseDurationSeconds != nil {
+		l.Duration = time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
+	}
+
+	if lease.Spec.RenewTime != nil {
+		l.Renewed = lease.Spec.RenewTime.Time
+	}
+
+	if lease.Spec.AcquireTime != nil {
+		l.Acquired = lease.Spec.AcquireTime.Time
+	}
+
+	return l
+}
+
+// holderGone reports whether the lock's holder, a pod of namespace, has stopped for good:
+// its pod is gone or has ended (its containers stopped), so it changes nothing any more.
+func holderGone(ctx context.Context, client kubernetes.Interface, namespace, holder string) (bool, error) {
+	pod, err := client.CoreV1().Pods(namespace).Get(ctx, holder, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+
+	if err != nil {
+		return false, fmt.Errorf("read the lock holder's %s: %w", describe("pod", namespace, holder), err)
+	}
+
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
+}
+
+// liveHolder returns the lock's holder when it holds the lock and runs, "" otherwise.
+func liveHolder(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time) (string, *Lock, error) {
+	lock, err := ReadLock(ctx, client, namespace)
+	if err != nil || !lock.HeldAt(now) {
+		return "", lock, err
+	}
+
+	gone, err := holderGone(ctx, client, namespace, lock.Holder)
+	if err != nil {
+		return "", lock, err
+	}
+
+	if gone {
+		return "", lock, nil
+	}
+
+	return lock.Holder, lock, nil
+}
+
+// releaseLock clears the lock's holder, on the condition that the Lease did not change
+// since lock was read, so that a runner waiting for it takes it at once.
+func releaseLock(ctx context.Context, client kubernetes.Interface, namespace string, lock *Lock) error {
+	if lock == nil || lock.Holder == "" {
+		return nil
+	}
+
+	leases := client.CoordinationV1().Leases(namespace)
+
+	lease, err := leases.Get(ctx, LockName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+
+	if err != nil {
+		return fmt.Errorf("read %s: %w", describe("lease", namespace, LockName), err)
+	}
+
+	if lease.ResourceVersion != lock.resourceVersion {
+		return fmt.Errorf("release %s: %w", describe("lease", namespace, LockName), errLockChanged)
+	}
+
+	empty := ""
+	lease.Spec.HolderIdentity = &empty
+
+	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{FieldManager: FieldManager}); err != nil {
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("release %s: %w", describe("lease", namespace, LockName), errLockChanged)
+		}
+
+		return fmt.Errorf("release %s: %w", describe("lease", namespace, LockName), err)
+	}
+
+	return nil
+}
+
+var errLockChanged = errors.New("another runner took it meanwhile")
+
+// BusyError refuses to start an operation while another one is in progress.
+type BusyError struct {
+	// Namespace is the product's namespace.
+	Namespace string
+	// Operation is the operation in progress, Phase its phase, Age how long ago it was
+	// launched.
+	Operation string
+	Phase     Phase
+	Age       time.Duration
+	// Holder is the runner pod holding the lock ("" when none does).
+	Holder string
+	// Job is the operation's current Job.
+	Job string
+	// Reason is why a Paused operation paused.
+	Reason string
+}
+
+// Error implements error, on one line, saying what to do.
+func (e *BusyError) Error() string {
+	n := nsFlag(e.Namespace)
+	what := fmt.Sprintf("operation %s (%s, launched %s ago)", e.Operation, e.Phase, e.Age)
+
+	switch {
+	case e.Holder != "":
+		return fmt.Sprintf("%s holds the lock %s (holder: pod %s): follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
+			what, describe("lease", e.Namespace, LockName), e.Holder, n, n)
+	case e.Phase == PhasePaused:
+		reason := ""
+		if e.Reason != "" {
+			reason = ": " + strings.TrimSuffix(e.Reason, ".")
+		}
+
+		return fmt.Sprintf("%s is paused%s: continue it with kubectl ichor resume%s, or stop it with kubectl ichor abort%s", what, reason, n, n)
+	case e.Job != "":
+		return fmt.Sprintf("%s is starting in job %s/%s: follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
+			what, e.Namespace, e.Job, n, n)
+	}
+
+	return fmt.Sprintf("%s is being launched: follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s", what, n, n)
+}
+
+// nsFlag is the -n flag that names namespace in a suggested command, "" for the default.
+func nsFlag(namespace string) string {
+	if namespace == DefaultNamespace || namespace == "" {
+		return ""
+	}
+
+	return " -n " + namespace
+}

@@ -1,0 +1,111 @@
+package job
+
+import (
+	"crypto/rand"
+	"fmt"
+	"math/big"
+	"strings"
+)
+
+// Names of the objects kubectl-ichor creates. Namespaced ones live in the
+// namespace the plugin is given (-n, default ichor-system).
+const (
+	// RunnerName names the runner's ServiceAccount, its ClusterRole, Role and RoleBinding.
+	RunnerName = "ichor-runner"
+	// StateName is the state ConfigMap.
+	StateName = "ichor-state"
+	// LockName is the Lease that one runner at a time holds.
+	LockName = "ichor-lock"
+	// TalosAccountName is the talos.dev/v1alpha1 ServiceAccount (and the Secret Talos writes for it).
+	TalosAccountName = "ichor-talos"
+	// LocalTalosconfigName is the Secret that holds a copy of the operator's talosconfig
+	// (--talos-credentials=local); it is deleted when the operation ends.
+	LocalTalosconfigName = "ichor-talosconfig"
+	// ContainerName is the runner's container in the Job's pod.
+	ContainerName = "runner"
+	// TalosconfigKey is the key of the talosconfig in a Talos credentials Secret.
+	TalosconfigKey = "config"
+	// TalosconfigDir is where the Talos credentials are mounted: the in-cluster
+	// talosconfig path Talos' client searches.
+	TalosconfigDir = "/var/run/secrets/talos.dev"
+	// BinaryPath is the plugin's binary in the release image.
+	BinaryPath = "/usr/local/bin/kubectl-ichor"
+	// FieldManager is the field manager of everything the plugin applies.
+	FieldManager = "kubectl-ichor"
+)
+
+// Labels and annotations.
+const (
+	// LabelOperation carries the operation ID on the state ConfigMap, the Job and its pods.
+	LabelOperation = "ichor.dev/operation"
+	// LabelPhase mirrors the operation's phase on the state ConfigMap, for kubectl get -L.
+	LabelPhase = "ichor.dev/phase"
+	// LabelName and LabelManagedBy are the recommended app labels on every object.
+	LabelName      = "app.kubernetes.io/name"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// AppName is the value of LabelName and LabelManagedBy.
+	AppName = "kubectl-ichor"
+)
+
+// Credentials say where the Job's Talos credentials come from.
+type Credentials string
+
+// The kinds of Talos credentials.
+const (
+	// CredentialsServiceAccount is a talos.dev/v1alpha1 ServiceAccount with role os:admin:
+	// Talos writes its talosconfig into a Secret of the same name.
+	CredentialsServiceAccount Credentials = "serviceaccount"
+	// CredentialsLocal is a copy of the operator's talosconfig in a Secret, deleted when
+	// the operation ends.
+	CredentialsLocal Credentials = "local"
+)
+
+// SecretName is the Secret that holds the Talos credentials of this kind.
+func (c Credentials) SecretName() string {
+	if c == CredentialsLocal {
+		return LocalTalosconfigName
+	}
+
+	return TalosAccountName
+}
+
+// NewOperationID returns a fresh operation ID such as kubernetes-v1-36-3-7kq2x: the kind,
+// the target and a random suffix, usable in object names and label values.
+func NewOperationID(kind, target string) string {
+	const alphabet = "bcdfghjklmnpqrstvwxz2456789"
+
+	suffix := make([]byte, 5)
+
+	for i := range suffix {
+		n, err := rand.Int(rand.Reader, big.NewInt(int64(len(alphabet))))
+		if err != nil {
+			// crypto/rand does not fail on supported platforms.
+			panic(fmt.Sprintf("crypto/rand: %v", err))
+		}
+
+		suffix[i] = alphabet[n.Int64()]
+	}
+
+	return fmt.Sprintf("%s-%s-%s", kind, strings.ReplaceAll(target, ".", "-"), suffix)
+}
+
+// JobName is the name of an operation's Job for one attempt (1 for the launch, one more
+// for each resume).
+func JobName(operation string, attempt int) string {
+	return fmt.Sprintf("ichor-%s-%d", operation, attempt)
+}
+
+// BindingName names the bindings outside the runner's namespace (its ClusterRoleBinding
+// and its RoleBinding in kube-system), so that runners of several namespaces keep theirs.
+func BindingName(namespace string) string {
+	return RunnerName + ":" + namespace
+}
+
+func commonLabels(extra map[string]string) map[string]string {
+	l := map[string]string{LabelName: AppName, LabelManagedBy: AppName}
+	for k, v := range extra {
+		l[k] = v
+	}
+
+	return l
+}

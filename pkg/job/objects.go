@@ -1,0 +1,319 @@
+package job
+
+import (
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+)
+
+// Exit codes of the runner, as the Job's podFailurePolicy reads them.
+const (
+	// ExitPaused means the operation paused on a failure: the Job fails at once (no
+	// retry) and `kubectl ichor resume` continues it with a new Job.
+	ExitPaused = 3
+	// ExitFinal means this runner must never run again: the operation was aborted or
+	// replaced, or its state cannot be read. The Job fails at once.
+	ExitFinal = 4
+)
+
+// Job settings.
+const (
+	// BackoffLimit bounds the retries of a runner that crashed (an eviction is not
+	// counted, a pause or an abort is never retried).
+	BackoffLimit = 6
+	// TTLAfterFinished keeps a finished Job and its pod's logs a week for the record.
+	TTLAfterFinished = 7 * 24 * 60 * 60
+	// TerminationGrace lets a stopped runner cancel its engine, write its last progress
+	// and release the lock.
+	TerminationGrace = 60
+	// RunAsUser is the runner's non-root user (distroless' nonroot).
+	RunAsUser = 65532
+)
+
+// TalosAccountGroupVersion is the API of Talos' ServiceAccount resource.
+const TalosAccountGroupVersion = "talos.dev/v1alpha1"
+
+// TalosRole is the Talos role the Job's credentials carry.
+const TalosRole = "os:admin"
+
+// ManifestsNamespace is where Talos' bootstrap manifests put their namespaced objects.
+const ManifestsNamespace = "kube-system"
+
+// BindableRoles are the ClusterRoles that Talos' bootstrap manifests bind (kube-proxy,
+// CoreDNS, Flannel, node bootstrap and CSR approval, Talos' node discovery): the runner
+// may bind exactly these when it re-applies the manifests.
+func BindableRoles() []string {
+	return []string{
+		"flannel",
+		"system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+		"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+		"system:coredns",
+		"system:node-bootstrapper",
+		"system:node-proxier",
+		"system:talos-nodes",
+	}
+}
+
+// ManagedClusterRoles are the ClusterRoles that Talos' bootstrap manifests define
+// (CoreDNS, Flannel, Talos' node discovery): the runner may re-apply exactly these
+// without holding every permission they grant.
+func ManagedClusterRoles() []string {
+	return []string{"flannel", "system:coredns", "system:talos-nodes"}
+}
+
+// ManagedCRDs are the CustomResourceDefinitions of Talos' bootstrap manifests.
+func ManagedCRDs() []string {
+	return []string{"serviceaccounts.talos.dev"}
+}
+
+// ClusterRoleRules are the runner's cluster-wide permissions, exactly what it uses: read
+// and cordon nodes, read and evict pods for a drain, read DaemonSets (drain, kube-proxy
+// rollout), disruption budgets and the apiserver's metrics for the checks, record events,
+// and re-apply the cluster-scoped objects of Talos' bootstrap manifests with server-side
+// apply (create, patch; binding and defining only the roles those manifests name).
+func ClusterRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"clusterroles", "clusterrolebindings"}, Verbs: []string{"create", "patch"}},
+		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"clusterroles"}, Verbs: []string{"bind"}, ResourceNames: BindableRoles()},
+		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"clusterroles"}, Verbs: []string{"escalate"}, ResourceNames: ManagedClusterRoles()},
+		{APIGroups: []string{"apiextensions.k8s.io"}, Resources: []string{"customresourcedefinitions"}, Verbs: []string{"create", "patch"}, ResourceNames: ManagedCRDs()},
+		{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},
+	}
+}
+
+// ManifestsRoleRules are the runner's permissions in kube-system: re-applying the
+// namespaced objects of Talos' bootstrap manifests (kube-proxy, CoreDNS, Flannel, the
+// in-cluster kubeconfig, the kubelet bootstrap token) with server-side apply.
+func ManifestsRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps", "secrets", "serviceaccounts", "services"}, Verbs: []string{"create", "patch"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets", "deployments"}, Verbs: []string{"create", "patch"}},
+	}
+}
+
+// RoleRules are the runner's permissions in its own namespace: the lock, the state and
+// the deletion of a copied talosconfig once the operation ends.
+func RoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{LockName}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: []string{StateName}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"delete"}, ResourceNames: []string{LocalTalosconfigName}},
+	}
+}
+
+// Namespace is the product's namespace.
+func Namespace(name string) *corev1.Namespace {
+	return &corev1.Namespace{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: commonLabels(nil)},
+	}
+}
+
+// RunnerObjects are the runner's identity and permissions for namespace: its
+// ServiceAccount; its ClusterRole and ClusterRoleBinding; its Role and RoleBinding in
+// namespace; its Role and RoleBinding in kube-system for the bootstrap manifests.
+func RunnerObjects(namespace string) []runtime.Object {
+	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: RunnerName, Namespace: namespace}}
+	rbac := metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1"}
+
+	return []runtime.Object{
+		&corev1.ServiceAccount{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: commonLabels(nil)},
+		},
+		&rbacv1.ClusterRole{
+			TypeMeta:   withKind(rbac, "ClusterRole"),
+			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Labels: commonLabels(nil)},
+			Rules:      ClusterRoleRules(),
+		},
+		&rbacv1.ClusterRoleBinding{
+			TypeMeta:   withKind(rbac, "ClusterRoleBinding"),
+			ObjectMeta: metav1.ObjectMeta{Name: BindingName(namespace), Labels: commonLabels(nil)},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: RunnerName},
+			Subjects:   subject,
+		},
+		&rbacv1.Role{
+			TypeMeta:   withKind(rbac, "Role"),
+			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: commonLabels(nil)},
+			Rules:      RoleRules(),
+		},
+		&rbacv1.RoleBinding{
+			TypeMeta:   withKind(rbac, "RoleBinding"),
+			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: commonLabels(nil)},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: RunnerName},
+			Subjects:   subject,
+		},
+		&rbacv1.Role{
+			TypeMeta:   withKind(rbac, "Role"),
+			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: ManifestsNamespace, Labels: commonLabels(nil)},
+			Rules:      ManifestsRoleRules(),
+		},
+		&rbacv1.RoleBinding{
+			TypeMeta:   withKind(rbac, "RoleBinding"),
+			ObjectMeta: metav1.ObjectMeta{Name: BindingName(namespace), Namespace: ManifestsNamespace, Labels: commonLabels(nil)},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: RunnerName},
+			Subjects:   subject,
+		},
+	}
+}
+
+func withKind(t metav1.TypeMeta, kind string) metav1.TypeMeta {
+	t.Kind = kind
+
+	return t
+}
+
+// TalosAccount is the talos.dev/v1alpha1 ServiceAccount with role os:admin: Talos
+// (machine.features.kubernetesTalosAPIAccess) answers it with a Secret of the same name
+// whose key "config" is a talosconfig for the endpoint talos.default:50000.
+func TalosAccount(namespace string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": TalosAccountGroupVersion,
+		"kind":       "ServiceAccount",
+		"metadata": map[string]any{
+			"name":      TalosAccountName,
+			"namespace": namespace,
+			"labels":    toAny(commonLabels(nil)),
+		},
+		"spec": map[string]any{"roles": []any{TalosRole}},
+	}}
+}
+
+func toAny(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+
+	return out
+}
+
+// LocalTalosconfig is the Secret holding a copy of the operator's talosconfig
+// (--talos-credentials=local) for one operation.
+func LocalTalosconfig(namespace, operation string, talosconfig []byte) *corev1.Secret {
+	return &corev1.Secret{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: LocalTalosconfigName, Namespace: namespace,
+			Labels: commonLabels(map[string]string{LabelOperation: operation}),
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{TalosconfigKey: talosconfig},
+	}
+}
+
+// JobParams say which Job to build.
+type JobParams struct {
+	// Namespace is the product's namespace.
+	Namespace string
+	// Operation is the operation's ID.
+	Operation string
+	// Attempt numbers the Job of this operation: 1 at launch, one more per resume.
+	Attempt int
+	// Image is the runner's image (the release image of the plugin's version).
+	Image string
+	// Credentials say which Secret holds the Talos credentials.
+	Credentials Credentials
+}
+
+// Job is the Job that runs an operation: the plugin's own binary (`kubectl-ichor run`) in
+// its release image, under the runner's ServiceAccount, with the Talos credentials mounted
+// where Talos' client looks in a pod. An eviction costs no retry (DisruptionTarget is
+// ignored); a pause or an abort fails the Job at once; a crash is retried a few times, and
+// every new pod continues from the state ConfigMap.
+func Job(p JobParams) *batchv1.Job {
+	labels := commonLabels(map[string]string{LabelOperation: p.Operation})
+	field := func(path string) *corev1.EnvVarSource {
+		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
+	}
+
+	return &batchv1.Job{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
+		ObjectMeta: metav1.ObjectMeta{Name: JobName(p.Operation, p.Attempt), Namespace: p.Namespace, Labels: labels},
+		Spec: batchv1.JobSpec{
+			BackoffLimit:            ptr.To[int32](BackoffLimit),
+			TTLSecondsAfterFinished: ptr.To[int32](TTLAfterFinished),
+			PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
+				{
+					Action:          batchv1.PodFailurePolicyActionIgnore,
+					OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+				},
+				{
+					Action: batchv1.PodFailurePolicyActionFailJob,
+					OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{
+						ContainerName: ptr.To(ContainerName),
+						Operator:      batchv1.PodFailurePolicyOnExitCodesOpIn,
+						Values:        []int32{ExitPaused, ExitFinal},
+					},
+				},
+			}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName:            RunnerName,
+					RestartPolicy:                 corev1.RestartPolicyNever,
+					TerminationGracePeriodSeconds: ptr.To[int64](TerminationGrace),
+					Tolerations: []corev1.Toleration{{
+						Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule,
+					}},
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   ptr.To(true),
+						RunAsUser:      ptr.To[int64](RunAsUser),
+						RunAsGroup:     ptr.To[int64](RunAsUser),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:            ContainerName,
+						Image:           p.Image,
+						ImagePullPolicy: corev1.PullIfNotPresent,
+						Command:         []string{BinaryPath, "run", "--operation", p.Operation, "--namespace", p.Namespace},
+						Env: []corev1.EnvVar{
+							{Name: "POD_NAME", ValueFrom: field("metadata.name")},
+							{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")},
+							{Name: "NODE_NAME", ValueFrom: field("spec.nodeName")},
+						},
+						Resources: corev1.ResourceRequirements{
+							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+							Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+						},
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false),
+							ReadOnlyRootFilesystem:   ptr.To(true),
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "talos", MountPath: TalosconfigDir, ReadOnly: true},
+						},
+					}},
+					// The runner writes no file: the read-only root needs no scratch volume.
+					Volumes: []corev1.Volume{
+						{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: p.Credentials.SecretName()}}},
+					},
+				},
+			},
+		},
+	}
+}
+
+// describe names an object for messages: kind namespace/name.
+func describe(kind, namespace, name string) string {
+	if namespace == "" {
+		return fmt.Sprintf("%s %s", kind, name)
+	}
+
+	return fmt.Sprintf("%s %s/%s", kind, namespace, name)
+}

@@ -1,0 +1,204 @@
+package job
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/version"
+)
+
+var update = flag.Bool("update", false, "rewrite manifests/ and testdata, then fail so a re-record cannot pass silently")
+
+func TestJobSpec(t *testing.T) {
+	j := Job(JobParams{Namespace: "ichor-system", Operation: "kubernetes-v1-36-3-abcde", Attempt: 2, Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: CredentialsLocal})
+
+	assert.Equal(t, "ichor-kubernetes-v1-36-3-abcde-2", j.Name)
+	assert.Equal(t, "kubernetes-v1-36-3-abcde", j.Labels[LabelOperation])
+	assert.Equal(t, int32(BackoffLimit), *j.Spec.BackoffLimit)
+	assert.Equal(t, int32(TTLAfterFinished), *j.Spec.TTLSecondsAfterFinished)
+
+	rules := j.Spec.PodFailurePolicy.Rules
+	require.Len(t, rules, 2)
+	assert.Equal(t, batchv1.PodFailurePolicyActionIgnore, rules[0].Action, "an eviction costs no retry")
+	assert.Equal(t, corev1.DisruptionTarget, rules[0].OnPodConditions[0].Type)
+	assert.Equal(t, batchv1.PodFailurePolicyActionFailJob, rules[1].Action, "a pause is never retried")
+	assert.Equal(t, []int32{ExitPaused, ExitFinal}, rules[1].OnExitCodes.Values)
+	assert.Equal(t, ContainerName, *rules[1].OnExitCodes.ContainerName)
+
+	pod := j.Spec.Template.Spec
+	assert.Equal(t, "kubernetes-v1-36-3-abcde", j.Spec.Template.Labels[LabelOperation])
+	assert.Equal(t, corev1.RestartPolicyNever, pod.RestartPolicy)
+	assert.Equal(t, RunnerName, pod.ServiceAccountName)
+	assert.Equal(t, "node-role.kubernetes.io/control-plane", pod.Tolerations[0].Key)
+	assert.True(t, *pod.SecurityContext.RunAsNonRoot)
+	assert.NotZero(t, *pod.SecurityContext.RunAsUser)
+
+	c := pod.Containers[0]
+	assert.Equal(t, ContainerName, c.Name)
+	assert.Equal(t, "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", c.Image)
+	assert.Equal(t, []string{"/usr/local/bin/kubectl-ichor", "run", "--operation", "kubernetes-v1-36-3-abcde", "--namespace", "ichor-system"}, c.Command)
+	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+	assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+	assert.False(t, c.Resources.Requests.Cpu().IsZero())
+	assert.False(t, c.Resources.Limits.Memory().IsZero())
+
+	var env []string
+	for _, e := range c.Env {
+		env = append(env, e.Name+"="+e.ValueFrom.FieldRef.FieldPath)
+	}
+
+	assert.Equal(t, []string{"POD_NAME=metadata.name", "POD_NAMESPACE=metadata.namespace", "NODE_NAME=spec.nodeName"}, env)
+	assert.Equal(t, TalosconfigDir, c.VolumeMounts[0].MountPath)
+	assert.Equal(t, LocalTalosconfigName, pod.Volumes[0].Secret.SecretName, "local credentials mount the copied talosconfig")
+
+	j = Job(JobParams{Namespace: "ns", Operation: "x", Attempt: 1, Image: "i", Credentials: CredentialsServiceAccount})
+	assert.Equal(t, TalosAccountName, j.Spec.Template.Spec.Volumes[0].Secret.SecretName)
+}
+
+// TestRBACIsExact lists every permission the runner gets: a change here must be a
+// change of what the runner uses.
+func TestRBACIsExact(t *testing.T) {
+	flat := func(rules []rbacv1.PolicyRule) []string {
+		var out []string
+
+		for _, r := range rules {
+			for _, v := range r.Verbs {
+				for _, res := range append(r.Resources, r.NonResourceURLs...) {
+					s := v + " " + res
+					if len(r.APIGroups) > 0 && r.APIGroups[0] != "" {
+						s += "." + r.APIGroups[0]
+					}
+
+					if len(r.ResourceNames) > 0 {
+						s += " " + strings.Join(r.ResourceNames, ",")
+					}
+
+					out = append(out, s)
+				}
+			}
+		}
+
+		slices.Sort(out)
+
+		return out
+	}
+
+	assert.Equal(t, []string{
+		"bind clusterroles.rbac.authorization.k8s.io flannel,system:certificates.k8s.io:certificatesigningrequests:nodeclient," +
+			"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient,system:coredns,system:node-bootstrapper,system:node-proxier,system:talos-nodes",
+		"create clusterrolebindings.rbac.authorization.k8s.io",
+		"create clusterroles.rbac.authorization.k8s.io",
+		"create customresourcedefinitions.apiextensions.k8s.io serviceaccounts.talos.dev",
+		"create events",
+		"create pods/eviction",
+		"escalate clusterroles.rbac.authorization.k8s.io flannel,system:coredns,system:talos-nodes",
+		"get /metrics",
+		"get daemonsets.apps",
+		"get nodes",
+		"get pods",
+		"list daemonsets.apps",
+		"list nodes",
+		"list poddisruptionbudgets.policy",
+		"list pods",
+		"patch clusterrolebindings.rbac.authorization.k8s.io",
+		"patch clusterroles.rbac.authorization.k8s.io",
+		"patch customresourcedefinitions.apiextensions.k8s.io serviceaccounts.talos.dev",
+		"patch nodes",
+		"watch daemonsets.apps",
+		"watch nodes",
+		"watch pods",
+	}, flat(ClusterRoleRules()))
+
+	assert.Equal(t, []string{
+		"create configmaps", "create daemonsets.apps", "create deployments.apps", "create secrets", "create serviceaccounts", "create services",
+		"patch configmaps", "patch daemonsets.apps", "patch deployments.apps", "patch secrets", "patch serviceaccounts", "patch services",
+	}, flat(ManifestsRoleRules()))
+
+	assert.Equal(t, []string{
+		"create leases.coordination.k8s.io",
+		"delete secrets ichor-talosconfig",
+		"get configmaps ichor-state",
+		"get leases.coordination.k8s.io ichor-lock",
+		"update configmaps ichor-state",
+		"update leases.coordination.k8s.io ichor-lock",
+	}, flat(RoleRules()))
+
+	for _, rules := range [][]rbacv1.PolicyRule{ClusterRoleRules(), ManifestsRoleRules(), RoleRules()} {
+		for _, r := range rules {
+			for _, list := range [][]string{r.APIGroups, r.Resources, r.Verbs, r.ResourceNames, r.NonResourceURLs} {
+				assert.NotContains(t, list, "*", "no wildcard: %+v", r)
+			}
+		}
+	}
+}
+
+func TestRunnerObjectsBindTheirNamespace(t *testing.T) {
+	var kube, own int
+
+	for _, obj := range RunnerObjects("upgrades") {
+		switch o := obj.(type) {
+		case *rbacv1.ClusterRoleBinding:
+			assert.Equal(t, "ichor-runner:upgrades", o.Name)
+			assert.Equal(t, "upgrades", o.Subjects[0].Namespace)
+		case *rbacv1.RoleBinding:
+			assert.Equal(t, "upgrades", o.Subjects[0].Namespace)
+
+			if o.Namespace == ManifestsNamespace {
+				kube++
+			} else {
+				own++
+			}
+		}
+	}
+
+	assert.Equal(t, 1, kube)
+	assert.Equal(t, 1, own)
+
+	sa := TalosAccount("upgrades")
+	roles, _, _ := unstructured.NestedStringSlice(sa.Object, "spec", "roles")
+	assert.Equal(t, []string{"os:admin"}, roles)
+	assert.Equal(t, "talos.dev/v1alpha1", sa.GetAPIVersion())
+}
+
+// TestManifests keeps manifests/ in step with the code that creates the objects.
+func TestManifests(t *testing.T) {
+	files, err := Manifests(DefaultNamespace, version.Repository+":v0.1.0")
+	require.NoError(t, err)
+
+	for _, f := range files {
+		got, err := f.Render()
+		require.NoError(t, err)
+
+		path := filepath.Join("..", "..", "manifests", f.Name)
+
+		if *update {
+			require.NoError(t, os.WriteFile(path, got, 0o644))
+			t.Errorf("updated %s: check the diff and run again without -update", path)
+
+			continue
+		}
+
+		want, err := os.ReadFile(path)
+		require.NoError(t, err, "missing %s: run go test ./pkg/job -run TestManifests -update", path)
+		assert.Equal(t, string(want), string(got), "%s is out of step with pkg/job: run go test ./pkg/job -run TestManifests -update", path)
+	}
+}
+
+func TestOperationIDs(t *testing.T) {
+	a, b := NewOperationID("kubernetes", "v1.36.3"), NewOperationID("kubernetes", "v1.36.3")
+	assert.NotEqual(t, a, b)
+	assert.Regexp(t, `^kubernetes-v1-36-3-[a-z0-9]{5}$`, a)
+	assert.LessOrEqual(t, len(JobName(a, 99)), 63)
+}

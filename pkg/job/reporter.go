@@ -1,0 +1,268 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// reporter is the engine's Progress and Memo, backed by the state ConfigMap. It keeps
+// the runner's view of the operation's status and writes it whenever it changes: Progress
+// calls return at once (one writer goroutine catches up, so a slow API does not hold the
+// engine), Memo.Set returns once the value is written. A write that finds the operation
+// aborted or replaced stops the engine.
+type reporter struct {
+	store   *Store
+	events  *eventRecorder
+	now     func() time.Time
+	logf    func(format string, args ...any)
+	aborted func()
+
+	writeMu sync.Mutex // one write at a time
+
+	mu      sync.Mutex
+	op      Operation
+	version uint64 // bumped on every change
+	written uint64 // the last version written
+	failed  error  // the operation was aborted or replaced: nothing more is written
+	notify  chan struct{}
+	kick    chan struct{}
+}
+
+var (
+	_ stages.Progress     = (*reporter)(nil)
+	_ stages.Memo         = (*reporter)(nil)
+	_ stages.StepProgress = (*reporter)(nil)
+)
+
+func newReporter(store *Store, op *Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
+	return &reporter{
+		store: store, events: events, now: now, logf: logf, aborted: aborted,
+		op:     *op,
+		notify: make(chan struct{}),
+		kick:   make(chan struct{}, 1),
+	}
+}
+
+// Stage implements stages.Progress.
+func (r *reporter) Stage(index, total int, name string) {
+	r.change(func(s *OperationStatus) {
+		s.Stage, s.StageIndex, s.StageCount, s.Step = name, index, total, ""
+	})
+	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
+}
+
+// Node implements stages.Progress.
+func (r *reporter) Node(stage, node string, phase stages.NodePhase, message string) {
+	now := r.now()
+
+	r.change(func(s *OperationStatus) { s.SetNode(stage, node, phase, message, now) })
+	r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == stages.PhaseFailed)
+}
+
+// Step implements stages.StepProgress.
+func (r *reporter) Step(stage, step, message string) {
+	r.change(func(s *OperationStatus) { s.Step = step + ": " + message })
+	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
+}
+
+// Get implements stages.Memo.
+func (r *reporter) Get(key string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	v, found := r.op.Status.Memo[key]
+
+	return v, found
+}
+
+// Set implements stages.Memo: it returns once the value is in the state ConfigMap.
+func (r *reporter) Set(ctx context.Context, key, value string) error {
+	v := r.change(func(s *OperationStatus) {
+		if s.Memo == nil {
+			s.Memo = map[string]string{}
+		}
+
+		s.Memo[key] = value
+	})
+
+	return r.wait(ctx, v)
+}
+
+func (r *reporter) spec() OperationSpec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return r.op.Spec
+}
+
+// change applies mutate to the status and asks the writer to write it.
+func (r *reporter) change(mutate func(s *OperationStatus)) uint64 {
+	r.mu.Lock()
+	mutate(&r.op.Status)
+	r.version++
+	v := r.version
+	r.mu.Unlock()
+
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+
+	return v
+}
+
+// wait returns once version v is written, or the writes failed for good, or ctx ended.
+func (r *reporter) wait(ctx context.Context, v uint64) error {
+	for {
+		r.mu.Lock()
+		written, failed, notify := r.written, r.failed, r.notify
+		r.mu.Unlock()
+
+		switch {
+		case failed != nil:
+			return failed
+		case written >= v:
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("write the state: %w", context.Cause(ctx))
+		case <-notify:
+		}
+	}
+}
+
+// loop writes every change until ctx ends.
+func (r *reporter) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		}
+
+		if err := r.write(ctx); err != nil && !errors.Is(err, errAborted) && ctx.Err() == nil {
+			r.logf("write the state: %v (trying again)", err)
+
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+
+			select {
+			case r.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// write writes the current status, unless the operation was aborted or replaced (then
+// it stops the engine).
+func (r *reporter) write(ctx context.Context) error {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+
+	r.mu.Lock()
+	if r.failed != nil {
+		r.mu.Unlock()
+
+		return r.failed
+	}
+
+	v := r.version
+	if v == r.written {
+		r.mu.Unlock()
+
+		return nil
+	}
+
+	id := r.op.Spec.ID
+	status := r.op.Status.clone()
+	r.mu.Unlock()
+
+	_, err := r.store.Update(ctx, func(o *Operation) error {
+		if o.Spec.ID != id {
+			return fmt.Errorf("%w: operation %s was replaced by %s", errAborted, id, o.Spec.ID)
+		}
+
+		if o.Status.Phase == PhaseAborted {
+			return errAborted
+		}
+
+		o.Status = status
+
+		return nil
+	})
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	switch {
+	case err == nil:
+		r.written = max(r.written, v)
+	case errors.Is(err, errAborted):
+		r.failed = err
+	default:
+		return err
+	}
+
+	close(r.notify)
+	r.notify = make(chan struct{})
+
+	if r.failed != nil {
+		r.aborted()
+
+		return r.failed
+	}
+
+	return nil
+}
+
+// flush writes what is not written yet, trying again until ctx ends.
+func (r *reporter) flush(ctx context.Context) error {
+	for {
+		err := r.write(ctx)
+		if err == nil || errors.Is(err, errAborted) {
+			return err
+		}
+
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("write the state: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// finish applies the runner's last change and writes it.
+func (r *reporter) finish(ctx context.Context, mutate func(s *OperationStatus)) error {
+	r.change(mutate)
+
+	if err := r.flush(ctx); err != nil {
+		if errors.Is(err, errAborted) {
+			return &ExitError{Code: ExitFinal, Err: err}
+		}
+
+		return err
+	}
+
+	return nil
+}
+
+// clone is a deep copy of the status.
+func (s OperationStatus) clone() OperationStatus {
+	s.Nodes = slices.Clone(s.Nodes)
+	s.Memo = maps.Clone(s.Memo)
+
+	return s
+}

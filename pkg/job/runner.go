@@ -1,0 +1,454 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// Engine runs one upgrade to its end, or stops with a *stages.PauseError, or with its
+// context's error; *stages.Engine satisfies it.
+type Engine interface {
+	Run(ctx context.Context) error
+}
+
+// EngineConfig is what the runner gives the engine it builds.
+type EngineConfig struct {
+	// Kube and Dynamic reach the cluster with the runner's ServiceAccount.
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Options come from the operation's spec; Self is the runner's node.
+	Options stages.EngineOptions
+	// Progress and Memo are backed by the state ConfigMap.
+	Progress stages.Progress
+	Memo     stages.Memo
+	// Out receives the engine's progress lines (the pod's log).
+	Out io.Writer
+}
+
+// EngineFactory builds the engine of one run, opening what else it needs (the Talos
+// API); close releases that, and may be nil.
+type EngineFactory func(ctx context.Context, cfg EngineConfig) (engine Engine, close func(), err error)
+
+// ExitError is how the runner ends other than by succeeding: Code is the process's exit
+// code, which the Job's podFailurePolicy reads (ExitPaused, ExitFinal; any other code is
+// retried by the Job).
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+// Error implements error.
+func (e *ExitError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// ExitStopped is the exit code of a runner stopped by a signal (its pod was deleted or
+// evicted): the state stays Running and the next pod continues.
+const ExitStopped = 143
+
+// Runner is the body of `kubectl-ichor run` in the Job's pod: it takes the lock, drives
+// the engine, and keeps the state ConfigMap and the events up to date.
+type Runner struct {
+	// Kube and Dynamic reach the cluster (in-cluster config: the runner's ServiceAccount).
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Namespace is the product's namespace; Operation the ID of the operation to run.
+	Namespace string
+	Operation string
+	// Identity is the runner's pod name: the lock's holder identity.
+	Identity string
+	// Node is the node the runner runs on (the engine moves it last).
+	Node string
+	// NewEngine builds the engine.
+	NewEngine EngineFactory
+	// Out receives the runner's log lines.
+	Out io.Writer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	// LeaseDuration, RenewDeadline and RetryPeriod override the lock's timings (tests).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+var (
+	errLostLock = errors.New("lost the lock")
+	errAborted  = errors.New("the operation was aborted")
+)
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+
+	return time.Now()
+}
+
+func (r *Runner) logf(format string, args ...any) {
+	if r.Out != nil {
+		_, _ = fmt.Fprintf(r.Out, format+"\n", args...)
+	}
+}
+
+func (r *Runner) store() *Store {
+	return &Store{Client: r.Kube.CoreV1(), Namespace: r.Namespace, Now: r.Now}
+}
+
+func (r *Runner) timings() (lease, renew, retry time.Duration) {
+	lease, renew, retry = LeaseDuration, RenewDeadline, RetryPeriod
+	if r.LeaseDuration > 0 {
+		lease = r.LeaseDuration
+	}
+
+	if r.RenewDeadline > 0 {
+		renew = r.RenewDeadline
+	}
+
+	if r.RetryPeriod > 0 {
+		retry = r.RetryPeriod
+	}
+
+	return lease, renew, retry
+}
+
+// Run runs the operation: it checks that the state still wants it run, waits for the
+// lock, and once it holds it drives the engine until the operation succeeds (nil) or
+// pauses (*ExitError with ExitPaused). It stops changing anything the moment it loses the
+// lock, and when ctx ends (its pod is stopped) it stops the engine, writes its last
+// progress and releases the lock before it returns.
+func (r *Runner) Run(ctx context.Context) error {
+	op, _, err := r.store().Get(ctx)
+	if err != nil {
+		var corrupt *CorruptStateError
+		if errors.As(err, &corrupt) || errors.Is(err, ErrNoOperation) {
+			return &ExitError{Code: ExitFinal, Err: err}
+		}
+
+		return err
+	}
+
+	if err := r.wanted(op); err != nil {
+		return err
+	}
+
+	r.logf("operation %s: %s upgrade to %s; runner %s on node %s waiting for the lock %s",
+		op.Spec.ID, op.Spec.Upgrade, op.Spec.Target, r.Identity, r.Node, describe("lease", r.Namespace, LockName))
+
+	if err := r.takeOverFromGone(ctx); err != nil {
+		r.logf("could not check the lock's holder: %v", err)
+	}
+
+	lease, renew, retry := r.timings()
+
+	// The elector's context outlives ctx: when ctx ends, the engine is stopped first and
+	// the lock released only after that (ReleaseOnCancel), never while it still acts.
+	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer leCancel()
+
+	var (
+		leading  atomic.Bool
+		result   error
+		done     = make(chan struct{})
+		waitErr  error
+		waitOnce sync.Once
+	)
+
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: r.Namespace},
+			Client:     r.Kube.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: r.Identity},
+			Labels:     commonLabels(nil),
+		},
+		LeaseDuration:   lease,
+		RenewDeadline:   renew,
+		RetryPeriod:     retry,
+		ReleaseOnCancel: true,
+		Name:            LockName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				defer close(done)
+				defer leCancel()
+
+				leading.Store(true)
+				result = r.lead(ctx, lctx, op.Spec.ID)
+			},
+			OnStoppedLeading: func() {},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("lock %s: %w", describe("lease", r.Namespace, LockName), err)
+	}
+
+	// While it waits for the lock, the runner gives up when ctx ends or when the
+	// operation no longer wants a runner (aborted, replaced, paused by another).
+	go func() {
+		t := time.NewTicker(2 * retry)
+		defer t.Stop()
+
+		for !leading.Load() {
+			select {
+			case <-leCtx.Done():
+				return
+			case <-ctx.Done():
+				if !leading.Load() {
+					waitOnce.Do(func() { waitErr = &ExitError{Code: ExitStopped, Err: errors.New("stopped while waiting for the lock")} })
+					leCancel()
+				}
+
+				return
+			case <-t.C:
+				op, _, err := r.store().Get(ctx)
+				if err == nil {
+					err = r.wanted(op)
+				}
+
+				var exit *ExitError
+				if errors.As(err, &exit) && !leading.Load() {
+					waitOnce.Do(func() { waitErr = err })
+					leCancel()
+
+					return
+				}
+			}
+		}
+	}()
+
+	elector.Run(leCtx)
+
+	if !leading.Load() {
+		waitOnce.Do(func() { waitErr = &ExitError{Code: ExitStopped, Err: errors.New("stopped while waiting for the lock")} })
+
+		return waitErr
+	}
+
+	<-done
+
+	return result
+}
+
+// wanted returns nil when op is the runner's operation and wants a runner, else the
+// *ExitError to end with.
+func (r *Runner) wanted(op *Operation) error {
+	switch {
+	case op.Spec.ID != r.Operation:
+		return &ExitError{Code: ExitFinal, Err: fmt.Errorf("operation %s was replaced by %s: this runner stops", r.Operation, op.Spec.ID)}
+	case op.Status.Phase == PhaseSucceeded:
+		return &ExitError{Code: 0, Err: fmt.Errorf("operation %s already succeeded", op.Spec.ID)}
+	case op.Status.Phase == PhaseAborted:
+		return &ExitError{Code: ExitFinal, Err: fmt.Errorf("operation %s was aborted: this runner stops", op.Spec.ID)}
+	case op.Status.Phase == PhasePaused:
+		return &ExitError{Code: ExitPaused, Err: fmt.Errorf("operation %s is paused (%s): continue it with kubectl ichor resume", op.Spec.ID, op.Status.Reason)}
+	}
+
+	return nil
+}
+
+// takeOverFromGone clears the lock when its holder is a pod that is gone or ended, so
+// that this runner need not wait for the lease to expire. A holder that still runs, or
+// whose fate is unknown, keeps it until it expires.
+func (r *Runner) takeOverFromGone(ctx context.Context) error {
+	lock, err := ReadLock(ctx, r.Kube, r.Namespace)
+	if err != nil || lock == nil || lock.Holder == "" || lock.Holder == r.Identity {
+		return err
+	}
+
+	gone, err := holderGone(ctx, r.Kube, r.Namespace, lock.Holder)
+	if err != nil || !gone {
+		return err
+	}
+
+	if err := releaseLock(ctx, r.Kube, r.Namespace, lock); err != nil {
+		return err
+	}
+
+	r.logf("the lock's holder %s is gone: lock released", lock.Holder)
+
+	return nil
+}
+
+// lead runs while the runner holds the lock; lctx ends when it loses it.
+func (r *Runner) lead(ctx, lctx context.Context, id string) error {
+	if lctx.Err() != nil {
+		return &ExitError{Code: 1, Err: errLostLock}
+	}
+
+	engCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+
+	go func() {
+		select {
+		case <-lctx.Done():
+			stop(errLostLock)
+		case <-engCtx.Done():
+		}
+	}()
+
+	now := r.now()
+
+	op, err := r.store().Update(engCtx, func(o *Operation) error {
+		if err := r.wanted(o); err != nil {
+			return err
+		}
+
+		o.Status.Phase = PhaseRunning
+		o.Status.Runner = r.Identity
+		o.Status.Runs++
+		o.Status.Reason, o.Status.Action, o.Status.PausedNode = "", "", ""
+
+		if o.Status.StartedAt == nil {
+			o.Status.StartedAt = ptrTime(now)
+		}
+
+		return nil
+	})
+	if err != nil {
+		var exit *ExitError
+		if errors.As(err, &exit) {
+			return err
+		}
+
+		return fmt.Errorf("operation %s: take it over: %w", id, err)
+	}
+
+	r.logf("took the lock: operation %s is Running (run %d of job %s)", id, op.Status.Runs, op.Status.Job)
+
+	events := newEventRecorder(r.Kube, r.Namespace, r.Identity, r.Node, r.logf)
+	defer events.close()
+
+	events.operation(ctx, "Running", fmt.Sprintf("runner %s took the lock (run %d)", r.Identity, op.Status.Runs), false)
+
+	rep := newReporter(r.store(), op, events, r.now, r.logf, func() { stop(errAborted) })
+	go rep.loop(engCtx)
+
+	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
+		Kube: r.Kube, Dynamic: r.Dynamic, Options: engineOptions(op.Spec, r.Node), Progress: rep, Memo: rep, Out: r.Out,
+	})
+	if err == nil {
+		err = engine.Run(engCtx)
+
+		if closeEngine != nil {
+			closeEngine()
+		}
+	} else {
+		err = &stages.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
+	}
+
+	return r.finish(ctx, engCtx, rep, events, err)
+}
+
+// finish records how the engine ended and returns the runner's exit.
+func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *eventRecorder, err error) error {
+	cause := context.Cause(engCtx)
+
+	// The last writes may take a moment even when ctx ended (the pod's grace period).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RenewDeadline)
+	defer cancel()
+
+	switch {
+	case errors.Is(cause, errLostLock):
+		r.logf("lost the lock: stopped without writing; the holder carries on")
+
+		return &ExitError{Code: 1, Err: errLostLock}
+	case errors.Is(cause, errAborted):
+		r.logf("the operation was aborted: stopped")
+
+		return &ExitError{Code: ExitFinal, Err: errAborted}
+	case err == nil:
+		ferr := rep.finish(wctx, func(s *OperationStatus) {
+			s.Phase = PhaseSucceeded
+			s.FinishedAt = ptrTime(r.now())
+		})
+		if ferr != nil {
+			return ferr
+		}
+
+		events.operation(wctx, "Succeeded", "every stage is done", false)
+		r.logf("operation %s Succeeded", r.Operation)
+		r.cleanupCredentials(wctx, rep.spec())
+
+		return nil
+	case ctx.Err() != nil:
+		if ferr := rep.flush(wctx); ferr != nil {
+			r.logf("last progress not written: %v", ferr)
+		}
+
+		events.operation(wctx, "Stopped", "the runner was stopped; the next one continues", false)
+		r.logf("stopped (%v): the operation stays Running; the next runner continues from here", context.Cause(ctx))
+
+		return &ExitError{Code: ExitStopped, Err: fmt.Errorf("stopped: %w", context.Cause(ctx))}
+	}
+
+	var pause *stages.PauseError
+	if !errors.As(err, &pause) {
+		pause = &stages.PauseError{
+			Reason: err.Error(),
+			Action: "read the runner's log (kubectl ichor logs" + nsFlag(r.Namespace) + "), fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace),
+			Err:    err,
+		}
+	}
+
+	ferr := rep.finish(wctx, func(s *OperationStatus) {
+		s.Phase = PhasePaused
+		s.Reason, s.Action, s.PausedNode = pause.Reason, pause.Action, pause.Node
+
+		if pause.Stage != "" {
+			s.Stage = pause.Stage
+		}
+	})
+	if ferr != nil {
+		return ferr
+	}
+
+	events.operation(wctx, "Paused", pause.Error(), true)
+	r.logf("operation %s Paused: %s", r.Operation, pause.Error())
+
+	return &ExitError{Code: ExitPaused, Err: fmt.Errorf("paused: %w", pause)}
+}
+
+// cleanupCredentials deletes the copy of the operator's talosconfig once the operation
+// succeeded.
+func (r *Runner) cleanupCredentials(ctx context.Context, spec OperationSpec) {
+	if spec.Credentials != CredentialsLocal {
+		return
+	}
+
+	err := r.Kube.CoreV1().Secrets(r.Namespace).Delete(ctx, LocalTalosconfigName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		r.logf("could not delete the copied talosconfig %s: %v", describe("secret", r.Namespace, LocalTalosconfigName), err)
+
+		return
+	}
+
+	r.logf("deleted the copied talosconfig %s", describe("secret", r.Namespace, LocalTalosconfigName))
+}
+
+// engineOptions are the engine's options for an operation, run from node.
+func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
+	return stages.EngineOptions{
+		Kind:           spec.Upgrade,
+		Target:         spec.Target,
+		Image:          spec.InstallerImage,
+		MaxUnavailable: spec.MaxUnavailable,
+		Self:           node,
+		ApplyTimeout:   Timeout(spec.Timeouts.Apply),
+		VerifyTimeout:  Timeout(spec.Timeouts.Verify),
+		DrainTimeout:   Timeout(spec.Timeouts.Drain),
+		UpgradeTimeout: Timeout(spec.Timeouts.Upgrade),
+		RebootTimeout:  Timeout(spec.Timeouts.Reboot),
+	}
+}

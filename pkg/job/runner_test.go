@@ -1,0 +1,405 @@
+package job
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// engineFunc is an Engine made of a function.
+type engineFunc func(ctx context.Context) error
+
+func (f engineFunc) Run(ctx context.Context) error { return f(ctx) }
+
+// syncBuffer is a bytes.Buffer safe for the runner's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.b.String()
+}
+
+type runnerFixture struct {
+	client *fake.Clientset
+	runner *Runner
+	out    *syncBuffer
+	cfg    EngineConfig
+}
+
+// newRunner is a runner of op against a fake cluster, with short lock timings, whose
+// engine is run.
+func newRunner(t *testing.T, op *Operation, run func(ctx context.Context, cfg EngineConfig) error, objs ...runtime.Object) *runnerFixture {
+	t.Helper()
+
+	objs = append(objs,
+		stateObject(t, op),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-1", UID: "uid-cp-1"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "runner-pod-1", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+	)
+
+	f := &runnerFixture{client: fake.NewClientset(objs...), out: &syncBuffer{}}
+	withResourceVersions(f.client, leasesResource, configmapsResource)
+	f.runner = &Runner{
+		Kube: f.client, Namespace: "ichor-system", Operation: op.Spec.ID,
+		Identity: "runner-pod-1", Node: "cp-2", Out: f.out,
+		LeaseDuration: time.Second, RenewDeadline: 500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
+		NewEngine: func(_ context.Context, cfg EngineConfig) (Engine, func(), error) {
+			f.cfg = cfg
+
+			return engineFunc(func(ctx context.Context) error { return run(ctx, cfg) }), nil, nil
+		},
+	}
+
+	return f
+}
+
+func (f *runnerFixture) state(t *testing.T) *Operation {
+	t.Helper()
+
+	op, _, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Get(context.Background())
+	require.NoError(t, err)
+
+	return op
+}
+
+func (f *runnerFixture) lease(t *testing.T) *coordinationv1.Lease {
+	t.Helper()
+
+	l, err := f.client.CoordinationV1().Leases("ichor-system").Get(context.Background(), LockName, metav1.GetOptions{})
+	require.NoError(t, err)
+
+	return l
+}
+
+func exitCode(err error) int {
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		return exit.Code
+	}
+
+	if err != nil {
+		return 1
+	}
+
+	return 0
+}
+
+func TestRunnerSucceeds(t *testing.T) {
+	op := testOperation("op-1", PhasePending)
+	op.Spec.Timeouts.Drain = NewTimeout(7 * time.Minute)
+
+	var memoDurable bool
+
+	var f *runnerFixture
+
+	f = newRunner(t, op, func(ctx context.Context, cfg EngineConfig) error {
+		cfg.Progress.Stage(1, 4, "APIServers")
+		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseApplying, "apply kube-apiserver v1.36.3")
+
+		if err := cfg.Memo.Set(ctx, "boot/cp-1", "b-1"); err != nil {
+			return err
+		}
+
+		// Set returns once the value is in the ConfigMap.
+		memoDurable = f.state(t).Status.Memo["boot/cp-1"] == "b-1"
+
+		v, found := cfg.Memo.Get("boot/cp-1")
+		assert.True(t, found)
+		assert.Equal(t, "b-1", v)
+
+		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready")
+		cfg.Progress.(stages.StepProgress).Step("KubeProxy", "manifests", "applied 10 objects")
+
+		return nil
+	})
+
+	err := f.runner.Run(context.Background())
+	require.NoError(t, err, f.out.String())
+
+	assert.True(t, memoDurable)
+	assert.Equal(t, stages.EngineOptions{Kind: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", DrainTimeout: 7 * time.Minute}, f.cfg.Options)
+
+	s := f.state(t).Status
+	assert.Equal(t, PhaseSucceeded, s.Phase)
+	assert.Equal(t, "runner-pod-1", s.Runner)
+	assert.Equal(t, 1, s.Runs)
+	assert.Equal(t, "APIServers", s.Stage)
+	assert.Equal(t, 4, s.StageCount)
+	assert.Equal(t, "manifests: applied 10 objects", s.Step)
+	assert.NotNil(t, s.StartedAt)
+	assert.NotNil(t, s.FinishedAt)
+	require.Len(t, s.Nodes, 1)
+	assert.Equal(t, stages.PhaseDone, s.Nodes[0].Phase)
+	assert.Equal(t, "kube-apiserver v1.36.3 Ready", s.Nodes[0].Message)
+
+	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released")
+
+	// One event per step: about the Node in default, about the operation in its namespace.
+	nodeEvents, err := f.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+
+	var reasons []string
+	for _, e := range nodeEvents.Items {
+		assert.Equal(t, "Node", e.InvolvedObject.Kind)
+		assert.Equal(t, "uid-cp-1", string(e.InvolvedObject.UID))
+		reasons = append(reasons, e.Reason)
+	}
+
+	assert.ElementsMatch(t, []string{"Applying", "Done"}, reasons)
+
+	opEvents, err := f.client.CoreV1().Events("ichor-system").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+
+	reasons = nil
+	for _, e := range opEvents.Items {
+		reasons = append(reasons, e.Reason)
+	}
+
+	assert.ElementsMatch(t, []string{"Running", "Stage", "Step", "Succeeded"}, reasons)
+}
+
+func leaseHolderOf(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+
+	return *l.Spec.HolderIdentity
+}
+
+func TestRunnerPauses(t *testing.T) {
+	tests := []struct {
+		name       string
+		err        error
+		reason     string
+		action     string
+		pausedNode string
+	}{
+		{
+			name:   "pause error",
+			err:    &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "node NotReady after 20m0s", Action: "look at worker-1's kubelet, then kubectl ichor resume"},
+			reason: "node NotReady after 20m0s", action: "look at worker-1's kubelet, then kubectl ichor resume", pausedNode: "worker-1",
+		},
+		{
+			name: "any other error", err: errors.New("talos: connection refused"),
+			reason: "talos: connection refused", action: "read the runner's log (kubectl ichor logs), fix the cause, then kubectl ichor resume",
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newRunner(t, testOperation("op-1", PhasePending), func(context.Context, EngineConfig) error { return tt.err })
+
+			err := f.runner.Run(context.Background())
+			assert.Equal(t, ExitPaused, exitCode(err), "%v", err)
+
+			s := f.state(t).Status
+			assert.Equal(t, PhasePaused, s.Phase)
+			assert.Equal(t, tt.reason, s.Reason)
+			assert.Equal(t, tt.action, s.Action)
+			assert.Equal(t, tt.pausedNode, s.PausedNode)
+			assert.Empty(t, leaseHolderOf(f.lease(t)))
+			assert.Contains(t, f.out.String(), "Paused")
+		})
+	}
+}
+
+func TestRunnerStopsWhenAborted(t *testing.T) {
+	var f *runnerFixture
+
+	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+		// kubectl ichor abort marks the operation while the engine works...
+		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(ctx, func(o *Operation) error {
+			o.Status.Phase = PhaseAborted
+
+			return nil
+		})
+		require.NoError(t, err)
+
+		// ...and the next write stops the engine.
+		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting 3 pods")
+
+		<-ctx.Done()
+
+		return ctx.Err()
+	})
+
+	err := f.runner.Run(context.Background())
+	assert.Equal(t, ExitFinal, exitCode(err), "%v", err)
+	assert.Equal(t, PhaseAborted, f.state(t).Status.Phase, "the abort is kept")
+	assert.Empty(t, f.state(t).Status.Nodes, "nothing is written after the abort")
+}
+
+func TestRunnerStoppedBySignal(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	f := newRunner(t, testOperation("op-1", PhasePending), func(ectx context.Context, cfg EngineConfig) error {
+		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting")
+		cancel() // the pod is evicted
+
+		<-ectx.Done()
+
+		return ectx.Err()
+	})
+
+	err := f.runner.Run(ctx)
+	assert.Equal(t, ExitStopped, exitCode(err), "%v", err)
+
+	s := f.state(t).Status
+	assert.Equal(t, PhaseRunning, s.Phase, "the next runner continues")
+	require.Len(t, s.Nodes, 1, "the last progress is written")
+	assert.Equal(t, stages.PhaseDraining, s.Nodes[0].Phase)
+	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released for the next pod")
+}
+
+func TestRunnerLosesTheLock(t *testing.T) {
+	var f *runnerFixture
+
+	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+		// Another holder takes the lease over (a partition ended, a clock jumped).
+		l := f.lease(t)
+		other, now := "other-pod", metav1.NewMicroTime(time.Now().Add(time.Hour))
+		l.Spec.HolderIdentity, l.Spec.RenewTime = &other, &now
+		_, err := f.client.CoordinationV1().Leases("ichor-system").Update(ctx, l, metav1.UpdateOptions{})
+		require.NoError(t, err)
+
+		<-ctx.Done()
+
+		// Nothing the engine reports from now on may be written.
+		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseApplying, "too late")
+
+		return ctx.Err()
+	})
+
+	start := time.Now()
+	err := f.runner.Run(context.Background())
+	assert.Equal(t, 1, exitCode(err), "%v", err)
+	assert.ErrorIs(t, err, errLostLock)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.Equal(t, PhaseRunning, f.state(t).Status.Phase)
+	assert.Empty(t, f.state(t).Status.Nodes)
+	assert.Equal(t, "other-pod", leaseHolderOf(f.lease(t)))
+}
+
+func TestRunnerTakesOverFromAGoneHolder(t *testing.T) {
+	holder, now, duration := "old-pod", metav1.NewMicroTime(time.Now()), int32(3600)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "ichor-system"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &now, AcquireTime: &now, LeaseDurationSeconds: &duration},
+	}
+	oldPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "old-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodFailed}}
+
+	ran := false
+	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error { ran = true; return nil }, lease, oldPod)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	require.NoError(t, f.runner.Run(ctx))
+	assert.True(t, ran)
+	assert.Contains(t, f.out.String(), "the lock's holder old-pod is gone: lock released")
+	assert.Equal(t, 1, f.state(t).Status.Runs)
+}
+
+func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
+	holder, now, duration := "live-pod", metav1.NewMicroTime(time.Now().Add(time.Hour)), int32(3600)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "ichor-system"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &now, LeaseDurationSeconds: &duration},
+	}
+	livePod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "live-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+
+	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error {
+		t.Error("the engine must not run without the lock")
+
+		return nil
+	}, lease, livePod)
+
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+
+		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(context.Background(), func(o *Operation) error {
+			o.Status.Phase = PhaseAborted
+
+			return nil
+		})
+		assert.NoError(t, err)
+	}()
+
+	err := f.runner.Run(context.Background())
+	assert.Equal(t, ExitFinal, exitCode(err), "%v", err)
+	assert.Contains(t, err.Error(), "was aborted")
+	assert.Equal(t, "live-pod", leaseHolderOf(f.lease(t)))
+}
+
+func TestRunnerRefuses(t *testing.T) {
+	tests := []struct {
+		name  string
+		state func(t *testing.T) runtime.Object
+		code  int
+		want  string
+	}{
+		{
+			name: "corrupted state", code: ExitFinal, want: "state configmap ichor-system/ichor-state is corrupted",
+			state: func(*testing.T) runtime.Object {
+				return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, Data: map[string]string{OperationKey: "{"}}
+			},
+		},
+		{
+			name: "replaced", code: ExitFinal, want: "operation op-1 was replaced by op-2",
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-2", PhaseRunning)) },
+		},
+		{
+			name: "paused", code: ExitPaused, want: "is paused",
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", PhasePaused)) },
+		},
+		{
+			name: "aborted", code: ExitFinal, want: "was aborted",
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", PhaseAborted)) },
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := fake.NewClientset(tt.state(t))
+			r := &Runner{
+				Kube: client, Namespace: "ichor-system", Operation: "op-1", Identity: "p",
+				NewEngine: func(context.Context, EngineConfig) (Engine, func(), error) {
+					t.Error("no engine may be built")
+
+					return nil, nil, errors.New("no")
+				},
+			}
+
+			err := r.Run(context.Background())
+			assert.Equal(t, tt.code, exitCode(err))
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "\n")
+		})
+	}
+}

@@ -1,0 +1,457 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// Document identity of the Operation.
+const (
+	// APIVersion is the Operation's apiVersion.
+	APIVersion = "ichor.dev/v1alpha1"
+	// KindOperation is the Operation's kind.
+	KindOperation = "Operation"
+)
+
+// Keys of the state ConfigMap.
+const (
+	// OperationKey holds the Operation document (JSON).
+	OperationKey = "operation.json"
+	// PlanKey holds the plan the operator confirmed (the Plan document, JSON).
+	PlanKey = "plan.json"
+)
+
+// Phase is where an operation is.
+type Phase string
+
+// The phases of an operation.
+const (
+	// PhasePending: launched or resumed, no runner has taken the lock yet.
+	PhasePending Phase = "Pending"
+	// PhaseRunning: a runner holds the lock and drives the engine.
+	PhaseRunning Phase = "Running"
+	// PhasePaused: a failure stopped the operation; `resume` continues it.
+	PhasePaused Phase = "Paused"
+	// PhaseSucceeded: every stage is done.
+	PhaseSucceeded Phase = "Succeeded"
+	// PhaseAborted: `abort` stopped it (or its launch failed); the state stays for the record.
+	PhaseAborted Phase = "Aborted"
+)
+
+// Finished reports whether nothing will change the operation any more.
+func (p Phase) Finished() bool { return p == PhaseSucceeded || p == PhaseAborted }
+
+func (p Phase) known() bool {
+	switch p {
+	case PhasePending, PhaseRunning, PhasePaused, PhaseSucceeded, PhaseAborted:
+		return true
+	}
+
+	return false
+}
+
+// Operation is the state of one upgrade, as the state ConfigMap holds it and
+// `kubectl ichor status -o json|yaml` prints it.
+type Operation struct {
+	// APIVersion is always APIVersion.
+	APIVersion string `json:"apiVersion"`
+	// Kind is always KindOperation.
+	Kind string `json:"kind"`
+	// Spec is what was asked; it does not change after the launch.
+	Spec OperationSpec `json:"spec"`
+	// Status is where the operation is.
+	Status OperationStatus `json:"status"`
+}
+
+// OperationSpec is what the operator asked for.
+type OperationSpec struct {
+	// ID names the operation, e.g. kubernetes-v1-36-3-7kq2x.
+	ID string `json:"id"`
+	// Upgrade is "kubernetes" or "talos".
+	Upgrade stages.Kind `json:"upgrade"`
+	// Target is the version to reach, vX.Y.Z.
+	Target string `json:"target"`
+	// InstallerImage is the Talos installer for every node ("" keeps each node's repository).
+	InstallerImage string `json:"installerImage,omitempty"`
+	// MaxUnavailable is how many workers move at once.
+	MaxUnavailable int `json:"maxUnavailable"`
+	// Image is the runner's image.
+	Image string `json:"image"`
+	// Credentials say where the runner's Talos credentials come from.
+	Credentials Credentials `json:"talosCredentials"`
+	// Timeouts bound the engine's waits; zero values take the engine's defaults.
+	Timeouts Timeouts `json:"timeouts"`
+	// CreatedAt is when the operation was launched.
+	CreatedAt metav1.Time `json:"createdAt"`
+	// CreatedBy says which plugin launched it ("kubectl-ichor <version>").
+	CreatedBy string `json:"createdBy,omitempty"`
+}
+
+// Timeouts are the engine's bounds an operator may change with flags.
+type Timeouts struct {
+	Apply   *metav1.Duration `json:"apply,omitempty"`
+	Verify  *metav1.Duration `json:"verify,omitempty"`
+	Drain   *metav1.Duration `json:"drain,omitempty"`
+	Upgrade *metav1.Duration `json:"upgrade,omitempty"`
+	Reboot  *metav1.Duration `json:"reboot,omitempty"`
+}
+
+// Timeout is d as a time.Duration, 0 for none.
+func Timeout(d *metav1.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+
+	return d.Duration
+}
+
+// NewTimeout is t as a Timeouts field, nil for 0.
+func NewTimeout(t time.Duration) *metav1.Duration {
+	if t <= 0 {
+		return nil
+	}
+
+	return &metav1.Duration{Duration: t}
+}
+
+// OperationStatus is where an operation is.
+type OperationStatus struct {
+	// Phase is Pending, Running, Paused, Succeeded or Aborted.
+	Phase Phase `json:"phase"`
+	// Stage is the stage the engine is in (or stopped in).
+	Stage string `json:"stage,omitempty"`
+	// StageIndex numbers Stage from 1; StageCount is the number of stages.
+	StageIndex int `json:"stageIndex,omitempty"`
+	StageCount int `json:"stageCount,omitempty"`
+	// Step is the stage's own step that belongs to no node (manifest sync, rollout).
+	Step string `json:"step,omitempty"`
+	// Reason says why the operation paused or was aborted; Action what to do about it.
+	Reason string `json:"reason,omitempty"`
+	Action string `json:"action,omitempty"`
+	// PausedNode is the node the operation paused on, if any.
+	PausedNode string `json:"pausedNode,omitempty"`
+	// Job is the operation's current Job; Attempt counts its Jobs (1 at launch).
+	Job     string `json:"job,omitempty"`
+	Attempt int    `json:"attempt,omitempty"`
+	// Runner is the pod that last held the lock.
+	Runner string `json:"runner,omitempty"`
+	// Runs counts the runner pods that took the lock for this operation.
+	Runs int `json:"runs,omitempty"`
+	// Nodes is every node's last known step, in the order the engine first reported them.
+	Nodes []NodeStatus `json:"nodes,omitempty"`
+	// Memo is the engine's small durable memory (stages.Memo).
+	Memo map[string]string `json:"memo,omitempty"`
+	// StartedAt is when a runner first took the lock; UpdatedAt the last write;
+	// FinishedAt when the operation succeeded or was aborted.
+	StartedAt  *metav1.Time `json:"startedAt,omitempty"`
+	UpdatedAt  *metav1.Time `json:"updatedAt,omitempty"`
+	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+}
+
+// NodeStatus is one node's last known step.
+type NodeStatus struct {
+	// Name is the Node's name.
+	Name string `json:"name"`
+	// Stage is the stage this step belongs to.
+	Stage string `json:"stage"`
+	// Phase is the node's phase in that stage.
+	Phase stages.NodePhase `json:"phase"`
+	// Message is one line: what was done or what is awaited.
+	Message string `json:"message,omitempty"`
+	// Since is when the node entered this phase.
+	Since metav1.Time `json:"since"`
+}
+
+// Node returns the named node's status, nil when none was recorded.
+func (s *OperationStatus) Node(name string) *NodeStatus {
+	for i := range s.Nodes {
+		if s.Nodes[i].Name == name {
+			return &s.Nodes[i]
+		}
+	}
+
+	return nil
+}
+
+// SetNode records a node's step (a change of phase or message).
+func (s *OperationStatus) SetNode(stage, name string, phase stages.NodePhase, message string, now time.Time) {
+	n := s.Node(name)
+	if n == nil {
+		s.Nodes = append(s.Nodes, NodeStatus{Name: name})
+		n = &s.Nodes[len(s.Nodes)-1]
+	}
+
+	if n.Stage != stage || n.Phase != phase || n.Since.IsZero() {
+		n.Since = metav1.NewTime(now.UTC().Truncate(time.Second))
+	}
+
+	n.Stage, n.Phase, n.Message = stage, phase, message
+}
+
+// Age is how long ago the operation was launched.
+func (o *Operation) Age(now time.Time) time.Duration {
+	return now.Sub(o.Spec.CreatedAt.Time).Truncate(time.Second)
+}
+
+// NewOperation returns a Pending operation.
+func NewOperation(spec OperationSpec) *Operation {
+	return &Operation{APIVersion: APIVersion, Kind: KindOperation, Spec: spec, Status: OperationStatus{Phase: PhasePending}}
+}
+
+// CorruptStateError is a state ConfigMap that cannot be read as an Operation.
+type CorruptStateError struct {
+	Namespace string
+	Err       error
+}
+
+// Error implements error, on one line, saying what to do.
+func (e *CorruptStateError) Error() string {
+	return fmt.Sprintf("state configmap %s/%s is corrupted (%v): stop any upgrade Job with kubectl ichor abort -n %s, "+
+		"then delete the configmap (kubectl delete configmap -n %s %s) to start over",
+		e.Namespace, StateName, e.Err, e.Namespace, e.Namespace, StateName)
+}
+
+// Unwrap returns the cause.
+func (e *CorruptStateError) Unwrap() error { return e.Err }
+
+// ErrNoOperation means the namespace holds no operation.
+var ErrNoOperation = errors.New("no operation")
+
+// NoOperationError says that no operation was found and what to do.
+func NoOperationError(namespace string) error {
+	return fmt.Errorf("%w in namespace %s: start one with kubectl ichor upgrade, or pass -n with the namespace it runs in", ErrNoOperation, namespace)
+}
+
+// EncodeState returns the state ConfigMap holding op and the confirmed plan (JSON; nil
+// for none).
+func EncodeState(namespace string, op *Operation, plan []byte) (*corev1.ConfigMap, error) {
+	cm := &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: namespace},
+	}
+
+	if plan != nil {
+		cm.Data = map[string]string{PlanKey: string(plan)}
+	}
+
+	if err := writeOperation(cm, op); err != nil {
+		return nil, err
+	}
+
+	return cm, nil
+}
+
+// writeOperation stores op in cm, with the labels that mirror it.
+func writeOperation(cm *corev1.ConfigMap, op *Operation) error {
+	b, err := json.MarshalIndent(op, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode operation %s: %w", op.Spec.ID, err)
+	}
+
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+
+	cm.Data[OperationKey] = string(b) + "\n"
+
+	labels := commonLabels(map[string]string{LabelOperation: op.Spec.ID, LabelPhase: string(op.Status.Phase)})
+	if cm.Labels == nil {
+		cm.Labels = map[string]string{}
+	}
+
+	for k, v := range labels {
+		cm.Labels[k] = v
+	}
+
+	return nil
+}
+
+// DecodeState reads the Operation of a state ConfigMap. Anything it cannot make sense of
+// is a *CorruptStateError.
+func DecodeState(cm *corev1.ConfigMap) (*Operation, error) {
+	corrupt := func(format string, args ...any) error {
+		return &CorruptStateError{Namespace: cm.Namespace, Err: fmt.Errorf(format, args...)}
+	}
+
+	raw, found := cm.Data[OperationKey]
+	if !found {
+		return nil, corrupt("no key %s", OperationKey)
+	}
+
+	var op Operation
+
+	if err := json.Unmarshal([]byte(raw), &op); err != nil {
+		return nil, corrupt("%s: %v", OperationKey, err)
+	}
+
+	switch {
+	case op.APIVersion != APIVersion || op.Kind != KindOperation:
+		return nil, corrupt("%s is a %s %s, want %s %s", OperationKey, op.APIVersion, op.Kind, APIVersion, KindOperation)
+	case op.Spec.ID == "":
+		return nil, corrupt("%s has no spec.id", OperationKey)
+	case !op.Status.Phase.known():
+		return nil, corrupt("%s: unknown status.phase %q", OperationKey, op.Status.Phase)
+	case op.Spec.Upgrade != stages.KindKubernetes && op.Spec.Upgrade != stages.KindTalos:
+		return nil, corrupt("%s: unknown spec.upgrade %q", OperationKey, op.Spec.Upgrade)
+	}
+
+	return &op, nil
+}
+
+// Store reads and writes the state ConfigMap of one namespace. Writes are
+// optimistic: an update carries the resourceVersion it read, and a conflict
+// re-reads and re-applies the change.
+type Store struct {
+	// Client reaches the ConfigMaps.
+	Client corev1client.ConfigMapsGetter
+	// Namespace is the product's namespace.
+	Namespace string
+	// Now is the clock (tests set it); nil means time.Now.
+	Now func() time.Time
+}
+
+// maxConflicts bounds the re-reads of one Update.
+const maxConflicts = 20
+
+func (s *Store) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+
+	return time.Now()
+}
+
+// Get returns the operation and the ConfigMap it was read from. No ConfigMap is
+// ErrNoOperation (wrapped); a corrupted one a *CorruptStateError.
+func (s *Store) Get(ctx context.Context) (*Operation, *corev1.ConfigMap, error) {
+	cm, err := s.Client.ConfigMaps(s.Namespace).Get(ctx, StateName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil, NoOperationError(s.Namespace)
+	}
+
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", describe("configmap", s.Namespace, StateName), err)
+	}
+
+	op, err := DecodeState(cm)
+	if err != nil {
+		return nil, cm, err
+	}
+
+	return op, cm, nil
+}
+
+// Create writes a new operation with its plan. When the namespace already holds one,
+// replace is called with it: it returns an error to refuse (the operation is still in
+// progress), nil to replace it. The replacement is conditional on the resourceVersion
+// read, so of two concurrent launches one wins and the other sees the winner.
+func (s *Store) Create(ctx context.Context, op *Operation, plan []byte, replace func(old *Operation) error) error {
+	cms := s.Client.ConfigMaps(s.Namespace)
+
+	for range maxConflicts {
+		cm, err := EncodeState(s.Namespace, op, plan)
+		if err != nil {
+			return err
+		}
+
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: FieldManager})
+		if err == nil {
+			return nil
+		}
+
+		if !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create %s: %w", describe("configmap", s.Namespace, StateName), err)
+		}
+
+		old, existing, err := s.Get(ctx)
+		if errors.Is(err, ErrNoOperation) {
+			continue // deleted in between: create again
+		}
+
+		if err != nil {
+			return err
+		}
+
+		if err := replace(old); err != nil {
+			return err
+		}
+
+		cm.ResourceVersion = existing.ResourceVersion
+
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
+		if err == nil {
+			return nil
+		}
+
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("replace %s: %w", describe("configmap", s.Namespace, StateName), err)
+		}
+	}
+
+	return fmt.Errorf("write %s: too many concurrent writers, try again", describe("configmap", s.Namespace, StateName))
+}
+
+// Update reads the operation, lets mutate change it and writes it back on the condition
+// that nobody wrote in between; on a conflict it starts over with a fresh read. An error
+// of mutate is returned as is and nothing is written.
+func (s *Store) Update(ctx context.Context, mutate func(op *Operation) error) (*Operation, error) {
+	cms := s.Client.ConfigMaps(s.Namespace)
+
+	for range maxConflicts {
+		op, cm, err := s.Get(ctx)
+		if err != nil {
+			return nil, err
+		}
+
+		if err := mutate(op); err != nil {
+			return nil, err
+		}
+
+		op.Status.UpdatedAt = ptrTime(s.now())
+
+		if err := writeOperation(cm, op); err != nil {
+			return nil, err
+		}
+
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
+		if err == nil {
+			return op, nil
+		}
+
+		if !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("write %s: %w", describe("configmap", s.Namespace, StateName), err)
+		}
+	}
+
+	return nil, fmt.Errorf("write %s: %d conflicts in a row, too many concurrent writers", describe("configmap", s.Namespace, StateName), maxConflicts)
+}
+
+// Plan returns the confirmed plan's JSON, nil when the state holds none.
+func (s *Store) Plan(ctx context.Context) ([]byte, error) {
+	_, cm, err := s.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	if p, found := cm.Data[PlanKey]; found {
+		return []byte(p), nil
+	}
+
+	return nil, nil
+}
+
+func ptrTime(t time.Time) *metav1.Time {
+	mt := metav1.NewTime(t.UTC().Truncate(time.Second))
+
+	return &mt
+}

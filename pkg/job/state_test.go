@@ -1,0 +1,272 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func testOperation(id string, phase Phase) *Operation {
+	op := NewOperation(OperationSpec{
+		ID: id, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
+		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: CredentialsServiceAccount,
+		CreatedAt: metav1.NewTime(t0),
+	})
+	op.Status.Phase = phase
+	op.Status.Attempt = 1
+	op.Status.Job = JobName(id, 1)
+
+	return op
+}
+
+func stateObject(t *testing.T, op *Operation) *corev1.ConfigMap {
+	t.Helper()
+
+	cm, err := EncodeState("ichor-system", op, []byte(`{"kind":"Plan"}`))
+	require.NoError(t, err)
+
+	return cm
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	op := testOperation("kubernetes-v1-36-3-abcde", PhaseRunning)
+	op.Status.SetNode("APIServers", "cp-1", stages.PhaseApplying, "applying", t0)
+	op.Status.SetNode("APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(time.Minute))
+	op.Status.Memo = map[string]string{"boot/cp-1": "abc"}
+
+	cm := stateObject(t, op)
+	assert.Equal(t, "Running", cm.Labels[LabelPhase])
+	assert.Equal(t, "kubernetes-v1-36-3-abcde", cm.Labels[LabelOperation])
+	assert.Equal(t, `{"kind":"Plan"}`, cm.Data[PlanKey])
+
+	got, err := DecodeState(cm)
+	require.NoError(t, err)
+
+	want, _ := json.Marshal(op)
+	again, _ := json.Marshal(got)
+	assert.JSONEq(t, string(want), string(again))
+	require.Len(t, got.Status.Nodes, 1)
+	assert.True(t, t0.Add(time.Minute).Equal(got.Status.Nodes[0].Since.Time), "a phase change restarts the node's clock")
+}
+
+func TestCorruptState(t *testing.T) {
+	tests := []struct {
+		name string
+		data map[string]string
+		want string
+	}{
+		{name: "no key", data: map[string]string{"other": "x"}, want: "no key operation.json"},
+		{name: "not JSON", data: map[string]string{OperationKey: "{nope"}, want: "operation.json: invalid character"},
+		{name: "wrong kind", data: map[string]string{OperationKey: `{"apiVersion":"v1","kind":"Pod"}`}, want: "is a v1 Pod, want ichor.dev/v1alpha1 Operation"},
+		{name: "no id", data: map[string]string{OperationKey: `{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","status":{"phase":"Running"}}`}, want: "no spec.id"},
+		{
+			name: "unknown phase", want: `unknown status.phase "Exploded"`,
+			data: map[string]string{OperationKey: `{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"kubernetes"},"status":{"phase":"Exploded"}}`},
+		},
+		{
+			name: "unknown kind of upgrade", want: `unknown spec.upgrade "os"`,
+			data: map[string]string{OperationKey: `{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"os"},"status":{"phase":"Running"}}`},
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, Data: tt.data}
+			_, err := DecodeState(cm)
+
+			var corrupt *CorruptStateError
+			require.ErrorAs(t, err, &corrupt)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.Contains(t, err.Error(), "state configmap ichor-system/ichor-state is corrupted")
+			assert.Contains(t, err.Error(), "kubectl ichor abort")
+			assert.NotContains(t, err.Error(), "\n", "one line")
+		})
+	}
+
+	store := &Store{Client: fake.NewClientset().CoreV1(), Namespace: "ichor-system"}
+	_, _, err := store.Get(context.Background())
+	require.ErrorIs(t, err, ErrNoOperation)
+	assert.Contains(t, err.Error(), "no operation in namespace ichor-system: start one with kubectl ichor upgrade")
+}
+
+// conflicts makes the first n updates of the state ConfigMap fail with a conflict, each
+// after another writer changed it (before changes the stored object).
+func conflicts(client *fake.Clientset, n int, before func(cm *corev1.ConfigMap)) *int {
+	updates := 0
+
+	client.PrependReactor("update", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		updates++
+		if updates > n {
+			return false, nil, nil
+		}
+
+		if before != nil {
+			cm, err := client.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "ichor-system", StateName)
+			if err != nil {
+				return true, nil, err
+			}
+
+			c := cm.(*corev1.ConfigMap).DeepCopy()
+			before(c)
+
+			if err := client.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, c, "ichor-system"); err != nil {
+				return true, nil, err
+			}
+		}
+
+		return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, StateName, errors.New("the object has been modified"))
+	})
+
+	return &updates
+}
+
+func TestStoreUpdateRereadsOnConflict(t *testing.T) {
+	op := testOperation("op-1", PhaseRunning)
+	client := fake.NewClientset(stateObject(t, op))
+	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system", Now: func() time.Time { return t0 }}
+
+	// Another writer adds a memo between each read and write: every retry must see it.
+	memo := 0
+	updates := conflicts(client, 2, func(cm *corev1.ConfigMap) {
+		o, err := DecodeState(cm)
+		require.NoError(t, err)
+
+		memo++
+		o.Status.Memo = map[string]string{"writer": strings.Repeat("x", memo)}
+		require.NoError(t, writeOperation(cm, o))
+	})
+
+	var seen []string
+
+	got, err := store.Update(context.Background(), func(o *Operation) error {
+		seen = append(seen, o.Status.Memo["writer"])
+		o.Status.Stage = "Kubelets"
+
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 3, *updates)
+	assert.Equal(t, []string{"", "x", "xx"}, seen, "each attempt starts from a fresh read")
+	assert.Equal(t, "Kubelets", got.Status.Stage)
+
+	stored, _, err := store.Get(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, "Kubelets", stored.Status.Stage)
+	assert.Equal(t, "xx", stored.Status.Memo["writer"], "the other writer's change is kept")
+	assert.True(t, t0.Equal(stored.Status.UpdatedAt.Time))
+}
+
+func TestStoreUpdateSeesAnAbortInBetween(t *testing.T) {
+	client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning)))
+	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
+
+	conflicts(client, 1, func(cm *corev1.ConfigMap) {
+		o, err := DecodeState(cm)
+		require.NoError(t, err)
+
+		o.Status.Phase = PhaseAborted
+		require.NoError(t, writeOperation(cm, o))
+	})
+
+	_, err := store.Update(context.Background(), func(o *Operation) error {
+		if o.Status.Phase == PhaseAborted {
+			return errAborted
+		}
+
+		o.Status.Phase = PhaseSucceeded
+
+		return nil
+	})
+	require.ErrorIs(t, err, errAborted)
+
+	stored, _, err := store.Get(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, PhaseAborted, stored.Status.Phase, "the abort is not overwritten")
+}
+
+func TestStoreUpdateGivesUp(t *testing.T) {
+	client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning)))
+	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
+	conflicts(client, 1000, nil)
+
+	_, err := store.Update(context.Background(), func(*Operation) error { return nil })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "20 conflicts in a row")
+}
+
+func TestStoreCreate(t *testing.T) {
+	ctx := context.Background()
+	refuse := errors.New("busy")
+
+	t.Run("new", func(t *testing.T) {
+		store := &Store{Client: fake.NewClientset().CoreV1(), Namespace: "ichor-system"}
+		require.NoError(t, store.Create(ctx, testOperation("op-2", PhasePending), []byte("{}"), func(*Operation) error { return refuse }))
+
+		got, _, err := store.Get(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "op-2", got.Spec.ID)
+	})
+
+	t.Run("replaces what replace allows", func(t *testing.T) {
+		store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-1", PhaseSucceeded))).CoreV1(), Namespace: "ichor-system"}
+
+		var old string
+
+		require.NoError(t, store.Create(ctx, testOperation("op-2", PhasePending), nil, func(o *Operation) error { old = o.Spec.ID; return nil }))
+		assert.Equal(t, "op-1", old)
+
+		got, _, err := store.Get(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "op-2", got.Spec.ID)
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning))).CoreV1(), Namespace: "ichor-system"}
+		require.ErrorIs(t, store.Create(ctx, testOperation("op-2", PhasePending), nil, func(*Operation) error { return refuse }), refuse)
+
+		got, _, err := store.Get(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "op-1", got.Spec.ID)
+	})
+
+	t.Run("a concurrent launch wins the replacement", func(t *testing.T) {
+		client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseSucceeded)))
+		store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
+
+		// op-3 replaces op-1 between our read and our write: we must look again and
+		// be refused by op-3, not overwrite it.
+		conflicts(client, 1, func(cm *corev1.ConfigMap) {
+			require.NoError(t, writeOperation(cm, testOperation("op-3", PhasePending)))
+		})
+
+		var saw []string
+
+		err := store.Create(ctx, testOperation("op-2", PhasePending), nil, func(o *Operation) error {
+			saw = append(saw, o.Spec.ID)
+			if o.Status.Phase.Finished() {
+				return nil
+			}
+
+			return refuse
+		})
+		require.ErrorIs(t, err, refuse)
+		assert.Equal(t, []string{"op-1", "op-3"}, saw)
+	})
+}
