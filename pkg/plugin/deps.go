@@ -17,6 +17,8 @@ type deps struct {
 	kube func(flags *genericclioptions.ConfigFlags) (*kubeTarget, error)
 	// talos connects to the Talos API the flags name. A reader that is an io.Closer is closed.
 	talos func(ctx context.Context, flags TalosFlags) (discovery.TalosReader, error)
+	// job is what the commands of an operation (upgrade, status, logs, resume, abort, run) need.
+	job jobDeps
 }
 
 // kubeTarget is a connected Kubernetes API.
@@ -28,7 +30,7 @@ type kubeTarget struct {
 }
 
 func defaultDeps() deps {
-	return deps{kube: connectKube, talos: connectTalos}
+	return deps{kube: connectKube, talos: connectTalos, job: defaultJobDeps()}
 }
 
 func connectKube(flags *genericclioptions.ConfigFlags) (*kubeTarget, error) {

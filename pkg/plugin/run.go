@@ -39,9 +39,13 @@ func run(ctx context.Context, streams genericiooptions.IOStreams, args []string,
 		return ExitOK
 	}
 
+	var exit *exitError
+	if errors.As(err, &exit) && exit.silent {
+		return exit.code
+	}
+
 	fmt.Fprintf(streams.ErrOut, "error: %s\n", strings.Join(strings.Fields(err.Error()), " "))
 
-	var exit *exitError
 	if errors.As(err, &exit) {
 		return exit.code
 	}
@@ -49,10 +53,12 @@ func run(ctx context.Context, streams genericiooptions.IOStreams, args []string,
 	return ExitError
 }
 
-// exitError carries an exit code other than ExitError.
+// exitError carries an exit code other than ExitError. A silent one was already
+// explained on the streams.
 type exitError struct {
-	code int
-	err  error
+	code   int
+	err    error
+	silent bool
 }
 
 func (e *exitError) Error() string { return e.err.Error() }
@@ -84,8 +90,11 @@ func newRootCommand(streams genericiooptions.IOStreams, deps deps) *cobra.Comman
 		Short: "Upgrade Talos Linux clusters, Kubernetes and Talos OS, carefully and resumably",
 		Long: `kubectl ichor plans and runs upgrades of Talos Linux clusters.
 
-  kubectl ichor plan kubernetes --to v1.36.3   # read-only: discovery, checks, the staged plan
-  kubectl ichor plan talos --to v1.13.9        # the same for the Talos OS`,
+  kubectl ichor plan kubernetes --to v1.36.3      # read-only: discovery, checks, the staged plan
+  kubectl ichor upgrade kubernetes --to v1.36.3   # the plan, a confirmation, then an in-cluster Job runs it
+  kubectl ichor plan talos --to v1.13.9           # the same two verbs for the Talos OS
+  kubectl ichor upgrade talos --to v1.13.9
+  kubectl ichor status | logs | resume | abort    # follow and steer the operation`,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl ichor"},
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -104,6 +113,8 @@ func newRootCommand(streams genericiooptions.IOStreams, deps deps) *cobra.Comman
 	flags.talos.AddFlags(root.PersistentFlags())
 
 	root.AddCommand(newVersionCommand(streams), newPlanCommand(streams, flags, deps))
+	root.AddCommand(newUpgradeCommand(streams, flags, deps), newStatusCommand(streams, flags, deps), newLogsCommand(streams, flags, deps),
+		newResumeCommand(streams, flags, deps), newAbortCommand(streams, flags, deps), newRunCommand(streams, flags, deps))
 
 	return root
 }

@@ -1,0 +1,173 @@
+package plugin
+
+import (
+	"context"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+)
+
+// ResumeOptions are the options of `kubectl ichor resume`.
+type ResumeOptions struct {
+	genericiooptions.IOStreams
+
+	flags *globalFlags
+	deps  deps
+
+	// Detach is --detach: return once the new Job is created.
+	Detach bool
+}
+
+// Complete fills the options from the command line.
+func (o *ResumeOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *ResumeOptions) Validate() error { return nil }
+
+// Run resumes the namespace's paused (or stopped) operation with a new Job and follows it.
+func (o *ResumeOptions) Run(ctx context.Context) error {
+	ctl, err := o.deps.job.controlFor(o.flags)
+	if err != nil {
+		return err
+	}
+
+	op, err := ctl.Get(ctx)
+	if err != nil {
+		return err
+	}
+
+	var talosconfig []byte
+
+	if op.Spec.Credentials == job.CredentialsLocal {
+		// A fresh copy when the talosconfig is at hand; else the copy in the cluster.
+		if b, err := localTalosconfig(o.flags.talos); err == nil {
+			talosconfig = b
+		}
+	}
+
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchTimeout)
+	defer cancel()
+
+	if op, err = ctl.Resume(lctx, talosconfig); err != nil {
+		return err
+	}
+
+	writef(o.Out, "Resumed operation %s: job %s/%s\n", op.Spec.ID, ctl.Namespace, op.Status.Job)
+
+	if o.Detach {
+		writef(o.Out, "Follow it with: kubectl ichor status --watch%s\n", nsFlag(ctl.Namespace))
+
+		return nil
+	}
+
+	f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.deps.job.terminal(o.Out), poll: o.deps.job.poll, now: o.deps.job.now}
+
+	return f.run(ctx)
+}
+
+func newResumeCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &ResumeOptions{IOStreams: streams, flags: flags, deps: deps}
+
+	cmd := &cobra.Command{
+		Use:   "resume",
+		Short: "Continue a paused upgrade with a new Job, from where the cluster is, and follow it",
+		Example: `  kubectl ichor resume
+  kubectl ichor resume --detach`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+
+	cmd.Flags().BoolVar(&o.Detach, "detach", false, "Return once the new Job is created")
+
+	return cmd
+}
+
+// AbortOptions are the options of `kubectl ichor abort`.
+type AbortOptions struct {
+	genericiooptions.IOStreams
+
+	flags *globalFlags
+	deps  deps
+}
+
+// Complete fills the options from the command line.
+func (o *AbortOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *AbortOptions) Validate() error { return nil }
+
+// Run aborts the namespace's operation and says what it did.
+func (o *AbortOptions) Run(ctx context.Context) error {
+	ctl, err := o.deps.job.controlFor(o.flags)
+	if err != nil {
+		return err
+	}
+
+	res, err := ctl.Abort(ctx)
+	if err != nil {
+		return err
+	}
+
+	switch {
+	case res.StateErr != nil:
+		writef(o.Out, "Stopped the upgrade Jobs of namespace %s (the state could not be read: %v)\n", ctl.Namespace, res.StateErr)
+	case res.Was == job.PhaseAborted:
+		writef(o.Out, "Operation %s was already aborted; cleaned up again\n", res.Operation)
+	default:
+		writef(o.Out, "Aborted operation %s (it was %s)\n", res.Operation, res.Was)
+	}
+
+	for _, j := range res.Jobs {
+		writef(o.Out, "  stopped job %s/%s\n", ctl.Namespace, j)
+	}
+
+	if len(res.Uncordoned) > 0 {
+		writef(o.Out, "  uncordoned %s\n", strings.Join(res.Uncordoned, ", "))
+	} else {
+		writef(o.Out, "  no node was left cordoned\n")
+	}
+
+	if res.Released {
+		writef(o.Out, "  released the lock %s/%s\n", ctl.Namespace, job.LockName)
+	}
+
+	if res.StateErr == nil {
+		writef(o.Out, "  the state stays in configmap %s/%s for the record\n", ctl.Namespace, job.StateName)
+	}
+
+	return nil
+}
+
+func newAbortCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &AbortOptions{IOStreams: streams, flags: flags, deps: deps}
+
+	return &cobra.Command{
+		Use:   "abort",
+		Short: "Stop the upgrade for good: stop its Job, uncordon the nodes it cordoned, release the lock",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+}

@@ -1,0 +1,455 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"golang.org/x/term"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// view renders an operation for a person: a header, the current stage with a bar, one
+// line per node of the stage (the plan's order), the stage's own step, and how it ended
+// or what is wrong.
+type view struct {
+	op      *job.Operation
+	plan    *api.Plan
+	now     time.Time
+	problem string
+}
+
+const barWidth = 18
+
+// frame is the view as lines.
+func (v view) frame() []string {
+	op := v.op
+	s := op.Status
+
+	lines := []string{fmt.Sprintf("Operation %s: %s to %s  %s  %s%s", op.Spec.ID, kindTitle(op.Spec.Upgrade), op.Spec.Target,
+		s.Phase, duration(v.elapsed()), v.runner())}
+
+	switch {
+	case s.StageIndex == 0 && !s.Phase.Finished():
+		lines = append(lines, fmt.Sprintf("  waiting for the runner (job %s)", s.Job))
+	case s.StageIndex > 0:
+		rows := v.rows()
+		done := 0
+
+		for _, r := range rows {
+			if r.phase == stages.PhaseDone || r.phase == stages.PhaseHeld {
+				done++
+			}
+		}
+
+		lines = append(lines, fmt.Sprintf("Stage %d/%d %s  %s %d/%d", s.StageIndex, s.StageCount, s.Stage, bar(done, len(rows)), done, len(rows)))
+
+		width := 0
+		for _, r := range rows {
+			width = max(width, len(r.node))
+		}
+
+		for _, r := range rows {
+			line := fmt.Sprintf("  %-*s  %-10s", width, r.node, r.phase)
+			if r.message != "" {
+				line += "  " + r.message
+			}
+
+			if !r.since.IsZero() && inProgress(r.phase) && s.Phase == job.PhaseRunning {
+				line += "  (" + duration(v.now.Sub(r.since)) + ")"
+			}
+
+			lines = append(lines, strings.TrimRight(line, " "))
+		}
+
+		if s.Step != "" {
+			lines = append(lines, "  "+s.Step)
+		}
+	}
+
+	switch s.Phase {
+	case job.PhasePaused:
+		lines = append(lines, "Paused: "+pauseWhere(op)+s.Reason)
+		if s.Action != "" {
+			lines = append(lines, "  what to do: "+s.Action)
+		}
+	case job.PhaseAborted:
+		lines = append(lines, "Aborted: "+s.Reason)
+	case job.PhaseSucceeded:
+		lines = append(lines, fmt.Sprintf("Succeeded in %s", duration(v.elapsed())))
+	}
+
+	if v.problem != "" {
+		lines = append(lines, "! "+v.problem)
+	}
+
+	return lines
+}
+
+func (v view) elapsed() time.Duration {
+	s := v.op.Status
+
+	start := v.op.Spec.CreatedAt.Time
+	if s.StartedAt != nil {
+		start = s.StartedAt.Time
+	}
+
+	end := v.now
+	if s.FinishedAt != nil {
+		end = s.FinishedAt.Time
+	}
+
+	return end.Sub(start)
+}
+
+func (v view) runner() string {
+	s := v.op.Status
+	if s.Runner == "" || s.Phase != job.PhaseRunning {
+		return ""
+	}
+
+	return fmt.Sprintf("  (pod %s, run %d)", s.Runner, s.Runs)
+}
+
+type row struct {
+	node    string
+	phase   stages.NodePhase
+	message string
+	since   time.Time
+}
+
+// rows are the current stage's nodes: the plan's, in its order, then any other the
+// engine reported in this stage.
+func (v view) rows() []row {
+	s := v.op.Status
+
+	var names []string
+
+	seen := map[string]bool{}
+
+	if v.plan != nil {
+		for _, st := range v.plan.Stages {
+			if st.Name != s.Stage {
+				continue
+			}
+
+			for _, n := range st.Nodes {
+				names = append(names, n.Node)
+				seen[n.Node] = true
+			}
+		}
+	}
+
+	for _, n := range s.Nodes {
+		if n.Stage == s.Stage && !seen[n.Name] {
+			names = append(names, n.Name)
+			seen[n.Name] = true
+		}
+	}
+
+	rows := make([]row, 0, len(names))
+
+	for _, name := range names {
+		r := row{node: name, phase: stages.PhasePending}
+
+		if n := s.Node(name); n != nil && n.Stage == s.Stage {
+			r.phase, r.message, r.since = n.Phase, n.Message, n.Since.Time
+		}
+
+		rows = append(rows, r)
+	}
+
+	return rows
+}
+
+// inProgress reports whether a node is in the middle of a step (its time in it is shown).
+func inProgress(p stages.NodePhase) bool {
+	switch p {
+	case stages.PhaseCordoned, stages.PhaseDraining, stages.PhaseApplying, stages.PhaseUpgrading, stages.PhaseVerifying:
+		return true
+	}
+
+	return false
+}
+
+func pauseWhere(op *job.Operation) string {
+	s := op.Status
+
+	where := s.Stage
+	if s.PausedNode != "" {
+		where += " " + s.PausedNode
+	}
+
+	if where == "" {
+		return ""
+	}
+
+	return where + ": "
+}
+
+func bar(done, total int) string {
+	if total == 0 {
+		return "[" + strings.Repeat("-", barWidth) + "]"
+	}
+
+	n := done * barWidth / total
+
+	return "[" + strings.Repeat("#", n) + strings.Repeat("-", barWidth-n) + "]"
+}
+
+func kindTitle(k stages.Kind) string {
+	if k == stages.KindTalos {
+		return "Talos"
+	}
+
+	return "Kubernetes"
+}
+
+// duration prints a duration as 1h02m03s, 4m05s or 6s.
+func duration(d time.Duration) string {
+	d = max(d, 0).Truncate(time.Second)
+	h, m, s := int(d.Hours()), int(d.Minutes())%60, int(d.Seconds())%60
+
+	switch {
+	case h > 0:
+		return fmt.Sprintf("%dh%02dm%02ds", h, m, s)
+	case m > 0:
+		return fmt.Sprintf("%dm%02ds", m, s)
+	}
+
+	return fmt.Sprintf("%ds", s)
+}
+
+// viewChanges are the plain lines that say what changed from prev to cur (prev nil: the
+// first look).
+func viewChanges(prev, cur view) []string {
+	var out []string
+
+	p, c := prev.op, cur.op
+
+	active := c.Status.Phase == job.PhasePending || c.Status.Phase == job.PhaseRunning
+	if active && (p == nil || p.Status.Phase != c.Status.Phase || p.Status.Runner != c.Status.Runner) {
+		line := fmt.Sprintf("operation %s: %s", c.Spec.ID, c.Status.Phase)
+
+		switch {
+		case c.Status.Phase == job.PhaseRunning && c.Status.Runner != "":
+			line += fmt.Sprintf(" (runner pod %s, run %d)", c.Status.Runner, c.Status.Runs)
+		case c.Status.Phase == job.PhasePending && c.Status.Job != "":
+			line += fmt.Sprintf(" (job %s)", c.Status.Job)
+		}
+
+		out = append(out, line)
+	}
+
+	if c.Status.StageIndex > 0 && (p == nil || p.Status.StageIndex != c.Status.StageIndex || p.Status.Stage != c.Status.Stage) {
+		out = append(out, fmt.Sprintf("Stage %d/%d %s", c.Status.StageIndex, c.Status.StageCount, c.Status.Stage))
+	}
+
+	for _, n := range c.Status.Nodes {
+		var old *job.NodeStatus
+		if p != nil {
+			old = p.Status.Node(n.Name)
+		}
+
+		if old != nil && old.Stage == n.Stage && old.Phase == n.Phase && old.Message == n.Message {
+			continue
+		}
+
+		line := fmt.Sprintf("  %s %s", n.Name, n.Phase)
+		if n.Message != "" {
+			line += ": " + n.Message
+		}
+
+		out = append(out, line)
+	}
+
+	if c.Status.Step != "" && (p == nil || p.Status.Step != c.Status.Step) {
+		out = append(out, "  "+c.Status.Step)
+	}
+
+	if p == nil || p.Status.Phase != c.Status.Phase {
+		switch c.Status.Phase {
+		case job.PhasePaused:
+			out = append(out, "Paused: "+pauseWhere(c)+c.Status.Reason)
+			if c.Status.Action != "" {
+				out = append(out, "  what to do: "+c.Status.Action)
+			}
+		case job.PhaseAborted:
+			out = append(out, "Aborted: "+c.Status.Reason)
+		case job.PhaseSucceeded:
+			out = append(out, fmt.Sprintf("Succeeded in %s", duration(cur.elapsed())))
+		}
+	}
+
+	if cur.problem != "" && cur.problem != prev.problem {
+		out = append(out, "! "+cur.problem)
+	}
+
+	return out
+}
+
+// follower follows an operation until it ends: a live view on a terminal, plain lines
+// otherwise. Ctrl-C (ctx) detaches.
+type follower struct {
+	genericiooptions.IOStreams
+
+	ctl  *job.Control
+	live bool
+	poll time.Duration
+	now  func() time.Time
+}
+
+// run follows until the operation succeeds (nil), pauses, is aborted or its Job fails
+// (an error with the exit code to use), or ctx ends (detached).
+func (f *follower) run(ctx context.Context) error {
+	var (
+		prev  view
+		shown int
+		plan  *api.Plan
+		tick  int
+	)
+
+	if raw, err := f.ctl.Store().Plan(ctx); err == nil && raw != nil {
+		var p api.Plan
+		if json.Unmarshal(raw, &p) == nil {
+			plan = &p
+		}
+	}
+
+	for ; ; tick++ {
+		op, err := f.ctl.Get(ctx)
+
+		if ctx.Err() != nil {
+			return f.detach(op)
+		}
+
+		var corrupt *job.CorruptStateError
+		if errors.As(err, &corrupt) || errors.Is(err, job.ErrNoOperation) {
+			return err
+		}
+
+		cur := view{op: op, plan: plan, now: f.now()}
+
+		if err != nil {
+			// The API may be away a moment (an apiserver restarting): keep looking.
+			cur = prev
+			cur.now = f.now()
+			cur.problem = "cannot read the state: " + err.Error() + " (trying again)"
+		} else if tick%3 == 0 || prev.problem != "" {
+			if p, derr := f.ctl.Diagnose(ctx, op); derr == nil && p != nil {
+				cur.problem = p.Message
+				if p.Final {
+					f.show(&shown, prev, cur)
+
+					return &exitError{code: ExitError, err: errors.New(p.Message)}
+				}
+			}
+		}
+
+		if cur.op != nil {
+			f.show(&shown, prev, cur)
+			prev = cur
+		}
+
+		if op != nil && err == nil {
+			if done, result := outcome(op, f.ctl.Namespace); done {
+				return result
+			}
+		}
+
+		select {
+		case <-ctx.Done():
+			return f.detach(prev.op)
+		case <-time.After(f.poll):
+		}
+	}
+}
+
+// show draws the view: redrawn in place on a terminal, changed lines otherwise.
+func (f *follower) show(shown *int, prev, cur view) {
+	if !f.live {
+		for _, l := range viewChanges(prev, cur) {
+			writef(f.Out, "%s\n", l)
+		}
+
+		return
+	}
+
+	width := 120
+	if fd, ok := f.Out.(interface{ Fd() uintptr }); ok {
+		if w, _, err := term.GetSize(int(fd.Fd())); err == nil && w > 20 {
+			width = w
+		}
+	}
+
+	var b strings.Builder
+
+	if *shown > 0 {
+		fmt.Fprintf(&b, "\x1b[%dA\x1b[J", *shown)
+	}
+
+	lines := cur.frame()
+	for _, l := range lines {
+		if len(l) >= width {
+			l = l[:width-1]
+		}
+
+		b.WriteString(l + "\n")
+	}
+
+	*shown = len(lines)
+
+	writef(f.Out, "%s", b.String())
+}
+
+// outcome says whether op has ended for a follower, and with what.
+func outcome(op *job.Operation, namespace string) (bool, error) {
+	n := nsFlag(namespace)
+
+	switch op.Status.Phase {
+	case job.PhaseSucceeded:
+		return true, nil
+	case job.PhasePaused:
+		msg := fmt.Sprintf("operation %s paused: %s%s", op.Spec.ID, pauseWhere(op), op.Status.Reason)
+		if op.Status.Action != "" {
+			msg += ": " + op.Status.Action
+		}
+
+		if !strings.Contains(msg, "kubectl ichor resume") {
+			msg += "; then continue with kubectl ichor resume" + n
+		}
+
+		return true, &exitError{code: ExitPaused, err: errors.New(msg)}
+	case job.PhaseAborted:
+		return true, fmt.Errorf("operation %s was aborted (%s)", op.Spec.ID, op.Status.Reason)
+	}
+
+	return false, nil
+}
+
+// detach says how to follow again and ends with ExitDetached.
+func (f *follower) detach(op *job.Operation) error {
+	what := "the operation"
+	if op != nil {
+		what = "operation " + op.Spec.ID
+	}
+
+	writef(f.ErrOut, "\nDetached: %s goes on in the cluster. Follow it again with: kubectl ichor status --watch%s\n", what, nsFlag(f.ctl.Namespace))
+
+	return &exitError{code: ExitDetached, err: errors.New("detached"), silent: true}
+}
+
+// printOnce writes the view once (status without --watch).
+func printOnce(w io.Writer, v view) {
+	for _, l := range v.frame() {
+		writef(w, "%s\n", l)
+	}
+}

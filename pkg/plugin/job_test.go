@@ -1,0 +1,481 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/yaml"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/version"
+)
+
+var now0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// jobCluster is the cluster the commands of an operation see.
+type jobCluster struct {
+	kube   *fake.Clientset
+	dyn    *dynamicfake.FakeDynamicClient
+	engine job.Engine
+	env    map[string]string
+}
+
+func newJobCluster(objs ...runtime.Object) *jobCluster {
+	c := &jobCluster{
+		kube: fake.NewClientset(objs...),
+		dyn:  dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{job.TalosAccountResource: "ServiceAccountList"}),
+		env:  map[string]string{"POD_NAME": "runner-pod", "NODE_NAME": "cp-2"},
+	}
+
+	// The dynamic fake's apply does not create: do what the apiserver does.
+	c.dyn.PrependReactor("patch", "serviceaccounts", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := a.(k8stesting.PatchAction)
+		u := &unstructured.Unstructured{}
+
+		if err := u.UnmarshalJSON(p.GetPatch()); err != nil {
+			return true, nil, err
+		}
+
+		_ = c.dyn.Tracker().Delete(job.TalosAccountResource, p.GetNamespace(), p.GetName())
+
+		return true, u, c.dyn.Tracker().Create(job.TalosAccountResource, u, p.GetNamespace())
+	})
+
+	return c
+}
+
+// with adds the commands of an operation to d, against c.
+func (c *jobCluster) with(d deps) deps {
+	target := func(*genericclioptions.ConfigFlags) (*jobTarget, error) {
+		return &jobTarget{kube: c.kube, dynamic: c.dyn}, nil
+	}
+
+	d.job = jobDeps{
+		connect:   target,
+		inCluster: target,
+		engine: func(context.Context, job.EngineConfig) (job.Engine, func(), error) {
+			return c.engine, nil, nil
+		},
+		terminal: func(any) bool { return false },
+		now:      func() time.Time { return now0.Add(5 * time.Minute) },
+		poll:     5 * time.Millisecond,
+		env:      func(k string) string { return c.env[k] },
+		control: func(ctl *job.Control) {
+			ctl.Poll, ctl.StopTimeout, ctl.CredentialsTimeout = 5*time.Millisecond, time.Second, 200*time.Millisecond
+		},
+	}
+
+	return d
+}
+
+func operation(phase job.Phase) *job.Operation {
+	op := job.NewOperation(job.OperationSpec{
+		ID: "kubernetes-v1-36-3-abcde", Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 2,
+		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: job.CredentialsServiceAccount,
+		CreatedAt: metav1.NewTime(now0),
+	})
+	op.Status.Phase = phase
+	op.Status.Attempt = 1
+	op.Status.Job = job.JobName(op.Spec.ID, 1)
+	op.Status.UpdatedAt = &metav1.Time{Time: now0}
+
+	return op
+}
+
+func stateOf(t *testing.T, op *job.Operation, plan []byte) *corev1.ConfigMap {
+	t.Helper()
+
+	cm, err := job.EncodeState(job.DefaultNamespace, op, plan)
+	require.NoError(t, err)
+
+	return cm
+}
+
+func goldenPlan(t *testing.T) (*api.Plan, []byte) {
+	t.Helper()
+
+	raw, err := os.ReadFile(filepath.Join("testdata", "plan-kubernetes-json.golden"))
+	require.NoError(t, err)
+
+	var p api.Plan
+	require.NoError(t, json.Unmarshal(raw, &p))
+
+	return &p, raw
+}
+
+// kubeletsStage is an operation in its last stage: cp-1 to cp-3 done, worker-2 draining,
+// worker-1 verifying.
+func kubeletsStage(op *job.Operation) *job.Operation {
+	s := &op.Status
+	s.Phase, s.Runner, s.Runs = job.PhaseRunning, "ichor-kubernetes-v1-36-3-abcde-1-x7k2p", 2
+	s.StartedAt = &metav1.Time{Time: now0.Add(10 * time.Second)}
+	s.Stage, s.StageIndex, s.StageCount = "Kubelets", 4, 4
+
+	for i, n := range []string{"cp-1", "cp-3", "cp-2"} {
+		s.SetNode("Kubelets", n, stages.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
+	}
+
+	s.SetNode("Kubelets", "worker-2", stages.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
+	s.SetNode("KubeProxy", "worker-1", stages.PhaseDone, "", now0)
+
+	return op
+}
+
+func TestViewFrames(t *testing.T) {
+	plan, _ := goldenPlan(t)
+	now := now0.Add(5 * time.Minute)
+
+	paused := kubeletsStage(operation(job.PhaseRunning))
+	paused.Status.Phase = job.PhasePaused
+	paused.Status.SetNode("Kubelets", "worker-2", stages.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
+	paused.Status.PausedNode = "worker-2"
+	paused.Status.Reason = "drain: pod default/web-0 not evicted after 5m0s (PodDisruptionBudget default/web)"
+	paused.Status.Action = "let default/web allow a disruption, then kubectl ichor resume"
+
+	succeeded := kubeletsStage(operation(job.PhaseRunning))
+	succeeded.Status.Phase = job.PhaseSucceeded
+	succeeded.Status.FinishedAt = &metav1.Time{Time: now0.Add(12*time.Minute + 4*time.Second)}
+
+	var b strings.Builder
+
+	for _, v := range []view{
+		{op: operation(job.PhasePending), plan: plan, now: now},
+		{op: kubeletsStage(operation(job.PhaseRunning)), plan: plan, now: now},
+		{op: kubeletsStage(operation(job.PhaseRunning)), now: now, problem: "pod x cannot start: ImagePullBackOff: back-off"},
+		{op: paused, plan: plan, now: now},
+		{op: succeeded, plan: plan, now: now},
+	} {
+		printOnce(&b, v)
+		b.WriteString("\n")
+	}
+
+	golden(t, "status-views.golden", b.String())
+}
+
+func TestPlainFollowLines(t *testing.T) {
+	plan, _ := goldenPlan(t)
+
+	steps := []func(s *job.OperationStatus){
+		func(*job.OperationStatus) {},
+		func(s *job.OperationStatus) {
+			s.Phase, s.Runner, s.Runs = job.PhaseRunning, "pod-1", 1
+			s.Stage, s.StageIndex, s.StageCount = "APIServers", 1, 4
+			s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "kube-apiserver v1.36.3", now0)
+		},
+		func(s *job.OperationStatus) {
+			s.SetNode("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
+		},
+		func(s *job.OperationStatus) {
+			s.Runner, s.Runs = "pod-2", 2 // evicted, a new pod continues
+			s.Stage, s.StageIndex = "KubeProxy", 3
+			s.Step = "manifests: applied 10 objects"
+		},
+		func(s *job.OperationStatus) {
+			s.Phase, s.Reason, s.Action, s.PausedNode = job.PhasePaused, "node NotReady after 20m0s", "look at its kubelet, then kubectl ichor resume", "cp-2"
+		},
+	}
+
+	op := operation(job.PhasePending)
+	prev := view{}
+
+	var lines []string
+
+	for _, step := range steps {
+		next := *op
+
+		b, err := json.Marshal(op.Status)
+		require.NoError(t, err)
+
+		next.Status = job.OperationStatus{}
+		require.NoError(t, json.Unmarshal(b, &next.Status))
+		step(&next.Status)
+
+		cur := view{op: &next, plan: plan, now: now0}
+		lines = append(lines, viewChanges(prev, cur)...)
+		prev, op = cur, &next
+	}
+
+	golden(t, "follow-plain.golden", strings.Join(lines, "\n")+"\n")
+}
+
+func TestStatusDocument(t *testing.T) {
+	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), nil))
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "status", "-o", "json")
+	require.Equal(t, ExitOK, code, stderr)
+
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &doc))
+	assert.Equal(t, "ichor.dev/v1alpha1", doc["apiVersion"])
+	assert.Equal(t, "Operation", doc["kind"])
+	assert.Equal(t, "Running", doc["status"].(map[string]any)["phase"])
+
+	stdout, _, code = runWith(t, c.with(deps{}), "status", "-o", "yaml")
+	require.Equal(t, ExitOK, code)
+
+	var op job.Operation
+	require.NoError(t, yaml.Unmarshal([]byte(stdout), &op))
+	assert.Equal(t, "Kubelets", op.Status.Stage)
+}
+
+func TestOneLineErrors(t *testing.T) {
+	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, Data: map[string]string{job.OperationKey: "{"}}
+
+	tests := []struct {
+		name   string
+		objs   []runtime.Object
+		args   []string
+		code   int
+		stderr string
+	}{
+		{name: "corrupted state", objs: []runtime.Object{corrupt}, args: []string{"status"}, code: ExitError, stderr: "state configmap ichor-system/ichor-state is corrupted"},
+		{name: "no operation", args: []string{"status"}, code: ExitError, stderr: "no operation in namespace ichor-system: start one with kubectl ichor upgrade"},
+		{name: "no operation to resume", args: []string{"resume", "-n", "upgrades"}, code: ExitError, stderr: "no operation in namespace upgrades"},
+		{name: "bad -o", args: []string{"status", "-o", "wide"}, code: ExitError, stderr: `-o "wide": pass -o json or -o yaml`},
+		{name: "-o and --watch", args: []string{"status", "-o", "json", "--watch"}, code: ExitError, stderr: "-o and --watch do not go together"},
+		{
+			name: "paused", objs: []runtime.Object{stateOf(t, func() *job.Operation {
+				op := operation(job.PhasePaused)
+				op.Status.Stage, op.Status.PausedNode, op.Status.Reason, op.Status.Action = "Kubelets", "worker-1", "node NotReady after 20m0s", "look at worker-1's kubelet, then kubectl ichor resume"
+
+				return op
+			}(), nil)},
+			args: []string{"status", "--watch"}, code: ExitPaused,
+			stderr: "error: operation kubernetes-v1-36-3-abcde paused: Kubelets worker-1: node NotReady after 20m0s: look at worker-1's kubelet, then kubectl ichor resume\n",
+		},
+		{name: "aborted", objs: []runtime.Object{stateOf(t, operation(job.PhaseAborted), nil)}, args: []string{"status", "--watch"}, code: ExitError, stderr: "was aborted"},
+		{name: "run without --operation", args: []string{"run"}, code: job.ExitFinal, stderr: "--operation is required"},
+		{name: "bad credentials", args: []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--talos-credentials", "mine"}, code: ExitError, stderr: `--talos-credentials "mine": pass serviceaccount or local`},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newJobCluster(tt.objs...)
+
+			_, stderr, code := runWith(t, c.with(fakeDeps(fixture(), nil)), tt.args...)
+			assert.Equal(t, tt.code, code, stderr)
+			assert.Contains(t, stderr, tt.stderr)
+			assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+		})
+	}
+
+	c := newJobCluster(stateOf(t, operation(job.PhaseSucceeded), nil))
+	_, stderr, code := runWith(t, c.with(deps{}), "status", "--watch")
+	assert.Equal(t, ExitOK, code, stderr)
+}
+
+func talosSecret() *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: job.TalosAccountName, Namespace: job.DefaultNamespace},
+		Data:       map[string][]byte{job.TalosconfigKey: []byte("context: x")},
+	}
+}
+
+func TestUpgradeConfirms(t *testing.T) {
+	c := newJobCluster(talosSecret())
+
+	stdout, stderr, code := runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "kubernetes", "--to", "v1.36.3")
+	assert.Equal(t, ExitError, code)
+	assert.Equal(t, "error: no terminal to confirm on: pass --yes to upgrade without confirmation\n", stderr)
+	assert.Contains(t, stdout, "Stage 4/4 Kubelets", "the plan is shown first")
+
+	_, err := c.kube.CoreV1().ConfigMaps(job.DefaultNamespace).Get(context.Background(), job.StateName, metav1.GetOptions{})
+	assert.Error(t, err, "nothing is created")
+
+	// On a terminal, anything but yes changes nothing.
+	d := c.with(fakeDeps(fixture(), nil))
+	d.job.terminal = func(any) bool { return true }
+
+	var out, errOut bytes.Buffer
+
+	code = run(context.Background(), genericiooptions.IOStreams{In: strings.NewReader("n\n"), Out: &out, ErrOut: &errOut}, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, d)
+	assert.Equal(t, ExitError, code)
+	assert.Contains(t, out.String(), `Upgrade Kubernetes of cluster "lab" to v1.36.3, run by a Job in namespace ichor-system? [y/N]: `)
+	assert.Equal(t, "error: not confirmed: nothing was changed\n", errOut.String())
+
+	out.Reset()
+	errOut.Reset()
+
+	code = run(context.Background(), genericiooptions.IOStreams{In: strings.NewReader("yes\n"), Out: &out, ErrOut: &errOut}, []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--detach"}, d)
+	assert.Equal(t, ExitOK, code, errOut.String())
+	assert.Contains(t, out.String(), "Launched operation kubernetes-v1-36-3-")
+}
+
+func TestUpgradeLaunchesTheJob(t *testing.T) {
+	c := newJobCluster(talosSecret())
+
+	stdout, stderr, code := runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--detach", "--drain-timeout", "9m")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Contains(t, stdout, "Launched operation kubernetes-v1-36-3-")
+	assert.Contains(t, stdout, "Follow it with: kubectl ichor status --watch (logs: kubectl ichor logs -f)")
+
+	ctx := context.Background()
+	op, err := (&job.Store{Client: c.kube.CoreV1(), Namespace: job.DefaultNamespace}).Plan(ctx)
+	require.NoError(t, err)
+
+	var plan api.Plan
+	require.NoError(t, json.Unmarshal(op, &plan))
+	assert.Len(t, plan.Stages, 4, "the confirmed plan is kept")
+
+	jobs, err := c.kube.BatchV1().Jobs(job.DefaultNamespace).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	require.Len(t, jobs.Items, 1)
+	assert.Equal(t, version.DefaultImage(), jobs.Items[0].Spec.Template.Spec.Containers[0].Image)
+
+	ctl := &job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}
+	state, err := ctl.Get(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 9*time.Minute, job.Timeout(state.Spec.Timeouts.Drain))
+	assert.Equal(t, "kubectl-ichor "+version.Version, state.Spec.CreatedBy)
+
+	// A second upgrade is refused, naming the operation in progress.
+	_, stderr, code = runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	assert.Equal(t, ExitError, code)
+	assert.Contains(t, stderr, "error: operation "+state.Spec.ID+" (Pending, launched ")
+	assert.Contains(t, stderr, "is starting in job ichor-system/"+state.Status.Job)
+}
+
+func TestUpgradeRefusedNamesTheHolder(t *testing.T) {
+	holder, renewed, duration := "ichor-kubernetes-v1-36-3-abcde-1-x7k2p", metav1.NewMicroTime(now0.Add(5*time.Minute)), int32(15)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: job.LockName, Namespace: job.DefaultNamespace},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renewed, LeaseDurationSeconds: &duration},
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: holder, Namespace: job.DefaultNamespace}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+
+	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), nil), lease, pod)
+
+	stdout, stderr, code := runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	assert.Equal(t, ExitError, code)
+	assert.Equal(t, "error: operation kubernetes-v1-36-3-abcde (Running, launched 5m0s ago) holds the lock lease ichor-system/ichor-lock "+
+		"(holder: pod ichor-kubernetes-v1-36-3-abcde-1-x7k2p): follow it with kubectl ichor status --watch, or stop it with kubectl ichor abort\n", stderr)
+	assert.Empty(t, stdout, "refused before anything is read or shown")
+}
+
+func TestDetach(t *testing.T) {
+	op := kubeletsStage(operation(job.PhaseRunning))
+	c := newJobCluster(stateOf(t, op, nil), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+
+	var out, errOut bytes.Buffer
+
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		cancel() // Ctrl-C
+	}()
+
+	code := run(ctx, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, []string{"status", "--watch"}, c.with(deps{}))
+	assert.Equal(t, ExitDetached, code)
+	assert.Contains(t, out.String(), "Stage 4/4 Kubelets")
+	assert.Equal(t, "\nDetached: operation kubernetes-v1-36-3-abcde goes on in the cluster. Follow it again with: kubectl ichor status --watch\n", errOut.String())
+}
+
+func TestRunVerb(t *testing.T) {
+	tests := []struct {
+		name   string
+		engine func(ctx context.Context) error
+		code   int
+		phase  job.Phase
+	}{
+		{name: "succeeds", engine: func(context.Context) error { return nil }, code: ExitOK, phase: job.PhaseSucceeded},
+		{
+			name: "pauses", code: ExitPaused, phase: job.PhasePaused,
+			engine: func(context.Context) error {
+				return &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
+			},
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newJobCluster(stateOf(t, operation(job.PhasePending), nil),
+				&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "runner-pod", Namespace: job.DefaultNamespace}})
+			c.engine = engineFunc(tt.engine)
+
+			stdout, stderr, code := runWith(t, c.with(deps{}), "run", "--operation", "kubernetes-v1-36-3-abcde", "--namespace", job.DefaultNamespace)
+			assert.Equal(t, tt.code, code, stderr)
+			assert.Regexp(t, `(?m)^\d\d:\d\d:\d\d took the lock: operation kubernetes-v1-36-3-abcde is Running`, stdout)
+
+			op, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tt.phase, op.Status.Phase)
+			assert.Equal(t, "runner-pod", op.Status.Runner)
+		})
+	}
+}
+
+type engineFunc func(ctx context.Context) error
+
+func (f engineFunc) Run(ctx context.Context) error { return f(ctx) }
+
+func TestAbortAndResumeCommands(t *testing.T) {
+	op := kubeletsStage(operation(job.PhaseRunning))
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z"}},
+		Spec:       corev1.NodeSpec{Unschedulable: true},
+	}
+	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace, Labels: map[string]string{
+		job.LabelOperation: op.Spec.ID, job.LabelManagedBy: job.AppName,
+	}}}
+	c := newJobCluster(stateOf(t, op, nil), node, j, talosSecret())
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "abort")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, `Aborted operation kubernetes-v1-36-3-abcde (it was Running)
+  stopped job ichor-system/ichor-kubernetes-v1-36-3-abcde-1
+  uncordoned worker-2
+  the state stays in configmap ichor-system/ichor-state for the record
+`, stdout)
+
+	_, stderr, code = runWith(t, c.with(deps{}), "resume")
+	assert.Equal(t, ExitError, code)
+	assert.Equal(t, "error: operation kubernetes-v1-36-3-abcde was aborted: start a new one with kubectl ichor upgrade\n", stderr)
+
+	// A paused operation resumes with a new Job.
+	paused := operation(job.PhasePaused)
+	c = newJobCluster(stateOf(t, paused, nil), talosSecret())
+
+	stdout, stderr, code = runWith(t, c.with(deps{}), "resume", "--detach")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, "Resumed operation kubernetes-v1-36-3-abcde: job ichor-system/ichor-kubernetes-v1-36-3-abcde-2\nFollow it with: kubectl ichor status --watch\n", stdout)
+}
+
+func TestLogs(t *testing.T) {
+	op := operation(job.PhaseRunning)
+	pod := func(name string, created time.Time) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: job.DefaultNamespace, CreationTimestamp: metav1.NewTime(created), Labels: map[string]string{job.LabelOperation: op.Spec.ID}},
+			Spec:       corev1.PodSpec{NodeName: "cp-1"},
+			Status:     corev1.PodStatus{Phase: corev1.PodFailed},
+		}
+	}
+
+	c := newJobCluster(stateOf(t, op, nil), pod("second", now0.Add(time.Minute)), pod("first", now0))
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "logs")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, "==> pod first (node cp-1, Failed) <==\nfake logs==> pod second (node cp-1, Failed) <==\nfake logs", stdout)
+}

@@ -1,0 +1,142 @@
+package plugin
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/term"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+)
+
+// Exit codes of the commands that follow an operation.
+const (
+	// ExitPaused means the operation paused: `kubectl ichor resume` continues it.
+	ExitPaused = job.ExitPaused
+	// ExitDetached means Ctrl-C detached from an operation that goes on in the cluster.
+	ExitDetached = 130
+)
+
+// jobDeps are what the commands of an operation need; tests replace them.
+type jobDeps struct {
+	// connect reaches the cluster with the operator's credentials.
+	connect func(flags *genericclioptions.ConfigFlags) (*jobTarget, error)
+	// inCluster reaches the cluster from the Job's pod (the `run` verb).
+	inCluster func(flags *genericclioptions.ConfigFlags) (*jobTarget, error)
+	// engine builds the upgrade engine of the `run` verb.
+	engine job.EngineFactory
+	// terminal reports whether a stream is a terminal.
+	terminal func(stream any) bool
+	// now is the clock.
+	now func() time.Time
+	// poll is how often following looks at the state again.
+	poll time.Duration
+	// env reads the environment (the `run` verb's POD_NAME, NODE_NAME, POD_NAMESPACE).
+	env func(name string) string
+	// control tunes the job.Control the commands build (tests shorten its waits).
+	control func(c *job.Control)
+}
+
+// jobTarget is a connected cluster for the commands of an operation.
+type jobTarget struct {
+	kube    kubernetes.Interface
+	dynamic dynamic.Interface
+}
+
+func defaultJobDeps() jobDeps {
+	return jobDeps{
+		connect:   connectJob,
+		inCluster: connectInCluster,
+		engine:    job.NewStagesEngine,
+		terminal:  isTerminal,
+		now:       time.Now,
+		poll:      time.Second,
+		env:       os.Getenv,
+	}
+}
+
+func connectJob(flags *genericclioptions.ConfigFlags) (*jobTarget, error) {
+	cfg, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
+	}
+
+	return newJobTarget(cfg)
+}
+
+// connectInCluster uses the pod's ServiceAccount, or the kubeconfig when one is named
+// (to run the runner by hand).
+func connectInCluster(flags *genericclioptions.ConfigFlags) (*jobTarget, error) {
+	if flags.KubeConfig != nil && *flags.KubeConfig != "" {
+		return connectJob(flags)
+	}
+
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster config: %w: the run verb runs in the upgrade Job's pod (or pass --kubeconfig)", err)
+	}
+
+	return newJobTarget(cfg)
+}
+
+func newJobTarget(cfg *rest.Config) (*jobTarget, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = 20, 40
+
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
+	}
+
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
+	}
+
+	return &jobTarget{kube: kube, dynamic: dyn}, nil
+}
+
+func isTerminal(stream any) bool {
+	f, ok := stream.(interface{ Fd() uintptr })
+
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// control connects and returns the Control of the product's namespace.
+func (d jobDeps) controlFor(flags *globalFlags) (*job.Control, error) {
+	if d.connect == nil {
+		return nil, fmt.Errorf("no cluster connection")
+	}
+
+	t, err := d.connect(flags.kube)
+	if err != nil {
+		return nil, err
+	}
+
+	c := &job.Control{Kube: t.kube, Dynamic: t.dynamic, Namespace: flags.namespace(), Now: d.now}
+	if d.control != nil {
+		d.control(c)
+	}
+
+	return c, nil
+}
+
+// nsFlag is the -n flag naming namespace in a suggested command, "" for the default.
+func nsFlag(namespace string) string {
+	if namespace == DefaultNamespace {
+		return ""
+	}
+
+	return " -n " + namespace
+}
+
+// writef writes to w, ignoring errors (the streams of a terminal).
+func writef(w io.Writer, format string, args ...any) {
+	_, _ = fmt.Fprintf(w, format, args...)
+}

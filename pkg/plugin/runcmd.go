@@ -1,0 +1,137 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+)
+
+// RunOptions are the options of the hidden `kubectl-ichor run`, the body of the upgrade
+// Job's pod.
+type RunOptions struct {
+	genericiooptions.IOStreams
+
+	flags *globalFlags
+	deps  deps
+
+	// Operation is --operation, the ID of the operation to run.
+	Operation string
+}
+
+// Complete fills the options from the command line.
+func (o *RunOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *RunOptions) Validate() error {
+	if o.Operation == "" {
+		return &exitError{code: job.ExitFinal, err: errors.New("--operation is required: the run verb runs in the upgrade Job, started by kubectl ichor upgrade")}
+	}
+
+	return nil
+}
+
+// Run runs the operation in the cluster: it exits 0 once it succeeded, job.ExitPaused when
+// it paused, job.ExitFinal when it must not run again, and otherwise non-zero for the Job
+// to start another pod.
+func (o *RunOptions) Run(ctx context.Context) error {
+	t, err := o.deps.job.inCluster(o.flags.kube)
+	if err != nil {
+		return err
+	}
+
+	identity := o.deps.job.env("POD_NAME")
+	if identity == "" {
+		identity, _ = os.Hostname()
+	}
+
+	out := &stampWriter{w: o.Out, now: o.deps.job.now}
+
+	r := &job.Runner{
+		Kube: t.kube, Dynamic: t.dynamic,
+		Namespace: o.flags.namespace(), Operation: o.Operation,
+		Identity: identity, Node: o.deps.job.env("NODE_NAME"),
+		NewEngine: o.deps.job.engine, Out: out, Now: o.deps.job.now,
+	}
+
+	err = r.Run(ctx)
+
+	var exit *job.ExitError
+
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &exit) && exit.Code == 0:
+		writef(out, "%v\n", err)
+
+		return nil
+	case errors.As(err, &exit):
+		return &exitError{code: exit.Code, err: err}
+	}
+
+	return err
+}
+
+func newRunCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &RunOptions{IOStreams: streams, flags: flags, deps: deps}
+
+	cmd := &cobra.Command{
+		Use:    "run --operation ID",
+		Short:  "Run an upgrade operation: the body of the upgrade Job (not for people)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+
+	cmd.Flags().StringVar(&o.Operation, "operation", "", "The ID of the operation to run")
+
+	return cmd
+}
+
+// stampWriter prefixes every line with the time, for the runner's log.
+type stampWriter struct {
+	w   io.Writer
+	now func() time.Time
+
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (s *stampWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	s.buf = append(s.buf, p...)
+
+	for {
+		i := bytes.IndexByte(s.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+
+		line := s.buf[:i+1]
+		if _, err := io.WriteString(s.w, s.now().UTC().Format("15:04:05 ")+string(line)); err != nil {
+			return len(p), err
+		}
+
+		s.buf = s.buf[i+1:]
+	}
+}

@@ -1,0 +1,371 @@
+package plugin
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+	"github.com/ichor-dev/kubectl-ichor/pkg/version"
+)
+
+// launchTimeout bounds the launch (objects, credentials, Job); Ctrl-C does not cut it
+// short, so that an operation is never left half-launched.
+const launchTimeout = 3 * time.Minute
+
+func newUpgradeCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "upgrade",
+		Short: "Plan, confirm, then run an upgrade in the cluster with a Job, and follow it",
+		Args:  cobra.NoArgs,
+	}
+
+	cmd.AddCommand(newUpgradeKubernetesCommand(streams, flags, deps), newUpgradeTalosCommand(streams, flags, deps))
+
+	return cmd
+}
+
+// upgradeOptions are the options both upgrade commands share.
+type upgradeOptions struct {
+	planOptions
+
+	// Yes is --yes: do not ask for confirmation.
+	Yes bool
+	// Detach is --detach: return once the Job is created.
+	Detach bool
+	// JobImage is the runner's image (--image of upgrade kubernetes, --job-image of upgrade talos).
+	JobImage string
+	// Credentials is --talos-credentials: serviceaccount or local.
+	Credentials string
+	// Timeouts bound the engine's waits (0: its defaults).
+	ApplyTimeout, VerifyTimeout, DrainTimeout, UpgradeTimeout, RebootTimeout time.Duration
+}
+
+func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
+	cmd.Flags().StringVar(&o.To, "to", "", "The version to upgrade to, vX.Y.Z (required), e.g. "+example)
+	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
+	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "Do not ask for confirmation (required without a terminal)")
+	cmd.Flags().BoolVar(&o.Detach, "detach", false, "Return once the Job is created; follow later with kubectl ichor status --watch")
+	cmd.Flags().StringVar(&o.Credentials, "talos-credentials", string(job.CredentialsServiceAccount),
+		"Talos credentials of the Job: serviceaccount (a talos.dev ServiceAccount with role os:admin, needs kubernetesTalosAPIAccess) "+
+			"or local (a copy of your talosconfig in a Secret, deleted when the operation ends)")
+	cmd.Flags().DurationVar(&o.VerifyTimeout, "verify-timeout", stages.DefaultVerifyTimeout, "How long a node may take to verify after its change")
+}
+
+func (o *upgradeOptions) validate() error {
+	if err := o.planOptions.validate(); err != nil {
+		return err
+	}
+
+	switch job.Credentials(o.Credentials) {
+	case job.CredentialsServiceAccount, job.CredentialsLocal:
+	default:
+		return fmt.Errorf("--talos-credentials %q: pass serviceaccount or local", o.Credentials)
+	}
+
+	if o.JobImage == "" {
+		return errors.New("--image is empty: pass the kubectl-ichor image to run the Job with, e.g. " + version.DefaultImage())
+	}
+
+	for name, d := range map[string]time.Duration{"apply": o.ApplyTimeout, "verify": o.VerifyTimeout, "drain": o.DrainTimeout, "upgrade": o.UpgradeTimeout, "reboot": o.RebootTimeout} {
+		if d < 0 {
+			return fmt.Errorf("--%s-timeout %s: pass a positive duration", name, d)
+		}
+	}
+
+	return nil
+}
+
+// plan discovers the cluster, plans with make, runs the checks and prints the plan; a
+// refused plan is an error. It refuses at once when another operation is in progress.
+func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*discovery.Snapshot) (*api.Plan, error), list []checks.Check) (*api.Plan, error) {
+	if err := ctl.CheckFree(ctx); err != nil {
+		return nil, err
+	}
+
+	snap, kube, err := o.discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	plan, err := make(snap)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+
+	if err := o.finish(ctx, plan, kube, snap, list); err != nil {
+		return nil, err
+	}
+
+	return plan, nil
+}
+
+// launch confirms, launches the operation and follows it (unless --detach).
+func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind stages.Kind, installer string) error {
+	if !o.Yes {
+		if err := o.confirm(plan, ctl.Namespace); err != nil {
+			return err
+		}
+	}
+
+	creds := job.Credentials(o.Credentials)
+
+	var talosconfig []byte
+
+	if creds == job.CredentialsLocal {
+		var err error
+		if talosconfig, err = localTalosconfig(o.flags.talos); err != nil {
+			return err
+		}
+
+		writef(o.ErrOut, "warning: --talos-credentials=local copies your talosconfig (its client certificate and key) into secret %s/%s; "+
+			"it is deleted when the operation ends\n", ctl.Namespace, job.LocalTalosconfigName)
+	}
+
+	planJSON, err := json.Marshal(plan)
+	if err != nil {
+		return fmt.Errorf("encode plan: %w", err)
+	}
+
+	spec := job.OperationSpec{
+		ID:             job.NewOperationID(string(kind), o.target.String()),
+		Upgrade:        kind,
+		Target:         o.target.String(),
+		InstallerImage: installer,
+		MaxUnavailable: o.MaxUnavailable,
+		Image:          o.JobImage,
+		Credentials:    creds,
+		Timeouts: job.Timeouts{
+			Apply: job.NewTimeout(o.ApplyTimeout), Verify: job.NewTimeout(o.VerifyTimeout), Drain: job.NewTimeout(o.DrainTimeout),
+			Upgrade: job.NewTimeout(o.UpgradeTimeout), Reboot: job.NewTimeout(o.RebootTimeout),
+		},
+		CreatedBy: "kubectl-ichor " + version.Version,
+	}
+
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchTimeout)
+	defer cancel()
+
+	op, err := ctl.Launch(lctx, job.LaunchRequest{Spec: spec, Plan: planJSON, Talosconfig: talosconfig})
+	if err != nil {
+		return err
+	}
+
+	writef(o.Out, "\nLaunched operation %s: job %s/%s runs %s\n", op.Spec.ID, ctl.Namespace, op.Status.Job, op.Spec.Image)
+
+	n := nsFlag(ctl.Namespace)
+
+	if o.Detach {
+		writef(o.Out, "Follow it with: kubectl ichor status --watch%s (logs: kubectl ichor logs -f%s)\n", n, n)
+
+		return nil
+	}
+
+	live := o.deps.job.terminal(o.Out)
+	if live {
+		writef(o.Out, "Ctrl-C detaches: the upgrade goes on in the cluster.\n\n")
+	}
+
+	f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: live, poll: o.deps.job.poll, now: o.deps.job.now}
+
+	return f.run(ctx)
+}
+
+// confirm asks on the terminal; without one it refuses (--yes).
+func (o *upgradeOptions) confirm(plan *api.Plan, namespace string) error {
+	if !o.deps.job.terminal(o.In) {
+		return errors.New("no terminal to confirm on: pass --yes to upgrade without confirmation")
+	}
+
+	name := plan.Cluster.Name
+	if name == "" {
+		name = plan.Cluster.Endpoint
+	}
+
+	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(stages.Kind(plan.Upgrade)), name, plan.Target, namespace)
+
+	answer, _ := bufio.NewReader(o.In).ReadString('\n')
+
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+
+	return errors.New("not confirmed: nothing was changed")
+}
+
+// localTalosconfig is the operator's talosconfig reduced to the context in use (and its
+// endpoints as the flags say), for --talos-credentials=local.
+func localTalosconfig(flags TalosFlags) ([]byte, error) {
+	path, err := talos.FindConfig(flags.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+
+	cfg, err := clientconfig.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("talosconfig %s: %w", path, err)
+	}
+
+	name := flags.Context
+	if name == "" {
+		name = cfg.Context
+	}
+
+	c, found := cfg.Contexts[name]
+	if !found {
+		return nil, fmt.Errorf("talosconfig %s has no context %q: pass --talos-context", path, name)
+	}
+
+	if len(flags.Endpoints) > 0 {
+		c.Endpoints = flags.Endpoints
+	}
+
+	out, err := (&clientconfig.Config{Context: name, Contexts: map[string]*clientconfig.Context{name: c}}).Bytes()
+	if err != nil {
+		return nil, fmt.Errorf("talosconfig %s: %w", path, err)
+	}
+
+	return out, nil
+}
+
+// UpgradeKubernetesOptions are the options of `kubectl ichor upgrade kubernetes`.
+type UpgradeKubernetesOptions struct {
+	upgradeOptions
+}
+
+// Complete fills the options from the command line.
+func (o *UpgradeKubernetesOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *UpgradeKubernetesOptions) Validate() error { return o.validate() }
+
+// Run plans, confirms, launches the Job and follows it.
+func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
+	ctl, err := o.deps.job.controlFor(o.flags)
+	if err != nil {
+		return err
+	}
+
+	plan, err := o.plan(ctx, ctl, func(snap *discovery.Snapshot) (*api.Plan, error) {
+		return stages.PlanKubernetes(snap, o.target, stages.Options{MaxUnavailable: o.MaxUnavailable})
+	}, checks.Kubernetes())
+	if err != nil {
+		return err
+	}
+
+	return o.launch(ctx, ctl, plan, stages.KindKubernetes, "")
+}
+
+func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &UpgradeKubernetesOptions{upgradeOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}}
+
+	cmd := &cobra.Command{
+		Use:   "kubernetes --to vX.Y.Z",
+		Short: "Upgrade Kubernetes in four stages, run by a Job in the cluster",
+		Example: `  kubectl ichor upgrade kubernetes --to v1.36.3
+  kubectl ichor upgrade kubernetes --to v1.36.3 --yes --detach
+  kubectl ichor upgrade kubernetes --to v1.36.3 --talos-credentials=local`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+
+	o.addFlags(cmd, "v1.36.3")
+	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
+	cmd.Flags().DurationVar(&o.ApplyTimeout, "apply-timeout", stages.DefaultApplyTimeout, "How long one machine config apply may take")
+	cmd.Flags().DurationVar(&o.DrainTimeout, "drain-timeout", stages.DefaultDrainTimeout, "How long one node's drain may take")
+
+	return cmd
+}
+
+// UpgradeTalosOptions are the options of `kubectl ichor upgrade talos`.
+type UpgradeTalosOptions struct {
+	upgradeOptions
+
+	// Image is --image, the installer image for every node; "" keeps each node's repository.
+	Image string
+}
+
+// Complete fills the options from the command line.
+func (o *UpgradeTalosOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *UpgradeTalosOptions) Validate() error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+
+	p := PlanTalosOptions{planOptions: o.planOptions, Image: o.Image}
+
+	return p.Validate()
+}
+
+// Run plans, confirms, launches the Job and follows it.
+func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
+	ctl, err := o.deps.job.controlFor(o.flags)
+	if err != nil {
+		return err
+	}
+
+	plan, err := o.plan(ctx, ctl, func(snap *discovery.Snapshot) (*api.Plan, error) {
+		return stages.PlanTalos(snap, o.target, o.Image, stages.Options{MaxUnavailable: o.MaxUnavailable})
+	}, checks.Talos())
+	if err != nil {
+		return err
+	}
+
+	return o.launch(ctx, ctl, plan, stages.KindTalos, o.Image)
+}
+
+func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &UpgradeTalosOptions{upgradeOptions: upgradeOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}}
+
+	cmd := &cobra.Command{
+		Use:   "talos --to vA.B.C",
+		Short: "Upgrade the Talos OS node by node, run by a Job in the cluster",
+		Example: `  kubectl ichor upgrade talos --to v1.13.9
+  kubectl ichor upgrade talos --to v1.13.9 --image factory.talos.dev/installer/<schematic>:v1.13.9 --yes`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.Run(cmd.Context())
+		},
+	}
+
+	o.addFlags(cmd, "v1.13.9")
+	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
+	cmd.Flags().StringVar(&o.JobImage, "job-image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
+	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", stages.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")
+	cmd.Flags().DurationVar(&o.RebootTimeout, "reboot-timeout", stages.DefaultRebootTimeout, "How long a node may take to come back after its reboot")
+
+	return cmd
+}
