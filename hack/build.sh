@@ -10,4 +10,6 @@ ldflags="-X github.com/ichor-dev/kubectl-ichor/pkg/version.Version=$version"
 ldflags+=" -X github.com/ichor-dev/kubectl-ichor/pkg/version.Image=$image"
 CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o _output/bin/kubectl-ichor ./cmd/kubectl-ichor
 CGO_ENABLED=0 go build -trimpath -o _output/bin/ichor-sim ./e2e/cmd/ichor-sim
+# The image's root filesystem for the local cluster (ichor-sim up --image REPO=_output/image/rootfs).
+install -D -m 0755 _output/bin/kubectl-ichor _output/image/rootfs/usr/local/bin/kubectl-ichor
 echo "build: _output/bin/kubectl-ichor ($version) and _output/bin/ichor-sim"
