@@ -107,18 +107,19 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	drainer := &talosDrainer{client: cp.client, log: log}
 	for _, spec := range g.machines {
 		m, err := machine.New(machine.Options{
-			Name:            spec.Name,
-			IP:              spec.IP,
-			ControlPlane:    spec.ControlPlane,
-			TalosVersion:    opts.TalosVersion,
-			Config:          spec.Config,
-			AdminKubeconfig: adminKubeconfig,
-			Events:          ev,
-			Faults:          fs,
-			RebootDelay:     opts.Latency.Reboot,
-			PullLatency:     opts.Latency.ImagePull,
-			BeforeReboot:    drainer.beforeReboot(spec.Name),
-			Log:             log,
+			Name:               spec.Name,
+			IP:                 spec.IP,
+			ControlPlane:       spec.ControlPlane,
+			TalosVersion:       opts.TalosVersion,
+			Config:             spec.Config,
+			AdminKubeconfig:    adminKubeconfig,
+			Events:             ev,
+			Faults:             fs,
+			RebootDelay:        opts.Latency.Reboot,
+			PullLatency:        opts.Latency.ImagePull,
+			StaticPodApplyWait: opts.Latency.StaticPodRestart,
+			BeforeReboot:       drainer.beforeReboot(spec.Name),
+			Log:                log,
 		})
 		if err != nil {
 			return err

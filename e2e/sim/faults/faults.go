@@ -5,7 +5,7 @@
 //	nodes:
 //	  cp-2:
 //	    applyBlocks: true            # a non-dry-run ApplyConfiguration blocks until the caller gives up
-//	    neverReady: [kube-scheduler] # these components never get Ready after a (re)start
+//	    neverReady: [kube-scheduler] # these components never get Ready once started on a new spec
 //	    stayNotReady: true           # the node stays NotReady after its kubelet restarts or it reboots
 //	    pullFails: true              # image pulls fail
 //	    unreachableAfterApply: 20s   # the Talos API refuses connections this long after each apply

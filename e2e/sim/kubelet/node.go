@@ -37,7 +37,9 @@ type node struct {
 	kubeletImage   string
 	ready          bool
 	staticPods     map[string]*staticPod
-	lastLease      time.Time
+	// initialStaticPods are the specs first seen, kept across reboots.
+	initialStaticPods map[string]StaticPod
+	lastLease         time.Time
 
 	// running is whether the machine is up, read by pod runners.
 	running atomic.Bool
@@ -48,7 +50,7 @@ type node struct {
 }
 
 func newNode(k *Kubelets, m Machine) *node {
-	return &node{k: k, m: m, name: m.Name(), staticPods: map[string]*staticPod{}, podIPs: map[string]string{}}
+	return &node{k: k, m: m, name: m.Name(), staticPods: map[string]*staticPod{}, initialStaticPods: map[string]StaticPod{}, podIPs: map[string]string{}}
 }
 
 func (n *node) log() func(msg string, args ...any) {
@@ -216,7 +218,10 @@ func (n *node) sync(ctx context.Context) {
 	for component, want := range st.StaticPods {
 		sp := n.staticPods[component]
 		if sp == nil {
-			sp = newStaticPod(n, component)
+			if _, ok := n.initialStaticPods[component]; !ok {
+				n.initialStaticPods[component] = want
+			}
+			sp = newStaticPod(n, component, n.initialStaticPods[component])
 			n.staticPods[component] = sp
 		}
 		sp.want(want)

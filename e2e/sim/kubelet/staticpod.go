@@ -22,13 +22,17 @@ type staticPod struct {
 	component string
 	wantCh    chan StaticPod
 	last      StaticPod
-	cancel    context.CancelFunc
-	done      chan struct{}
+	// initial is the spec the cluster started with: the neverReady fault
+	// applies only to a start on another spec, so a cluster with the fault
+	// set still comes up.
+	initial StaticPod
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
-func newStaticPod(n *node, component string) *staticPod {
+func newStaticPod(n *node, component string, initial StaticPod) *staticPod {
 	ctx, cancel := context.WithCancel(context.Background())
-	sp := &staticPod{n: n, component: component, wantCh: make(chan StaticPod, 1), cancel: cancel, done: make(chan struct{})}
+	sp := &staticPod{n: n, component: component, initial: initial, wantCh: make(chan StaticPod, 1), cancel: cancel, done: make(chan struct{})}
 	go sp.run(ctx)
 	return sp
 }
@@ -92,7 +96,7 @@ func (sp *staticPod) run(ctx context.Context) {
 		}
 		running = &w
 		sp.n.k.opts.Events.Start(sp.n.name, sp.component, VersionOf(w.Image))
-		if sp.n.k.opts.Faults.For(sp.n.name).NeverReadyComponent(sp.component) {
+		if w != sp.initial && sp.n.k.opts.Faults.For(sp.n.name).NeverReadyComponent(sp.component) {
 			logf("static pod never gets Ready (simulated fault)", "pod", sp.name())
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"time"
 
@@ -128,6 +129,7 @@ func (m *Machine) ApplyConfiguration(ctx context.Context, req *machineapi.ApplyC
 		}, nil
 	}
 
+	before := m.State()
 	switch mode { //nolint:exhaustive // the other modes returned above
 	case machineapi.ApplyConfigurationRequest_NO_REBOOT:
 		if err := m.setActiveConfig(ctx, newCfg); err != nil {
@@ -154,6 +156,17 @@ func (m *Machine) ApplyConfiguration(ctx context.Context, req *machineapi.ApplyC
 		}()
 	}
 	m.notify()
+	if wait := m.opts.StaticPodApplyWait; mode == machineapi.ApplyConfigurationRequest_NO_REBOOT && wait > 0 &&
+		!maps.Equal(before.StaticPods, m.State().StaticPods) {
+		// A control-plane apply that changes a static pod returns only once
+		// Talos has restarted it (seen on hardware, seed 001): the caller's
+		// deadline must allow for that. The change is made either way.
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
 	if mode == machineapi.ApplyConfigurationRequest_REBOOT {
 		if err := m.startSequence(false, nil); err != nil {
 			return nil, err

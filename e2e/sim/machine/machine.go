@@ -64,6 +64,10 @@ type Options struct {
 	RebootDelay time.Duration
 	// PullLatency is how long an image pull takes (default 200ms).
 	PullLatency time.Duration
+	// StaticPodApplyWait is how long a NO_REBOOT apply that changes a
+	// control-plane static pod blocks before it returns, as Talos does while
+	// it restarts the pod (0: it returns at once).
+	StaticPodApplyWait time.Duration
 	// BeforeReboot, when non-nil, is called before a reboot that Talos drains
 	// the node for (the legacy MachineService upgrade sequence): the cluster
 	// cordons and drains the node there. Errors are logged, not fatal.
