@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -282,6 +283,19 @@ func TestSimulatedCluster(t *testing.T) {
 		require.Contains(t, out, "kubernetes: 5 nodes")
 		require.Contains(t, out, "talos: v1.13.9")
 		require.Contains(t, out, "uid 65532, root filesystem read-only")
+
+		usage, err := filepath.Glob(filepath.Join(c.Dir, "logs", "pods", "ichor-system_podcheck-*_check.usage.json"))
+		require.NoError(t, err)
+		require.Len(t, usage, 1, "the process's resource usage is written when it ends")
+		var u struct {
+			ExitCode    int   `json:"exitCode"`
+			MaxRSSBytes int64 `json:"maxRSSBytes"`
+		}
+		b, err := os.ReadFile(usage[0])
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &u))
+		require.Zero(t, u.ExitCode)
+		require.Positive(t, u.MaxRSSBytes)
 	})
 
 	t.Run("no node was tainted unreachable", func(t *testing.T) {

@@ -203,6 +203,7 @@ func (r *podRunner) startProcesses(ctx context.Context, pod *corev1.Pod, root st
 			err := cmd.Wait()
 			_ = logFile.Close()
 			p.code = exitCode(err)
+			r.writeUsage(c.Name, cmd.ProcessState)
 			close(p.done)
 			r.exits <- struct{}{}
 		}()
@@ -490,4 +491,33 @@ func securityOf(pod *corev1.Pod, c corev1.Container) (uid, gid *int64, readOnlyR
 		gid = uid
 	}
 	return uid, gid, readOnlyRoot
+}
+
+// Usage is what a container process used, written beside its log as
+// <namespace>_<pod>_<container>.usage.json when it ends (what a kubelet's
+// cAdvisor would report): for benchmarks of the product's Job.
+type Usage struct {
+	Pod         string  `json:"pod"`
+	Container   string  `json:"container"`
+	ExitCode    int     `json:"exitCode"`
+	MaxRSSBytes int64   `json:"maxRSSBytes"`
+	UserSeconds float64 `json:"userSeconds"`
+	SysSeconds  float64 `json:"sysSeconds"`
+	WallSeconds float64 `json:"wallSeconds"`
+}
+
+func (r *podRunner) writeUsage(container string, st *os.ProcessState) {
+	if st == nil {
+		return
+	}
+	u := Usage{Pod: r.ns + "/" + r.name, Container: container, ExitCode: st.ExitCode(),
+		UserSeconds: st.UserTime().Seconds(), SysSeconds: st.SystemTime().Seconds()}
+	if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
+		u.MaxRSSBytes = ru.Maxrss * 1024 // kilobytes on Linux
+	}
+	if started, err := os.Stat(filepath.Join(r.k.opts.PodDir, r.uid, container+".json")); err == nil {
+		u.WallSeconds = time.Since(started.ModTime()).Seconds()
+	}
+	b, _ := json.MarshalIndent(u, "", "  ")
+	_ = os.WriteFile(strings.TrimSuffix(r.logPath(container), ".log")+".usage.json", b, 0o644)
 }
