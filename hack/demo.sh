@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: start a local simulated Talos cluster (3 control planes, 2
-# workers), show it, plan a Kubernetes upgrade against it, and tear it down.
+# workers), show it, plan and run a Kubernetes upgrade against it, and tear
+# it down.
 set -o errexit -o nounset -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/_output/bin
@@ -27,5 +28,18 @@ step "The control plane's static pods"
 
 step "kubectl ichor plan kubernetes --to $to"
 PATH=$bin:$PATH kubectl-ichor plan kubernetes --to "$to"
+
+step "kubectl ichor upgrade kubernetes --to $to --yes (an in-cluster Job runs it; its pod is a local process)"
+PATH=$bin:$PATH kubectl-ichor upgrade kubernetes --to "$to" --yes
+
+step "kubectl ichor status"
+PATH=$bin:$PATH kubectl-ichor status
+
+step "kubectl get nodes"
+"$kubectl" get nodes -o wide
+
+step "What started when (events.jsonl, recorded by the simulator): the order of the stages"
+grep -v '"version":"'"$from"'"' "$dir/events.jsonl" | grep -v '"component":"talos"' |
+  sed -E 's/.*"time":"[0-9-]+T([0-9:.]{12})[0-9]*Z","node":"([^"]+)","component":"([^"]+)","version":"([^"]+)".*/  \1  \2  \3 \4/'
 
 step "Done: the cluster is being torn down (keep one with: _output/bin/ichor-sim up --dir /tmp/c)"
