@@ -429,7 +429,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 		}
 
 		if kubelets {
-			if drained, err = r.cordonAndDrain(ctx, stage, name, ours); err != nil {
+			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ours); err != nil {
 				return false, err
 			}
 
@@ -602,46 +602,6 @@ func stagedPaths(active, persistent config.Provider) string {
 	return "at " + strings.Join(paths, ", ")
 }
 
-// cordonAndDrain cordons the node (marked as ichor's) unless ichor already
-// had, and drains it. A failed drain uncordons it again. It returns a
-// summary ("drained 3 pods").
-func (r *kubeRun) cordonAndDrain(ctx context.Context, stage, name string, ours bool) (string, error) {
-	if !ours {
-		if err := kube.Cordon(ctx, r.e.Kube, name, time.Now()); err != nil {
-			return "", r.pause(ctx, stage, name, err.Error(), actionResume, err)
-		}
-
-		r.e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
-	}
-
-	r.e.node(stage, name, PhaseDraining, "draining (bound %s)", r.opts.DrainTimeout)
-
-	evicted, err := kube.Drainer{
-		Client:          r.e.Kube,
-		Timeout:         r.opts.DrainTimeout,
-		EvictRetryDelay: r.e.evictRetryDelay,
-		OnEvicted: func(pod string) {
-			r.e.node(stage, name, PhaseDraining, "evicted %s", pod)
-		},
-	}.Drain(ctx, name)
-	if err != nil {
-		// Cancelled (the runner itself evicted, or stopped): the node stays
-		// cordoned by ichor, and the next run finishes it first.
-		if ctx.Err() != nil {
-			return "", fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
-		}
-
-		if uerr := kube.Uncordon(ctx, r.e.Kube, name); uerr != nil {
-			err = errors.Join(err, uerr)
-		}
-
-		return "", r.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
-			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
-	}
-
-	return fmt.Sprintf("drained %d pod(s)", evicted), nil
-}
-
 // apply dry-runs, then applies, the render, each call under its own
 // deadline.
 func (r *kubeRun) apply(ctx context.Context, stage, name, ip string, res *render.Result) error {
@@ -763,27 +723,9 @@ func (r *kubeRun) rollout(ctx context.Context, stage string) error {
 	return nil
 }
 
-// pause reports a failed node (when node is set) and returns the
-// *PauseError; when ctx ended, it returns ctx's error instead, wrapped, for
-// the runner to tell a stop from a failure.
+// pause is Engine.pause for this run.
 func (r *kubeRun) pause(ctx context.Context, stage, node, reason, action string, err error) error {
-	if ctx.Err() != nil {
-		if node != "" {
-			return fmt.Errorf("stage %s: node %q: %w", stage, node, ctx.Err())
-		}
-
-		return fmt.Errorf("stage %s: %w", stage, ctx.Err())
-	}
-
-	reason = oneLine(reason)
-
-	if node != "" {
-		r.e.node(stage, node, PhaseFailed, "%s", reason)
-	} else if stage != "" {
-		r.e.step(stage, "failed", "%s", reason)
-	}
-
-	return &PauseError{Stage: stage, Node: node, Reason: reason, Action: action, Err: err}
+	return r.e.pause(ctx, stage, node, reason, action, err)
 }
 
 func verifyAction(node string) string {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -172,4 +173,67 @@ func (e *Engine) line(format string, args ...any) {
 // oneLine folds a message onto one line.
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// pause reports a failed node (when node is set) and returns the
+// *PauseError; when ctx ended, it returns ctx's error instead, wrapped, for
+// the runner to tell a stop from a failure.
+func (e *Engine) pause(ctx context.Context, stage, node, reason, action string, err error) error {
+	if ctx.Err() != nil {
+		if node != "" {
+			return fmt.Errorf("stage %s: node %q: %w", stage, node, ctx.Err())
+		}
+
+		return fmt.Errorf("stage %s: %w", stage, ctx.Err())
+	}
+
+	reason = oneLine(reason)
+
+	if node != "" {
+		e.node(stage, node, PhaseFailed, "%s", reason)
+	} else if stage != "" {
+		e.step(stage, "failed", "%s", reason)
+	}
+
+	return &PauseError{Stage: stage, Node: node, Reason: reason, Action: action, Err: err}
+}
+
+// cordonAndDrain cordons the node (marked as ichor's) unless ichor already
+// had, and drains it. A failed drain uncordons it again. It returns a
+// summary ("drained 3 pods").
+func (e *Engine) cordonAndDrain(ctx context.Context, opts EngineOptions, stage, name string, ours bool) (string, error) {
+	if !ours {
+		if err := kube.Cordon(ctx, e.Kube, name, time.Now()); err != nil {
+			return "", e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
+	}
+
+	e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
+
+	evicted, err := kube.Drainer{
+		Client:          e.Kube,
+		Timeout:         opts.DrainTimeout,
+		EvictRetryDelay: e.evictRetryDelay,
+		OnEvicted: func(pod string) {
+			e.node(stage, name, PhaseDraining, "evicted %s", pod)
+		},
+	}.Drain(ctx, name)
+	if err != nil {
+		// Cancelled (the runner itself evicted, or stopped): the node stays
+		// cordoned by ichor, and the next run finishes it first.
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
+		}
+
+		if uerr := kube.Uncordon(ctx, e.Kube, name); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+
+		return "", e.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
+			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
+	}
+
+	return fmt.Sprintf("drained %d pod(s)", evicted), nil
 }
