@@ -17,4 +17,14 @@
 // kube-controller-manager, kube-scheduler, kube-proxy or kubelet newer than any
 // kube-apiserver. The Kubernetes side of each step (verification by informers, cordon
 // and drain, the bootstrap manifests' server-side apply) is pkg/kube.
+//
+// The Talos OS upgrade (engine_talos.go) visits the nodes in the same order with the
+// same checks' style: upgrade path and Kubernetes pairing (machinery's compatibility
+// tables), node Ready, etcd all voters on a control plane; then it cordons and drains
+// the node itself (a Reboot after LifecycleService.Upgrade does not drain), records the
+// node's boot ID in Memo before the Upgrade call (under its own deadline), and follows
+// the reboot by that boot ID: unreachable is rebooting, the same ID is not yet, a new ID
+// on the old version is an A/B fallback and pauses. The node is done once Ready on the
+// new osImage (and, on a control plane, etcd all voters again), and uncordoned. The
+// boot ID is all it keeps: a new runner resumes a node from it and the node's state.
 package stages

@@ -43,6 +43,7 @@ type KubernetesTalos interface {
 // kind, composed. *talos.Client satisfies it.
 type TalosClient interface {
 	KubernetesTalos
+	OSTalos
 }
 
 // StepProgress may be implemented by a Progress to hear about a stage's own
@@ -73,8 +74,9 @@ type Engine struct {
 	// Progress receives every stage and every node's phase changes; may be
 	// nil.
 	Progress Progress
-	// Memo keeps what the engine must remember across a pod restart; the
-	// Kubernetes kind needs none, so it may be nil there.
+	// Memo keeps what the engine must remember across a pod restart: the
+	// Talos kind requires it (each node's boot ID before its Upgrade call);
+	// the Kubernetes kind needs none, so it may be nil there.
 	Memo Memo
 	// Out, when not nil, receives the same progress as plain lines, one per
 	// event (for logs).
@@ -84,6 +86,9 @@ type Engine struct {
 	// evictRetryDelay overrides the drain's wait between evictions a budget
 	// refused (tests).
 	evictRetryDelay time.Duration
+	// talosPoll overrides how often a Talos upgrade polls a node's Talos API
+	// while it reboots (tests).
+	talosPoll time.Duration
 }
 
 // Run drives the upgrade. It returns nil once every stage is done, a
@@ -98,7 +103,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	case KindKubernetes:
 		return e.runKubernetes(ctx, opts)
 	case KindTalos:
-		return errors.New("the Talos OS upgrade is not implemented by this engine yet")
+		return e.runTalos(ctx, opts)
 	default:
 		return fmt.Errorf("unknown upgrade kind %q: want %q or %q", opts.Kind, KindKubernetes, KindTalos)
 	}

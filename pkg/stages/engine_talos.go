@@ -1,0 +1,1083 @@
+package stages
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// OSTalos is the part of the Talos API the Talos OS upgrade uses. Every call
+// is addressed to one node by the address Talos routes it by (the Node's
+// InternalIP); *talos.Client satisfies it.
+type OSTalos interface {
+	// Version returns the Talos version the node runs, e.g. "v1.13.9".
+	Version(ctx context.Context, node string) (string, error)
+	// MachineConfig returns the node's active machine config (for its
+	// installer image, machine.install.image).
+	MachineConfig(ctx context.Context, node string) (config.Provider, error)
+	// BootID returns the ID of the node's current boot: it changes with
+	// every reboot.
+	BootID(ctx context.Context, node string) (string, error)
+	// EtcdMembers returns the etcd members as a control plane's own etcd
+	// reports them.
+	EtcdMembers(ctx context.Context, node string) ([]talos.EtcdMember, error)
+	// Upgrade installs the installer image's Talos and reboots the node; it
+	// returns once the reboot is requested.
+	Upgrade(ctx context.Context, node, image string) error
+}
+
+// Bounds and pace of the Talos OS upgrade besides those in EngineOptions.
+const (
+	// talosPollInterval is how often a rebooting node's Talos API is asked
+	// again: Talos has no watch that survives a reboot, so this is polled.
+	talosPollInterval = time.Second
+	// talosPollCallTimeout bounds one call of that polling, so a node that
+	// swallows packets costs one interval, not a whole dial timeout.
+	talosPollCallTimeout = 5 * time.Second
+)
+
+// upgradeMark is what the Talos upgrade remembers, in Memo, of one node's
+// upgrade to one target: all that cannot be read back from the node once it
+// has rebooted.
+type upgradeMark struct {
+	// BootID is the node's boot ID read just before its Upgrade call; a
+	// different boot ID later means the node rebooted since.
+	BootID string `json:"bootID"`
+	// Called is set once the Upgrade call returned (or lost the node as it
+	// went down): from then on the node is only followed, never called again.
+	Called bool `json:"called,omitempty"`
+	// Fallback is the boot ID in which the node came back on its old version
+	// (an A/B fallback) and the operation paused; the next run, a resume,
+	// tries the node's upgrade again.
+	Fallback string `json:"fallback,omitempty"`
+}
+
+// following reports whether the mark is of an upgrade under way: recorded
+// and not ended by a fallback.
+func (m *upgradeMark) following() bool { return m != nil && m.Fallback == "" }
+
+// markKey is the Memo key of node's upgrade to target.
+func markKey(node string, target Version) string {
+	return "talos/" + node + "/" + target.String()
+}
+
+// talosRun is one Run of a Talos OS upgrade.
+type talosRun struct {
+	e      *Engine
+	opts   EngineOptions
+	target Version
+	stage  TalosOS
+	cache  *kube.Cache
+	poll   time.Duration
+	// controlPlanes counts the control-plane Nodes: the etcd members a
+	// healthy cluster has.
+	controlPlanes int
+}
+
+// osNode is a node the Talos upgrade visits, as read at the stage's start.
+type osNode struct {
+	discovery.Node
+	// version is the Talos version it ran; "" when its Talos API did not
+	// answer (unreachable says why: it may be rebooting).
+	version     string
+	cfg         config.Provider
+	unreachable error
+}
+
+// runTalos drives the single TalosOS stage: each node, control planes one
+// at a time then workers a batch at a time, is checked, cordoned and
+// drained, upgraded with its installer image and followed through its
+// reboot (boot ID, version, Node Ready on the new osImage, etcd on a control
+// plane), then uncordoned. Every step is re-derived from the node and the
+// mark Memo keeps, so a Run on a half-done cluster finishes it.
+func (e *Engine) runTalos(ctx context.Context, opts EngineOptions) error {
+	target, err := ParseVersion(opts.Target)
+	if err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+
+	if e.Kube == nil || e.Talos == nil {
+		return errors.New("the engine needs Kube and Talos clients")
+	}
+
+	if e.Memo == nil {
+		return errors.New("the Talos upgrade needs a Memo: it keeps each node's boot ID across a restart of the runner")
+	}
+
+	c, err := kube.StartCache(ctx, e.Kube)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("start: %w", ctx.Err())
+		}
+
+		return &PauseError{Reason: err.Error(), Action: actionResume, Err: err}
+	}
+	defer c.Stop()
+
+	poll := e.talosPoll
+	if poll <= 0 {
+		poll = talosPollInterval
+	}
+
+	r := &talosRun{e: e, opts: opts, target: target, stage: TalosOS{Target: target, Image: opts.Image}, cache: c, poll: poll}
+
+	return r.run(ctx)
+}
+
+// run reads the nodes, runs the stage's checks when any node is to be
+// upgraded, and visits the groups in order.
+func (r *talosRun) run(ctx context.Context) error {
+	name := r.stage.Name()
+	r.e.stage(1, 1, name)
+
+	visit, held, err := r.observe(ctx)
+	if err != nil {
+		return err
+	}
+
+	for _, n := range held {
+		if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
+			r.e.node(name, n.Name, PhaseHeld, "held (%s), still cordoned by ichor: remove the hold to finish it, or kubectl uncordon %s",
+				holdText(n), n.Name)
+
+			continue
+		}
+
+		r.e.node(name, n.Name, PhaseHeld, "held (%s)", holdText(n))
+	}
+
+	var pending []*osNode
+
+	for _, group := range visit {
+		for _, n := range group {
+			switch mark := r.mark(n.Name); {
+			case mark.following() && (mark.Called || n.unreachable != nil):
+				r.e.node(name, n.Name, PhasePending, "upgrade to %s under way (boot ID %s recorded): to follow", r.target, shortID(mark.BootID))
+			case n.unreachable != nil:
+				r.e.node(name, n.Name, PhasePending, "Talos API unreachable (%s): read again at its turn", firstLine(n.unreachable))
+			case n.version == r.target.String():
+				r.e.node(name, n.Name, PhasePending, "on Talos %s: to verify", n.version)
+			default:
+				pending = append(pending, n)
+
+				installer, _ := r.installer(n.Node, n.cfg)
+				r.e.node(name, n.Name, PhasePending, "to upgrade: Talos %s -> %s with %s", n.version, r.target, orUnknown(installer))
+			}
+		}
+	}
+
+	if len(pending) > 0 {
+		if err := r.checkStage(ctx, pending); err != nil {
+			return err
+		}
+	}
+
+	for _, group := range visit {
+		if err := r.runGroup(ctx, group); err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+// observe reads the cluster: the nodes to visit grouped in visiting order,
+// each with its Talos version and active config (a node whose Talos API is
+// unreachable is kept, to be read again at its turn: it may be rebooting),
+// and the held nodes.
+func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, error) {
+	name := r.stage.Name()
+
+	var snap *discovery.Snapshot
+
+	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		snap, err = (&discovery.Discoverer{Kube: r.e.Kube}).Discover(ctx)
+
+		return err
+	})
+	if err != nil {
+		return nil, nil, r.e.pause(ctx, name, "", "read the cluster: "+err.Error(), actionResume, err)
+	}
+
+	var (
+		candidates []discovery.Node
+		held       []discovery.Node
+	)
+
+	for _, n := range snap.Nodes {
+		if n.ControlPlane {
+			r.controlPlanes++
+		}
+
+		if n.Held {
+			held = append(held, n)
+
+			continue
+		}
+
+		if !n.IsTalos() {
+			err := fmt.Errorf("node %q runs %q, not Talos", n.Name, n.OSImage)
+
+			return nil, nil, r.e.pause(ctx, name, n.Name, err.Error(),
+				fmt.Sprintf("hold it (kubectl annotate node %s %s=not-talos), then resume", n.Name, discovery.HoldAnnotation), err)
+		}
+
+		if n.InternalIP == "" {
+			err := fmt.Errorf("node %q has no InternalIP address to reach its Talos API", n.Name)
+
+			return nil, nil, r.e.pause(ctx, name, n.Name, err.Error(), "check the Node's status.addresses, then resume", err)
+		}
+
+		candidates = append(candidates, n)
+	}
+
+	byIP := map[string]*osNode{}
+	byName := map[string]*osNode{}
+
+	var ips []string
+
+	for _, n := range candidates {
+		on := &osNode{Node: n}
+		byIP[n.InternalIP], byName[n.Name] = on, on
+		ips = append(ips, n.InternalIP)
+	}
+
+	err = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
+		n := byIP[ip]
+
+		version, cfg, err := r.read(ctx, n.Name, ip)
+
+		switch {
+		case talos.IsUnreachable(err):
+			n.unreachable = err
+		case err != nil:
+			return err
+		default:
+			n.version, n.cfg = version, cfg
+		}
+
+		return nil
+	})
+	if err != nil {
+		return nil, nil, r.e.pause(ctx, name, "", "read the nodes' Talos side: "+firstLine(err), actionTalosAccess, err)
+	}
+
+	order, err := OrderNodes(candidates, OrderOptions{Self: r.opts.Self, MaxUnavailable: r.opts.MaxUnavailable})
+	if err != nil {
+		return nil, nil, r.e.pause(ctx, name, "", err.Error(), actionResume, err)
+	}
+
+	return r.groups(order, byName), held, nil
+}
+
+// groups lays out the nodes in visiting order: each control plane alone,
+// then the workers in batches of MaxUnavailable. A node whose upgrade is
+// under way (ichor cordoned it, or its boot ID is recorded) goes first in its
+// group: it is finished before anything else is made unavailable.
+func (r *talosRun) groups(order Order, byName map[string]*osNode) [][]*osNode {
+	inProgress := func(name string) bool {
+		if r.mark(name).following() {
+			return true
+		}
+
+		n, ok := r.cache.Node(name)
+
+		return ok && kube.CordonedByIchor(n)
+	}
+
+	firstInProgress := func(nodes []discovery.Node) []*osNode {
+		out := make([]*osNode, 0, len(nodes))
+
+		for _, n := range nodes {
+			if inProgress(n.Name) {
+				out = append(out, byName[n.Name])
+			}
+		}
+
+		for _, n := range nodes {
+			if !inProgress(n.Name) {
+				out = append(out, byName[n.Name])
+			}
+		}
+
+		return out
+	}
+
+	var groups [][]*osNode
+
+	for _, n := range firstInProgress(order.ControlPlanes) {
+		groups = append(groups, []*osNode{n})
+	}
+
+	workers := firstInProgress(slices.Concat(order.Workers...))
+	for start := 0; start < len(workers); start += r.opts.MaxUnavailable {
+		groups = append(groups, workers[start:min(start+r.opts.MaxUnavailable, len(workers))])
+	}
+
+	return groups
+}
+
+// checkStage runs the checks that gate the stage's first upgrade, on the
+// nodes it will upgrade: the upgrade path from each one's Talos to the
+// target, the target's support of the Kubernetes the cluster runs, each
+// node's installer image, each node Ready. Nothing has changed yet when it
+// refuses.
+func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
+	stage := r.stage.Name()
+
+	var (
+		path, installers, notReady []string
+		pathNodes, installerNodes  []string
+	)
+
+	for _, n := range pending {
+		if err := upgradePath(r.target, n.version); err != nil {
+			path = append(path, fmt.Sprintf("%s: %v", n.Name, err))
+			pathNodes = append(pathNodes, n.Name)
+		}
+
+		if _, err := r.installer(n.Node, n.cfg); err != nil {
+			installers = append(installers, err.Error())
+			installerNodes = append(installerNodes, n.Name)
+		}
+
+		if node, ok := r.cache.Node(n.Name); !ok || !nodeReady(node) {
+			notReady = append(notReady, n.Name)
+		}
+	}
+
+	running, err := kube.Observe(ctx, r.e.Kube)
+	if err != nil {
+		return r.e.pause(ctx, stage, "", "checks: read what the cluster runs: "+err.Error(), actionResume, err)
+	}
+
+	unsupported, err := kubernetesUnsupported(r.target, running)
+	if err != nil {
+		return r.refuse(ctx, nil, err.Error(), "upgrade kubectl-ichor to a release that knows the target (kubectl krew upgrade ichor)")
+	}
+
+	switch {
+	case len(path) > 0:
+		return r.refuse(ctx, pathNodes, "upgrade path: "+summarize(path),
+			"upgrade through an intermediate Talos release first (see the Talos upgrade notes), or hold the nodes")
+	case len(unsupported) > 0:
+		return r.refuse(ctx, nil, fmt.Sprintf("Talos %s does not support the Kubernetes the cluster runs: %s", r.target, summarize(unsupported)),
+			"move Kubernetes into the range the target supports first (kubectl ichor plan kubernetes --to ...)")
+	case len(installers) > 0:
+		return r.refuse(ctx, installerNodes, "installer: "+summarize(installers),
+			"pass the installer with --image REPOSITORY:TAG")
+	case len(notReady) > 0:
+		return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", "),
+			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+	}
+
+	return nil
+}
+
+// refuse pauses the stage before it changes anything, naming the node when
+// there is one.
+func (r *talosRun) refuse(ctx context.Context, nodes []string, reason, action string) error {
+	node := ""
+	if len(nodes) == 1 {
+		node = nodes[0]
+	}
+
+	return r.e.pause(ctx, r.stage.Name(), node, "checks: "+reason, action, errors.New(reason))
+}
+
+// runGroup visits a group's nodes (several at once for a worker batch).
+// Every node of a batch finishes its step; the first failure, in the
+// batch's order, is returned.
+func (r *talosRun) runGroup(ctx context.Context, group []*osNode) error {
+	errs := make([]error, len(group))
+
+	var wg sync.WaitGroup
+
+	for i, n := range group {
+		wg.Go(func() { errs[i] = r.visit(ctx, n) })
+	}
+
+	wg.Wait()
+
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+// visit takes one node to the target: a node whose Upgrade call was made is
+// followed through its reboot; one already on the target is only verified
+// (and uncordoned if ichor cordoned it); any other is upgraded.
+func (r *talosRun) visit(ctx context.Context, n *osNode) error {
+	stage, name := r.stage.Name(), n.Name
+	mark := r.mark(name)
+
+	if mark.following() && mark.Called {
+		r.e.node(stage, name, PhaseUpgrading, "following the upgrade to %s: the Upgrade call was made in boot %s", r.target, shortID(mark.BootID))
+
+		return r.follow(ctx, n, *mark, outcome{})
+	}
+
+	version, cfg, err := r.read(ctx, name, n.InternalIP)
+	if err != nil && talos.IsUnreachable(err) {
+		if mark.following() {
+			// Down after its boot ID was recorded: the runner stopped after the
+			// call, before it could note it. This is the reboot.
+			r.e.node(stage, name, PhaseUpgrading, "Talos API unreachable since its boot ID was recorded: following it as a reboot into %s", r.target)
+
+			return r.follow(ctx, n, *mark, outcome{})
+		}
+
+		version, cfg, err = r.readPatiently(ctx, name, n.InternalIP)
+	}
+
+	if err != nil {
+		return r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+	}
+
+	if version == r.target.String() {
+		return r.verify(ctx, n, time.Now().Add(r.opts.VerifyTimeout), r.opts.VerifyTimeout, outcome{already: true})
+	}
+
+	return r.upgrade(ctx, n, version, cfg)
+}
+
+// outcome is what a node's visit did, for its last line.
+type outcome struct {
+	already   bool   // it was on the target before this run touched it
+	from      string // the version it was upgraded from
+	installer string
+	drained   string
+	rebooted  time.Duration
+}
+
+// upgrade checks the node, cordons and drains it, records its boot ID,
+// calls Upgrade under its own deadline and follows the reboot.
+func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg config.Provider) error {
+	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
+
+	installer, err := r.installer(n.Node, cfg)
+	if err != nil {
+		return r.e.pause(ctx, stage, name, "checks: "+err.Error(), "pass the installer with --image REPOSITORY:TAG", err)
+	}
+
+	if err := upgradePath(r.target, version); err != nil {
+		err = fmt.Errorf("node %q: upgrade path: %w", name, err)
+
+		return r.e.pause(ctx, stage, name, "checks: "+err.Error(),
+			"upgrade through an intermediate Talos release first (see the Talos upgrade notes), or hold the node", err)
+	}
+
+	node, ok := r.cache.Node(name)
+	if !ok {
+		err := fmt.Errorf("node %q: no such Node", name)
+
+		return r.e.pause(ctx, stage, name, err.Error(), actionResume, err)
+	}
+
+	if ready, why := kube.NodeReady(node); !ready {
+		err := fmt.Errorf("node %q is NotReady%s", name, why)
+
+		return r.e.pause(ctx, stage, name, "checks: "+err.Error(),
+			fmt.Sprintf("fix it, or hold it (kubectl annotate node %s %s=<reason>), then resume", name, discovery.HoldAnnotation), err)
+	}
+
+	if n.ControlPlane {
+		if problem := r.etcdProblem(ctx, ip); problem != "" {
+			err := fmt.Errorf("node %q: etcd is not healthy: %s", name, problem)
+
+			return r.e.pause(ctx, stage, name, "checks: "+err.Error(), etcdAction(ip), err)
+		}
+	}
+
+	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, kube.CordonedByIchor(node))
+	if err != nil {
+		return err
+	}
+
+	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	boot, err := r.e.Talos.BootID(readCtx, ip)
+
+	cancel()
+
+	if err != nil {
+		return r.undo(ctx, name, fmt.Errorf("node %q: before its upgrade: %w", name, err), actionTalosAccess)
+	}
+
+	mark := upgradeMark{BootID: boot}
+	if err := r.setMark(ctx, name, mark); err != nil {
+		return r.undo(ctx, name, fmt.Errorf("node %q: record its boot ID in the state: %w", name, err), actionResume)
+	}
+
+	r.e.node(stage, name, PhaseUpgrading, "upgrading Talos %s -> %s with %s (boot %s recorded; bound %s)",
+		version, r.target, installer, shortID(boot), r.opts.UpgradeTimeout)
+
+	callCtx, cancel := context.WithTimeout(ctx, r.opts.UpgradeTimeout)
+	err = r.e.Talos.Upgrade(callCtx, ip, installer)
+
+	cancel()
+
+	switch {
+	case err == nil:
+		r.e.node(stage, name, PhaseUpgrading, "Upgrade call done: waiting for the reboot into %s (bound %s)", r.target, r.opts.RebootTimeout)
+	case ctx.Err() != nil:
+		// Stopped mid-call: the mark holds the boot ID, and the next run
+		// either sees the reboot or calls again.
+		return fmt.Errorf("stage %s: node %q: upgrade: %w", stage, name, ctx.Err())
+	case talos.IsUnreachable(err):
+		r.e.node(stage, name, PhaseUpgrading, "lost the node during the Upgrade call (%s): following it as a reboot into %s (bound %s)",
+			firstLine(err), r.target, r.opts.RebootTimeout)
+	default:
+		return r.undo(ctx, name, fmt.Errorf("node %q: upgrade to %s: %w", name, installer, err),
+			"nothing was rebooted: check the installer image is reachable from the node (talosctl -n "+ip+" image pull "+installer+
+				"), then resume")
+	}
+
+	mark.Called = true
+	if err := r.setMark(ctx, name, mark); err != nil && ctx.Err() != nil {
+		return fmt.Errorf("stage %s: node %q: upgrade: %w", stage, name, ctx.Err())
+	}
+
+	return r.follow(ctx, n, mark, outcome{from: version, installer: installer, drained: drained})
+}
+
+// undo uncordons a node whose upgrade failed before its Upgrade call took
+// (nothing changed on it) and pauses with err.
+func (r *talosRun) undo(ctx context.Context, name string, err error, action string) error {
+	if ctx.Err() != nil {
+		return r.e.pause(ctx, r.stage.Name(), name, "", "", err)
+	}
+
+	reason := err.Error() + " (uncordoned again)"
+	if uerr := kube.Uncordon(ctx, r.e.Kube, name); uerr != nil {
+		reason = err.Error() + " (and " + uerr.Error() + ")"
+		err = errors.Join(err, uerr)
+	}
+
+	return r.e.pause(ctx, r.stage.Name(), name, reason, action, err)
+}
+
+// follow waits, bounded by RebootTimeout, for the node to reboot out of the
+// boot mark recorded and come back on the target, then verifies it. A node
+// that comes back on another version fell back to its previous A/B slot:
+// that pauses.
+func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out outcome) error {
+	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
+	start := time.Now()
+	deadline := start.Add(r.opts.RebootTimeout)
+
+	var (
+		lastErr  error
+		fellBack string // the boot ID the node came back in, not on the target
+		running  string
+	)
+
+	err := r.pollUntil(ctx, deadline, r.opts.RebootTimeout, func(ctx context.Context) (bool, string, error) {
+		boot, err := r.e.Talos.BootID(ctx, ip)
+
+		switch {
+		case talos.IsPermissionDenied(err):
+			return false, "", err
+		case err != nil && (talos.IsUnreachable(err) || errors.Is(err, context.DeadlineExceeded)):
+			lastErr = err
+
+			return false, "rebooting: Talos API unreachable", nil
+		case err != nil:
+			lastErr = err
+
+			return false, "Talos API: " + firstLine(err), nil
+		case boot == mark.BootID:
+			return false, "waiting for the reboot (boot ID unchanged)", nil
+		}
+
+		version, err := r.e.Talos.Version(ctx, ip)
+		if err != nil {
+			lastErr = err
+
+			return false, "rebooted; reading its version: " + firstLine(err), nil
+		}
+
+		if version != r.target.String() {
+			fellBack, running = boot, version
+		}
+
+		return true, "", nil
+	}, func(waiting string) {
+		r.e.node(stage, name, PhaseUpgrading, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
+	})
+
+	var timeout *kube.WaitTimeoutError
+
+	switch {
+	case errors.As(err, &timeout):
+		reason := fmt.Sprintf("did not come back on Talos %s within %s of its Upgrade call: %s", r.target, timeout.After, timeout.Waiting)
+		if lastErr != nil {
+			reason += " (last error: " + firstLine(lastErr) + ")"
+		}
+
+		return r.e.pause(ctx, stage, name, reason+"; the node stays cordoned",
+			fmt.Sprintf("look at the node (its console; talosctl -n %s dmesg once its API answers); once it runs Talos %s, resume "+
+				"(kubectl ichor resume) to verify it and go on, or abort (kubectl ichor abort uncordons it)", ip, r.target),
+			fmt.Errorf("node %q: reboot: %w", name, err))
+	case err != nil:
+		return r.e.pause(ctx, stage, name, fmt.Sprintf("node %q: follow its reboot: %v", name, err), actionTalosAccess, err)
+	case fellBack != "":
+		mark.Fallback = fellBack
+		if err := r.setMark(ctx, name, mark); err != nil && ctx.Err() != nil {
+			return fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
+		}
+
+		err := fmt.Errorf("node %q: A/B fallback: it rebooted (boot ID changed) but runs Talos %s, not %s", name, running, r.target)
+
+		return r.e.pause(ctx, stage, name,
+			err.Error()+": the new version did not boot and Talos went back to the previous boot slot; the node stays cordoned",
+			fmt.Sprintf("inspect the node (talosctl -n %s dmesg; talosctl -n %s logs machined), then resume to try its upgrade again "+
+				"(kubectl ichor resume), or abort (kubectl ichor abort uncordons it)", ip, ip),
+			err)
+	}
+
+	out.rebooted = time.Since(start)
+
+	return r.verify(ctx, n, deadline, r.opts.RebootTimeout, out)
+}
+
+// verify waits until deadline (bound is its length, for messages) for the
+// Node Ready on the target's osImage and, on a control plane, etcd healthy
+// with this node in it, then uncordons the node if ichor cordoned it.
+func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bound time.Duration, out outcome) error {
+	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
+	osImage := talosOSImage(r.target)
+	start := time.Now()
+
+	expect := "node Ready, osImage " + osImage
+	if n.ControlPlane {
+		expect += ", etcd healthy"
+	}
+
+	r.e.node(stage, name, PhaseVerifying, "waiting for %s", expect)
+
+	report := func(waiting string) {
+		r.e.node(stage, name, PhaseVerifying, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
+	}
+
+	err := r.cache.Wait(ctx, time.Until(deadline), r.nodeOnTarget(name, osImage), report)
+
+	var timeout *kube.WaitTimeoutError
+
+	switch {
+	case errors.As(err, &timeout):
+		return r.e.pause(ctx, stage, name,
+			fmt.Sprintf("verify: %s after %s; the node stays cordoned if ichor cordoned it", timeout.Waiting, bound),
+			verifyAction(name), fmt.Errorf("node %q: verify: %w", name, err))
+	case err != nil:
+		return r.e.pause(ctx, stage, name, "verify: "+err.Error(), actionResume, fmt.Errorf("node %q: verify: %w", name, err))
+	}
+
+	etcd := ""
+
+	if n.ControlPlane {
+		var members int
+
+		err := r.pollUntil(ctx, deadline, bound, func(ctx context.Context) (bool, string, error) {
+			list, err := r.e.Talos.EtcdMembers(ctx, ip)
+			if err != nil {
+				return false, "etcd: " + firstLine(err), nil
+			}
+
+			if problem := etcdProblems(list, r.controlPlanes); problem != "" {
+				return false, "etcd: " + problem, nil
+			}
+
+			members = len(list)
+
+			return true, "", nil
+		}, report)
+
+		switch {
+		case errors.As(err, &timeout):
+			return r.e.pause(ctx, stage, name,
+				fmt.Sprintf("verify: %s after %s; the node stays cordoned if ichor cordoned it", timeout.Waiting, bound),
+				etcdAction(ip), fmt.Errorf("node %q: verify etcd: %w", name, err))
+		case err != nil:
+			return r.e.pause(ctx, stage, name, "verify etcd: "+err.Error(), actionResume, fmt.Errorf("node %q: verify etcd: %w", name, err))
+		}
+
+		etcd = fmt.Sprintf("etcd %d voters", members)
+	}
+
+	uncordoned := false
+
+	if node, ok := r.cache.Node(name); ok && kube.CordonedByIchor(node) {
+		if err := kube.Uncordon(ctx, r.e.Kube, name); err != nil {
+			return r.e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		uncordoned = true
+	}
+
+	r.e.node(stage, name, PhaseDone, "%s", out.describe(r.target, osImage, etcd, uncordoned))
+
+	return nil
+}
+
+// describe is a node's last line: "Talos v1.12.4 -> v1.13.9 with
+// ghcr.io/siderolabs/installer:v1.13.9, drained 3 pod(s), rebooted in 41s,
+// node Ready on Talos (v1.13.9), etcd 3 voters, uncordoned".
+func (o outcome) describe(target Version, osImage, etcd string, uncordoned bool) string {
+	var parts []string
+
+	switch {
+	case o.already:
+		parts = append(parts, "on Talos "+target.String()+" already")
+	case o.from != "":
+		parts = append(parts, fmt.Sprintf("Talos %s -> %s with %s", o.from, target, o.installer))
+	default:
+		parts = append(parts, "upgraded to Talos "+target.String())
+	}
+
+	if o.drained != "" {
+		parts = append(parts, o.drained)
+	}
+
+	if o.rebooted > 0 {
+		parts = append(parts, "rebooted in "+o.rebooted.Round(time.Second).String())
+	}
+
+	parts = append(parts, "node Ready on "+osImage)
+
+	if etcd != "" {
+		parts = append(parts, etcd)
+	}
+
+	if uncordoned {
+		parts = append(parts, "uncordoned")
+	}
+
+	return strings.Join(parts, ", ")
+}
+
+// nodeOnTarget is the Condition that the Node is Ready and reports the
+// target's osImage.
+func (r *talosRun) nodeOnTarget(name, osImage string) kube.Condition {
+	return func() (bool, string) {
+		n, ok := r.cache.Node(name)
+		if !ok {
+			return false, "no Node " + name
+		}
+
+		var waiting []string
+
+		if got := n.Status.NodeInfo.OSImage; got != osImage {
+			waiting = append(waiting, fmt.Sprintf("osImage %q, want %q", got, osImage))
+		}
+
+		if ready, why := kube.NodeReady(n); !ready {
+			waiting = append(waiting, "node NotReady"+why)
+		}
+
+		return len(waiting) == 0, strings.Join(waiting, "; ")
+	}
+}
+
+// pollUntil calls check every poll interval, each call under its own short
+// deadline, until it is done (nil) or fails (its error), ctx ends (ctx's
+// error) or deadline passes (a *kube.WaitTimeoutError naming bound and what
+// check still waited for). report hears what it waits for whenever that
+// changes, and every kube.DefaultHeartbeat while it does not.
+func (r *talosRun) pollUntil(ctx context.Context, deadline time.Time, bound time.Duration,
+	check func(ctx context.Context) (done bool, waiting string, err error), report func(waiting string),
+) error {
+	var (
+		last     string
+		reported time.Time
+	)
+
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, max(min(talosPollCallTimeout, time.Until(deadline)), r.poll))
+		done, waiting, err := check(callCtx)
+
+		cancel()
+
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			return err
+		case done:
+			return nil
+		}
+
+		if waiting != last || time.Since(reported) >= kube.DefaultHeartbeat {
+			last, reported = waiting, time.Now()
+			report(waiting)
+		}
+
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			return &kube.WaitTimeoutError{After: bound, Waiting: waiting}
+		}
+
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(min(r.poll, remaining)):
+		}
+	}
+}
+
+// read reads a node's Talos version and active config, under one deadline.
+func (r *talosRun) read(ctx context.Context, name, ip string) (string, config.Provider, error) {
+	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	version, err := r.e.Talos.Version(ctx, ip)
+	if err != nil {
+		return "", nil, fmt.Errorf("node %q: %w", name, err)
+	}
+
+	cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+	if err != nil {
+		return "", nil, fmt.Errorf("node %q: %w", name, err)
+	}
+
+	return version, cfg, nil
+}
+
+// readPatiently is read, tried again while the node is unreachable, for at
+// most talosReadTimeout (a node, or the endpoint that routes to it, still
+// rebooting).
+func (r *talosRun) readPatiently(ctx context.Context, name, ip string) (string, config.Provider, error) {
+	var (
+		version string
+		cfg     config.Provider
+		lastErr error
+	)
+
+	err := r.pollUntil(ctx, time.Now().Add(talosReadTimeout), talosReadTimeout, func(ctx context.Context) (bool, string, error) {
+		var err error
+
+		version, cfg, err = r.read(ctx, name, ip)
+
+		switch {
+		case err == nil:
+			return true, "", nil
+		case talos.IsUnreachable(err) || errors.Is(err, context.DeadlineExceeded):
+			lastErr = err
+
+			return false, "Talos API unreachable", nil
+		}
+
+		return false, "", err
+	}, func(waiting string) {
+		r.e.node(r.stage.Name(), name, PhasePending, "%s: reading it again", waiting)
+	})
+
+	var timeout *kube.WaitTimeoutError
+	if errors.As(err, &timeout) && lastErr != nil {
+		return "", nil, fmt.Errorf("%w (for %s)", lastErr, timeout.After)
+	}
+
+	return version, cfg, err
+}
+
+// installer returns the installer image of a node with active config cfg.
+func (r *talosRun) installer(n discovery.Node, cfg config.Provider) (string, error) {
+	if cfg != nil && cfg.Machine() != nil {
+		n.Talos = &discovery.Talos{InstallImage: cfg.Machine().Install().Image()}
+	}
+
+	return r.stage.Installer(n)
+}
+
+// etcdProblem says what is wrong with etcd as control plane ip sees it, ""
+// when nothing is.
+func (r *talosRun) etcdProblem(ctx context.Context, ip string) string {
+	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	members, err := r.e.Talos.EtcdMembers(ctx, ip)
+	if err != nil {
+		return firstLine(err)
+	}
+
+	return etcdProblems(members, r.controlPlanes)
+}
+
+// etcdProblems says what keeps members from being a healthy etcd of want
+// control planes: a learner, or a count that is not want; "" when none.
+func etcdProblems(members []talos.EtcdMember, want int) string {
+	var learners []string
+
+	for _, m := range members {
+		if m.IsLearner {
+			name := m.Hostname
+			if name == "" {
+				name = fmt.Sprintf("%x", m.ID)
+			}
+
+			learners = append(learners, name)
+		}
+	}
+
+	switch {
+	case len(learners) > 0:
+		return fmt.Sprintf("member(s) %s not yet promoted (learner)", strings.Join(learners, ", "))
+	case len(members) != want:
+		return fmt.Sprintf("%d member(s), but the cluster has %d control plane(s)", len(members), want)
+	}
+
+	return ""
+}
+
+func etcdAction(ip string) string {
+	return fmt.Sprintf("check etcd (talosctl -n %s etcd members; talosctl -n %s etcd status): every control plane a voter, none a learner; then resume",
+		ip, ip)
+}
+
+// mark reads node's upgrade mark from Memo; nil when there is none (or it
+// does not parse: the node's version then decides).
+func (r *talosRun) mark(node string) *upgradeMark {
+	v, ok := r.e.Memo.Get(markKey(node, r.target))
+	if !ok || v == "" {
+		return nil
+	}
+
+	var m upgradeMark
+	if err := json.Unmarshal([]byte(v), &m); err != nil || m.BootID == "" {
+		return nil
+	}
+
+	return &m
+}
+
+// setMark writes node's upgrade mark and returns once it is durable.
+func (r *talosRun) setMark(ctx context.Context, node string, m upgradeMark) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+
+	return r.e.Memo.Set(ctx, markKey(node, r.target), string(b))
+}
+
+// upgradePath says whether a node running the Talos version running may be
+// upgraded to target: not a downgrade, and allowed by machinery's upgrade
+// table (which also refuses a target minor it does not know).
+func upgradePath(target Version, running string) error {
+	v, err := ParseVersion(running)
+	if err != nil {
+		return fmt.Errorf("running Talos version: %w", err)
+	}
+
+	if target.Compare(v) < 0 {
+		return fmt.Errorf("%s is older than the running %s: downgrades are not supported", target, v)
+	}
+
+	host, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: running})
+	if err != nil {
+		return fmt.Errorf("running Talos version %q: %w", running, err)
+	}
+
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target.String()})
+	if err != nil {
+		return fmt.Errorf("target %s: %w", target, err)
+	}
+
+	return tv.UpgradeableFrom(host)
+}
+
+// kubernetesUnsupported returns one line for each Kubernetes version the
+// cluster runs that Talos target does not support, naming the nodes that run
+// it. Versions that do not parse are not judged.
+func kubernetesUnsupported(target Version, running []kube.Running) ([]string, error) {
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target.String()})
+	if err != nil {
+		return nil, fmt.Errorf("target %s: %w", target, err)
+	}
+
+	where := map[string][]string{}
+
+	var versions []string
+
+	for _, run := range running {
+		if _, err := ParseVersion(run.Version); err != nil {
+			continue
+		}
+
+		if _, seen := where[run.Version]; !seen {
+			versions = append(versions, run.Version)
+		}
+
+		if !slices.Contains(where[run.Version], run.Node) {
+			where[run.Version] = append(where[run.Version], run.Node)
+		}
+	}
+
+	slices.Sort(versions)
+
+	var out []string
+
+	for _, v := range versions {
+		kv, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(v, "v"))
+		if err != nil {
+			continue
+		}
+
+		if err := kv.SupportedWith(tv); err != nil {
+			nodes := where[v]
+			slices.Sort(nodes)
+
+			out = append(out, fmt.Sprintf("Kubernetes %s on %s", v, strings.Join(nodes, ", ")))
+		}
+	}
+
+	return out, nil
+}
+
+// talosOSImage is the osImage a Node on Talos version v reports.
+func talosOSImage(v Version) string {
+	return fmt.Sprintf("Talos (%s)", v)
+}
+
+// nodeReady reports the Node's Ready condition.
+func nodeReady(n *corev1.Node) bool {
+	ready, _ := kube.NodeReady(n)
+
+	return ready
+}
+
+// shortID is the start of a boot ID, enough to tell two apart in a line.
+func shortID(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+
+	return id
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+
+	return s
+}

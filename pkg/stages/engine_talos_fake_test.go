@@ -1,0 +1,433 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// This file is the OS side of the fake cluster, for the Talos upgrade's
+// tests: each machine has a running Talos version and a boot ID, an Upgrade
+// stages the installer's version and reboots the machine (down for a moment,
+// its Node NotReady, then up with a new boot ID, the new osImage and Ready),
+// and etcd lists every control plane. Faults: an A/B fallback, a machine
+// that never boots, an unreachable API, learners.
+
+// The Kubernetes fake has no OS side: the Talos upgrade's tests use fakeOS.
+
+func (ft *fakeTalos) BootID(context.Context, string) (string, error) {
+	return "", errors.New("fake talos: no OS side (use fakeOS)")
+}
+
+func (ft *fakeTalos) EtcdMembers(context.Context, string) ([]talos.EtcdMember, error) {
+	return nil, errors.New("fake talos: no OS side (use fakeOS)")
+}
+
+func (ft *fakeTalos) Upgrade(context.Context, string, string) error {
+	return errors.New("fake talos: no OS side (use fakeOS)")
+}
+
+// osFaults are what a fake machine's OS does wrong.
+type osFaults struct {
+	abFallback   bool // an upgrade boots back into the old version
+	neverBoots   bool // a reboot keeps the machine down while set
+	unreachable  bool // the Talos API refuses connections while set
+	upgradeFails bool // the Upgrade call fails (the installer exits non-zero)
+	learner      bool // this control plane is an etcd learner while set
+	// learnerAfterBoot keeps this control plane a learner this long after
+	// each boot.
+	learnerAfterBoot time.Duration
+	// stayNotReady keeps the Node NotReady after a boot.
+	stayNotReady bool
+}
+
+// osMachine is one machine's OS.
+type osMachine struct {
+	name         string
+	controlPlane bool
+	version      string
+	bootID       string
+	bootedAt     time.Time
+	up           bool
+	boots        int
+	faults       osFaults
+}
+
+// fakeOS is the Talos API of a fake cluster with an OS side.
+type fakeOS struct {
+	*fakeTalos
+
+	f           *fakeCluster
+	rebootDelay time.Duration
+	done        chan struct{}
+	wg          sync.WaitGroup
+
+	mu       sync.Mutex
+	machines map[string]*osMachine // by name
+	upgrades []string              // "node image" of every Upgrade that took
+	reboots  []string              // "node version" of every boot after an upgrade, in order
+	// unavailable is, at each Upgrade that took, the nodes cordoned by
+	// ichor then (the node itself included).
+	unavailable [][]string
+	// onUpgrade, when set, is called at every Upgrade call before it acts.
+	// An error fails the call: before it acts with skip (nothing happened on
+	// the node), else after (a runner stopped mid-call while the node went
+	// on).
+	onUpgrade func(ctx context.Context, node string) (skip bool, err error)
+}
+
+// newFakeOS returns a fake cluster with an OS side: every machine runs
+// spec.talos.
+func newFakeOS(t *testing.T, spec clusterSpec) *fakeOS {
+	t.Helper()
+
+	f := newFakeCluster(t, spec)
+	o := &fakeOS{fakeTalos: (*fakeTalos)(f), f: f, rebootDelay: 20 * time.Millisecond, done: make(chan struct{}), machines: map[string]*osMachine{}}
+
+	for i, m := range f.machines {
+		// Booted from the installer of its version, as machinery generates
+		// configs with WithInstallImage.
+		cfg, err := m.active.PatchV1Alpha1(func(c *v1alpha1.Config) error {
+			c.MachineConfig.MachineInstall.InstallImage = "ghcr.io/siderolabs/installer:" + m.talos
+
+			return nil
+		})
+		require.NoError(t, err)
+
+		m.active = reloadConfig(t, cfg)
+		m.persistent = m.active
+
+		o.machines[m.name] = &osMachine{
+			name: m.name, controlPlane: m.controlPlane, version: m.talos,
+			bootID: fmt.Sprintf("%08d-boot-%s-0", i, m.name), up: true,
+		}
+	}
+
+	t.Cleanup(func() {
+		close(o.done)
+		o.wg.Wait()
+	})
+
+	return o
+}
+
+// machine returns the OS of the machine named name or addressed by ip.
+func (o *fakeOS) machine(nameOrIP string) *osMachine {
+	name := o.f.machine(nameOrIP).name
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	return o.machines[name]
+}
+
+// setFaults changes a machine's faults.
+func (o *fakeOS) setFaults(name string, fn func(*osFaults)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	fn(&o.machines[name].faults)
+}
+
+// state returns a copy of a machine's OS.
+func (o *fakeOS) state(name string) osMachine {
+	m := o.machine(name)
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	return *m
+}
+
+// reachable returns the machine, or the error a caller of a machine that is
+// down or unreachable gets.
+func (o *fakeOS) reachable(ctx context.Context, ip string) (*osMachine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+
+	m := o.machine(ip)
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	if !m.up || m.faults.unreachable {
+		return nil, status.Errorf(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp %s:50000: connect: connection refused\"", ip)
+	}
+
+	return m, nil
+}
+
+func (o *fakeOS) Version(ctx context.Context, ip string) (string, error) {
+	m, err := o.reachable(ctx, ip)
+	if err != nil {
+		return "", fmt.Errorf("node %q: version: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	return m.version, nil
+}
+
+func (o *fakeOS) MachineConfig(ctx context.Context, ip string) (config.Provider, error) {
+	if _, err := o.reachable(ctx, ip); err != nil {
+		return nil, fmt.Errorf("node %q: read machine config: %w", ip, err)
+	}
+
+	return o.fakeTalos.MachineConfig(ctx, ip)
+}
+
+func (o *fakeOS) BootID(ctx context.Context, ip string) (string, error) {
+	m, err := o.reachable(ctx, ip)
+	if err != nil {
+		return "", fmt.Errorf("node %q: read boot id: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	return m.bootID, nil
+}
+
+func (o *fakeOS) EtcdMembers(ctx context.Context, ip string) ([]talos.EtcdMember, error) {
+	self, err := o.reachable(ctx, ip)
+	if err != nil {
+		return nil, fmt.Errorf("node %q: list etcd members: %w", ip, err)
+	}
+
+	if !self.controlPlane {
+		return nil, fmt.Errorf("node %q: list etcd members: %w", ip, status.Error(codes.FailedPrecondition, "etcd is not running on this node"))
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	var out []talos.EtcdMember
+
+	for i, fm := range o.f.machines {
+		m := o.machines[fm.name]
+		if !m.controlPlane {
+			continue
+		}
+
+		learner := m.faults.learner || (m.faults.learnerAfterBoot > 0 && time.Since(m.bootedAt) < m.faults.learnerAfterBoot)
+		out = append(out, talos.EtcdMember{ID: uint64(i + 1), Hostname: m.name, IsLearner: learner})
+	}
+
+	return out, nil
+}
+
+// Upgrade stages the installer's version and reboots the machine: it goes
+// down at once, and boots after rebootDelay.
+func (o *fakeOS) Upgrade(ctx context.Context, ip, image string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		return errors.New("fake talos: an Upgrade without its own deadline")
+	}
+
+	m, err := o.reachable(ctx, ip)
+	if err != nil {
+		return fmt.Errorf("node %q: upgrade: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	fails, hook := m.faults.upgradeFails, o.onUpgrade
+	o.mu.Unlock()
+
+	if fails {
+		return fmt.Errorf("node %q: upgrade to %s: the installer exited with code 1", ip, image)
+	}
+
+	var after error
+
+	if hook != nil {
+		skip, err := hook(ctx, m.name)
+		if skip {
+			return fmt.Errorf("node %q: upgrade to %s: %w", ip, image, err)
+		}
+
+		after = err
+	}
+
+	staged := render.TagOf(image)
+	cordoned := o.f.cordonedByIchor()
+
+	o.mu.Lock()
+	o.upgrades = append(o.upgrades, m.name+" "+image)
+	o.unavailable = append(o.unavailable, cordoned)
+	m.up = false
+	o.mu.Unlock()
+
+	o.setNode(m.name, func(n *corev1.Node) {
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady", Message: "node is shutting down"}}
+	})
+
+	o.wg.Add(1)
+
+	go o.boot(m, staged)
+
+	return after
+}
+
+// boot brings a machine up after rebootDelay (and while it never boots,
+// not at all) with a new boot ID, on staged unless it falls back.
+func (o *fakeOS) boot(m *osMachine, staged string) {
+	defer o.wg.Done()
+
+	for first := true; ; first = false {
+		wait := time.Millisecond
+		if first {
+			wait = o.rebootDelay
+		}
+
+		select {
+		case <-o.done:
+			return
+		case <-time.After(wait):
+		}
+
+		o.mu.Lock()
+		never := m.faults.neverBoots
+		o.mu.Unlock()
+
+		if !never {
+			break
+		}
+	}
+
+	o.mu.Lock()
+	if !m.faults.abFallback {
+		m.version = staged
+	}
+
+	m.boots++
+	m.bootID = fmt.Sprintf("boot-%s-%d", m.name, m.boots)
+	m.bootedAt = time.Now()
+	m.up = true
+	version, notReady := m.version, m.faults.stayNotReady
+	o.reboots = append(o.reboots, m.name+" "+version)
+	o.mu.Unlock()
+
+	o.setNode(m.name, func(n *corev1.Node) {
+		n.Status.NodeInfo.OSImage = fmt.Sprintf("Talos (%s)", version)
+		if !notReady {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		}
+	})
+}
+
+// setNode changes a Node's status.
+func (o *fakeOS) setNode(name string, fn func(*corev1.Node)) {
+	n, err := o.f.cs.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(o.f.t, err)
+
+	fn(n)
+
+	_, err = o.f.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
+	require.NoError(o.f.t, err)
+}
+
+// setOS puts a machine on version (its Node's osImage too), as if upgraded
+// before the test.
+func (o *fakeOS) setOS(name, version string) {
+	o.mu.Lock()
+	o.machines[name].version = version
+	o.mu.Unlock()
+
+	o.setNode(name, func(n *corev1.Node) { n.Status.NodeInfo.OSImage = fmt.Sprintf("Talos (%s)", version) })
+}
+
+// upgradeNodes returns the nodes of the Upgrade calls that took, in order.
+func (o *fakeOS) upgradeNodes() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	out := make([]string, 0, len(o.upgrades))
+	for _, u := range o.upgrades {
+		out = append(out, strings.Fields(u)[0])
+	}
+
+	return out
+}
+
+// rebootNodes returns the nodes of the boots after an upgrade, in order.
+func (o *fakeOS) rebootNodes() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	out := make([]string, 0, len(o.reboots))
+	for _, r := range o.reboots {
+		out = append(out, strings.Fields(r)[0])
+	}
+
+	return out
+}
+
+// engine returns an Engine for a Talos upgrade over the fake with short
+// bounds, keeping its marks in memo.
+func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*EngineOptions)) *Engine {
+	opts := EngineOptions{
+		Kind: KindTalos, Target: target, MaxUnavailable: 1,
+		VerifyTimeout: 5 * time.Second, DrainTimeout: 5 * time.Second, UpgradeTimeout: 5 * time.Second, RebootTimeout: 5 * time.Second,
+	}
+
+	for _, fn := range mutate {
+		fn(&opts)
+	}
+
+	return &Engine{Kube: o.f.cs, Talos: o, Options: opts, Memo: memo, evictRetryDelay: time.Millisecond, talosPoll: time.Millisecond}
+}
+
+// mapMemo is a Memo in memory. A Set with its context ended writes nothing,
+// as a write to the state that never reached it.
+type mapMemo struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func newMemo() *mapMemo { return &mapMemo{m: map[string]string{}} }
+
+func (m *mapMemo) Get(key string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	v, ok := m.m[key]
+
+	return v, ok
+}
+
+func (m *mapMemo) Set(ctx context.Context, key, value string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("write the state: %w", err)
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	m.m[key] = value
+
+	return nil
+}
+
+func (m *mapMemo) all() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	return maps.Clone(m.m)
+}

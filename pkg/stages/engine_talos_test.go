@@ -1,0 +1,575 @@
+package stages
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+)
+
+// talosSpec is a 3+2 cluster on Talos v1.12.4 and Kubernetes v1.35.4 with
+// one pod of a workload on each worker.
+func talosSpec() clusterSpec {
+	return clusterSpec{controlPlanes: 3, workers: 2, kubernetes: "v1.35.4", talos: "v1.12.4", workloads: 1}
+}
+
+// installerOf is the installer node's upgrade to target uses by default:
+// its own installer repository, the tag changed.
+func installerOf(t *testing.T, o *fakeOS, node, target string) string {
+	t.Helper()
+
+	image, err := render.WithTag(o.f.machine(node).active.Machine().Install().Image(), target)
+	require.NoError(t, err)
+
+	return image
+}
+
+// requireTalosFinished checks every node not in skip runs target on its
+// Node's osImage too, Ready and schedulable, with no cordon mark, each
+// upgraded exactly once.
+func requireTalosFinished(t *testing.T, o *fakeOS, target string, skip ...string) {
+	t.Helper()
+
+	upgrades := o.upgradeNodes()
+
+	for _, fm := range o.f.machines {
+		if slices.Contains(skip, fm.name) {
+			continue
+		}
+
+		st := o.state(fm.name)
+		assert.Equal(t, target, st.version, fm.name)
+		assert.True(t, st.up, "%s up", fm.name)
+
+		n, err := o.f.cs.CoreV1().Nodes().Get(context.Background(), fm.name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, "Talos ("+target+")", n.Status.NodeInfo.OSImage, fm.name)
+		assert.True(t, nodeReady(n), "%s Ready", fm.name)
+		assert.False(t, n.Spec.Unschedulable, "%s schedulable", fm.name)
+		assert.False(t, kube.CordonedByIchor(n), "%s has no cordon mark", fm.name)
+	}
+
+	for _, name := range o.rebootNodes() {
+		assert.Equal(t, 1, count(upgrades, name), "%s upgraded once: %v", name, upgrades)
+	}
+}
+
+func count(list []string, s string) int {
+	n := 0
+
+	for _, v := range list {
+		if v == s {
+			n++
+		}
+	}
+
+	return n
+}
+
+func TestTalosUpgrade(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	memo := newMemo()
+	rec := &recorder{}
+
+	e := o.engine("v1.13.9", memo)
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Equal(t, []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"}, o.rebootNodes(), "control planes one at a time, then workers")
+
+	o.mu.Lock()
+	upgrades, unavailable := slices.Clone(o.upgrades), slices.Clone(o.unavailable)
+	o.mu.Unlock()
+
+	for _, u := range upgrades {
+		node := strings.Fields(u)[0]
+		assert.Equal(t, node+" "+installerOf(t, o, node, "v1.13.9"), u, "the node's installer repository, the target's tag")
+	}
+
+	for i, cordoned := range unavailable {
+		assert.Equal(t, []string{o.rebootNodes()[i]}, cordoned, "only the node upgraded is cordoned at its Upgrade call")
+	}
+
+	// Ichor drained the workers itself (Talos does not on Reboot).
+	o.f.mu.Lock()
+	evictions := slices.Clone(o.f.evictions)
+	o.f.mu.Unlock()
+	assert.Contains(t, evictions, "worker-1 default/web-worker-1-0")
+	assert.Contains(t, evictions, "worker-2 default/web-worker-2-0")
+
+	// The boot ID was kept before each call, per node and target.
+	var mark upgradeMark
+	require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/cp-2/v1.13.9"]), &mark))
+	assert.Equal(t, "00000001-boot-cp-2-0", mark.BootID)
+	assert.True(t, mark.Called)
+
+	// One line per phase, as a status shows them.
+	done := rec.with("TalosOS cp-1 Done:")
+	require.Len(t, done, 1)
+	assert.Contains(t, done[0], "Talos v1.12.4 -> v1.13.9 with "+installerOf(t, o, "cp-1", "v1.13.9"))
+	assert.Contains(t, done[0], "node Ready on Talos (v1.13.9), etcd 3 voters, uncordoned")
+	assert.Contains(t, rec.with("TalosOS worker-1 Done:")[0], "drained 1 pod(s)")
+	assert.NotEmpty(t, rec.with("TalosOS cp-1 Upgrading: upgrading Talos v1.12.4 -> v1.13.9"))
+	assert.NotEmpty(t, rec.with("stage 1/1 TalosOS"))
+
+	// A second run finds every node on the target and changes nothing.
+	require.NoError(t, o.engine("v1.13.9", newMemo()).Run(context.Background()))
+	assert.Len(t, o.upgradeNodes(), 5)
+}
+
+func TestTalosUpgradeInstallerOverride(t *testing.T) {
+	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
+	image := "factory.talos.dev/installer/376567988a:v1.13.9"
+
+	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.Image = image }).Run(context.Background()))
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	assert.Equal(t, []string{"cp-1 " + image, "worker-1 " + image}, o.upgrades)
+}
+
+func TestTalosOrder(t *testing.T) {
+	o := newFakeOS(t, clusterSpec{controlPlanes: 3, workers: 4, kubernetes: "v1.35.4", talos: "v1.12.4", workloads: 1})
+	ctx := context.Background()
+
+	label := func(node, key, value string, annotation bool) {
+		n, err := o.f.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		require.NoError(t, err)
+
+		if annotation {
+			n.Annotations[key] = value
+		} else {
+			n.Labels[key] = value
+		}
+
+		_, err = o.f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+
+	label("cp-3", discovery.OrderLabel, "1", false)
+	label("worker-4", discovery.OrderLabel, "0", false)
+	label("worker-2", discovery.HoldAnnotation, "RMA", true)
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.Self, opts.MaxUnavailable = "cp-3", 2 })
+	e.Progress = rec
+
+	require.NoError(t, e.Run(ctx))
+
+	reboots := o.rebootNodes()
+	require.Len(t, reboots, 6)
+	assert.Equal(t, []string{"cp-1", "cp-2", "cp-3"}, reboots[:3], "the order label puts cp-3 first, but it runs the Job: last")
+	assert.ElementsMatch(t, []string{"worker-4", "worker-1"}, reboots[3:5], "the first batch: the labelled worker, then by name")
+	assert.Equal(t, "worker-3", reboots[5])
+	assert.Equal(t, "v1.12.4", o.state("worker-2").version, "held")
+	assert.NotEmpty(t, rec.with("TalosOS worker-2 Held: held (ichor.dev/hold: RMA)"))
+
+	o.mu.Lock()
+	unavailable := slices.Clone(o.unavailable)
+	o.mu.Unlock()
+
+	for _, cordoned := range unavailable {
+		assert.LessOrEqual(t, len(cordoned), 2, "at most MaxUnavailable nodes cordoned: %v", cordoned)
+
+		cps := 0
+		for _, n := range cordoned {
+			if strings.HasPrefix(n, "cp-") {
+				cps++
+			}
+		}
+
+		assert.LessOrEqual(t, cps, 1, "one control plane at a time: %v", cordoned)
+	}
+
+	requireTalosFinished(t, o, "v1.13.9", "worker-2")
+}
+
+func TestTalosABFallback(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.setFaults("worker-1", func(f *osFaults) { f.abFallback = true })
+
+	memo := newMemo()
+
+	err := o.engine("v1.13.9", memo).Run(context.Background())
+	p := requirePause(t, err, "TalosOS", "worker-1",
+		`node "worker-1": A/B fallback: it rebooted (boot ID changed) but runs Talos v1.12.4, not v1.13.9`,
+		"the new version did not boot", "the node stays cordoned")
+	assert.Contains(t, p.Action, "talosctl -n 10.0.0.21 dmesg")
+	assert.Contains(t, p.Action, "kubectl ichor resume")
+	assert.Contains(t, p.Action, "kubectl ichor abort")
+
+	assert.Equal(t, []string{"worker-1"}, o.f.cordonedByIchor())
+	assert.Equal(t, "v1.12.4", o.state("worker-2").version, "nothing after the fallback")
+	assert.Equal(t, []string{"cp-1", "cp-2", "cp-3", "worker-1"}, o.upgradeNodes())
+
+	// The operator looked; resume tries the node's upgrade again.
+	o.setFaults("worker-1", func(f *osFaults) { f.abFallback = false })
+
+	require.NoError(t, o.engine("v1.13.9", memo).Run(context.Background()))
+	assert.Equal(t, []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-1", "worker-2"}, o.upgradeNodes())
+	assert.Equal(t, "v1.13.9", o.state("worker-1").version)
+	assert.Empty(t, o.f.cordonedByIchor())
+}
+
+func TestTalosNeverComesBack(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.setFaults("worker-1", func(f *osFaults) { f.neverBoots = true })
+
+	memo := newMemo()
+	start := time.Now()
+
+	err := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
+	p := requirePause(t, err, "TalosOS", "worker-1",
+		"did not come back on Talos v1.13.9 within 300ms of its Upgrade call: rebooting: Talos API unreachable",
+		"connection refused", "the node stays cordoned")
+	assert.Contains(t, p.Action, "talosctl -n 10.0.0.21 dmesg")
+	assert.Less(t, time.Since(start), 5*time.Second, "bounded by RebootTimeout")
+	assert.Equal(t, []string{"worker-1"}, o.f.cordonedByIchor())
+	assert.Equal(t, "v1.12.4", o.state("worker-2").version)
+
+	// It comes back; resume verifies it without calling Upgrade again.
+	o.setFaults("worker-1", func(f *osFaults) { f.neverBoots = false })
+
+	require.NoError(t, o.engine("v1.13.9", memo).Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Equal(t, 1, count(o.upgradeNodes(), "worker-1"))
+}
+
+func TestTalosEtcd(t *testing.T) {
+	t.Run("a learner refuses a control plane before anything changes", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-2", func(f *osFaults) { f.learner = true })
+
+		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
+		p := requirePause(t, err, "TalosOS", "cp-1", `checks: node "cp-1": etcd is not healthy: member(s) cp-2 not yet promoted (learner)`)
+		assert.Contains(t, p.Action, "talosctl -n 10.0.0.11 etcd members")
+		assert.Empty(t, o.upgradeNodes())
+		assert.Empty(t, o.f.cordonedByIchor())
+	})
+
+	t.Run("a missing member refuses", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+
+		// A fourth control-plane Node that etcd does not list.
+		n := o.f.nodeObject(&fakeMachine{name: "cp-4", ip: "10.0.0.14", controlPlane: true, talos: "v1.12.4"}, "v1.35.4")
+		n.Annotations[discovery.HoldAnnotation] = "decommissioned"
+		_, err := o.f.cs.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{})
+		require.NoError(t, err)
+
+		err = o.engine("v1.13.9", newMemo()).Run(context.Background())
+		requirePause(t, err, "TalosOS", "cp-1", "etcd is not healthy: 3 member(s), but the cluster has 4 control plane(s)")
+		assert.Empty(t, o.upgradeNodes())
+	})
+
+	t.Run("a control plane back as a learner is waited for", func(t *testing.T) {
+		o := newFakeOS(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4", talos: "v1.12.4"})
+		o.setFaults("cp-1", func(f *osFaults) { f.learnerAfterBoot = 200 * time.Millisecond })
+
+		rec := &recorder{}
+		e := o.engine("v1.13.9", newMemo())
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		assert.NotEmpty(t, rec.with("TalosOS cp-1 Verifying: etcd: member(s) cp-1 not yet promoted (learner)"))
+		requireTalosFinished(t, o, "v1.13.9")
+	})
+
+	t.Run("a control plane that stays a learner pauses after the bound", func(t *testing.T) {
+		o := newFakeOS(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4", talos: "v1.12.4"})
+		o.setFaults("cp-1", func(f *osFaults) { f.learnerAfterBoot = time.Hour })
+
+		err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
+		requirePause(t, err, "TalosOS", "cp-1", "verify: etcd: member(s) cp-1 not yet promoted (learner) after 300ms")
+		assert.Equal(t, []string{"cp-1"}, o.upgradeNodes())
+	})
+}
+
+func TestTalosChecksRefuse(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		spec   clusterSpec
+		target string
+		setup  func(*fakeOS)
+		node   string
+		reason []string
+	}{
+		{
+			name:   "a Talos too old to upgrade from",
+			spec:   clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.33.5", talos: "v1.10.7"},
+			target: "v1.13.9",
+			reason: []string{"checks: upgrade path: cp-1: host version 1.10.7 is too old to upgrade to Talos 1.13.9"},
+		},
+		{
+			name:   "a downgrade",
+			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.13.9"},
+			target: "v1.12.4",
+			node:   "cp-1",
+			reason: []string{"v1.12.4 is older than the running v1.13.9: downgrades are not supported"},
+		},
+		{
+			name:   "a Talos minor this build does not know",
+			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.13.9"},
+			target: "v1.14.0",
+			node:   "cp-1",
+			reason: []string{"upgrades to version 1.14.0 are not supported"},
+		},
+		{
+			name:   "a Kubernetes the target does not support",
+			spec:   clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.30.14", talos: "v1.12.4"},
+			target: "v1.13.9",
+			reason: []string{"Talos v1.13.9 does not support the Kubernetes the cluster runs: Kubernetes v1.30.14 on cp-1, worker-1"},
+		},
+		{
+			name:   "a node not Ready",
+			spec:   clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4", talos: "v1.12.4"},
+			target: "v1.13.9",
+			setup: func(o *fakeOS) {
+				o.setNode("worker-2", func(n *corev1.Node) { n.Status.Conditions[0].Status = corev1.ConditionFalse })
+			},
+			node:   "worker-2",
+			reason: []string{"checks: not Ready: worker-2"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newFakeOS(t, tc.spec)
+			if tc.setup != nil {
+				tc.setup(o)
+			}
+
+			err := o.engine(tc.target, newMemo()).Run(context.Background())
+			requirePause(t, err, "TalosOS", tc.node, tc.reason...)
+			assert.Empty(t, o.upgradeNodes())
+			assert.Empty(t, o.f.cordonedByIchor())
+		})
+	}
+}
+
+func TestTalosUpgradeCallFails(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.setFaults("cp-2", func(f *osFaults) { f.upgradeFails = true })
+
+	memo := newMemo()
+
+	err := o.engine("v1.13.9", memo).Run(context.Background())
+	p := requirePause(t, err, "TalosOS", "cp-2", `node "cp-2": upgrade to `, "the installer exited with code 1", "(uncordoned again)")
+	assert.Contains(t, p.Action, "nothing was rebooted")
+	assert.Empty(t, o.f.cordonedByIchor())
+	assert.Equal(t, []string{"cp-1"}, o.upgradeNodes())
+
+	o.setFaults("cp-2", func(f *osFaults) { f.upgradeFails = false })
+
+	require.NoError(t, o.engine("v1.13.9", memo).Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+}
+
+func TestTalosUpgradeTimeout(t *testing.T) {
+	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
+	o.onUpgrade = func(ctx context.Context, _ string) (bool, error) {
+		<-ctx.Done() // the installer outlives the call's deadline
+
+		return true, ctx.Err()
+	}
+
+	start := time.Now()
+	err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.UpgradeTimeout = 100 * time.Millisecond }).Run(context.Background())
+	requirePause(t, err, "TalosOS", "cp-1", "context deadline exceeded", "(uncordoned again)")
+	assert.Less(t, time.Since(start), 5*time.Second, "the call had its own deadline")
+	assert.Empty(t, o.upgradeNodes())
+	assert.Empty(t, o.f.cordonedByIchor())
+}
+
+func TestTalosAlreadyOnTarget(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.setOS("cp-1", "v1.13.9")
+	require.NoError(t, kube.Cordon(context.Background(), o.f.cs, "cp-1", time.Now()))
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", newMemo())
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	assert.NotContains(t, o.upgradeNodes(), "cp-1")
+	assert.Len(t, o.upgradeNodes(), 4)
+	assert.NotEmpty(t, rec.with("TalosOS cp-1 Pending: on Talos v1.13.9: to verify"))
+	assert.NotEmpty(t, rec.with("TalosOS cp-1 Done: on Talos v1.13.9 already", "uncordoned"))
+	requireTalosFinished(t, o, "v1.13.9")
+}
+
+func TestTalosNeedsMemo(t *testing.T) {
+	o := newFakeOS(t, clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
+	e := o.engine("v1.13.9", nil)
+	e.Memo = nil
+
+	require.ErrorContains(t, e.Run(context.Background()), "the Talos upgrade needs a Memo")
+	assert.Empty(t, o.upgradeNodes())
+}
+
+// TestTalosResumesFromAnyPoint stops an upgrade after every possible number
+// of progress events, then runs a fresh engine with the same Memo (as the
+// next runner pod reads it from the state): it must finish, call Upgrade
+// once per node, and leave nothing cordoned.
+func TestTalosResumesFromAnyPoint(t *testing.T) {
+	spec := clusterSpec{controlPlanes: 2, workers: 2, kubernetes: "v1.35.4", talos: "v1.12.4", workloads: 1}
+
+	ref := newFakeOS(t, spec)
+	all := &recorder{}
+	e := ref.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.MaxUnavailable = 2 })
+	e.Progress = all
+	require.NoError(t, e.Run(context.Background()))
+
+	total := len(all.all())
+	require.Greater(t, total, 30)
+
+	for stopAt := 1; stopAt <= total; stopAt++ {
+		t.Run(fmt.Sprintf("after %d of %d", stopAt, total), func(t *testing.T) {
+			t.Parallel()
+
+			o := newFakeOS(t, spec)
+			memo := newMemo()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+
+			first := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.MaxUnavailable = 2 })
+			first.Progress = &recorder{stopAt: stopAt, cancel: cancel}
+
+			if err := first.Run(ctx); err != nil {
+				require.ErrorIs(t, err, context.Canceled, "a stop is not a pause: %v", err)
+
+				var pause *PauseError
+				require.False(t, errors.As(err, &pause))
+			}
+
+			require.NoError(t, o.engine("v1.13.9", memo).Run(context.Background()))
+			requireTalosFinished(t, o, "v1.13.9")
+			assert.Len(t, o.upgradeNodes(), 4, "one Upgrade per node: %v", o.upgradeNodes())
+		})
+	}
+}
+
+// TestTalosResumes stops the runner at the points where a real one dies:
+// mid-call once the node has taken the upgrade, right after the call before
+// the state says so, and on the runner's own node's reboot; the next runner
+// (on another node) follows the node from its recorded boot ID.
+func TestTalosResumes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// stop returns the hook that stops the first run, given its cancel.
+		hook func(cancel context.CancelFunc) func(ctx context.Context, node string) (bool, error)
+		line string // or the progress line that stops it
+		// faults, when set, are worker-2's in the first run only.
+		faults func(*osFaults)
+	}{
+		{
+			name: "killed mid-call, the node upgrading",
+			hook: func(cancel context.CancelFunc) func(context.Context, string) (bool, error) {
+				return func(_ context.Context, node string) (bool, error) {
+					if node != "worker-2" {
+						return false, nil
+					}
+
+					cancel()
+
+					return false, context.Canceled
+				}
+			},
+		},
+		{
+			name: "killed after the call, before the state recorded it",
+			hook: func(cancel context.CancelFunc) func(context.Context, string) (bool, error) {
+				return func(_ context.Context, node string) (bool, error) {
+					if node == "worker-2" {
+						cancel()
+					}
+
+					return false, nil
+				}
+			},
+		},
+		{name: "killed with the boot ID recorded, before the call", line: "TalosOS worker-2 Upgrading: upgrading Talos"},
+		{name: "the runner's node reboots under it", line: "TalosOS worker-2 Upgrading: rebooting"},
+		{
+			name: "killed while verifying", line: "TalosOS worker-2 Verifying: waiting for",
+			faults: func(f *osFaults) { f.stayNotReady = true },
+		},
+		{name: "killed while draining", line: "TalosOS worker-2 Draining: draining"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newFakeOS(t, talosSpec())
+			memo := newMemo()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+
+			var rec Progress = &recorder{}
+			if tc.line != "" {
+				rec = stopOnLine{recorder: &recorder{}, prefix: tc.line, cancel: cancel}
+			}
+
+			if tc.hook != nil {
+				o.onUpgrade = tc.hook(cancel)
+			}
+
+			if tc.faults != nil {
+				o.setFaults("worker-2", tc.faults)
+			}
+
+			first := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Self = "worker-2" })
+			first.Progress = rec
+
+			err := first.Run(ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.Equal(t, []string{"worker-2"}, o.f.cordonedByIchor(), "the runner's node stays cordoned by ichor")
+
+			o.onUpgrade = nil
+
+			if tc.faults != nil {
+				o.setFaults("worker-2", func(f *osFaults) { *f = osFaults{} })
+				o.setNode("worker-2", func(n *corev1.Node) {
+					n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+				})
+			}
+
+			// The Job's next pod runs on worker-1, with the state's Memo.
+			next := &recorder{}
+			e := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Self = "worker-1" })
+			e.Progress = next
+
+			require.NoError(t, e.Run(context.Background()))
+			requireTalosFinished(t, o, "v1.13.9")
+			assert.Len(t, o.upgradeNodes(), 5, "one Upgrade per node: %v", o.upgradeNodes())
+			assert.Contains(t, next.with("TalosOS worker-")[0], "worker-2", "the node under way is finished first")
+		})
+	}
+}
+
+// stopOnLine is a recorder that ends a run when a node's line starts with
+// prefix.
+type stopOnLine struct {
+	*recorder
+
+	prefix string
+	cancel context.CancelFunc
+}
+
+func (s stopOnLine) Node(stage, node string, phase NodePhase, message string) {
+	s.recorder.Node(stage, node, phase, message)
+
+	if strings.HasPrefix(fmt.Sprintf("%s %s %s: %s", stage, node, phase, message), s.prefix) {
+		s.cancel()
+	}
+}
