@@ -63,6 +63,7 @@ func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
 		"Talos credentials of the Job: serviceaccount (a talos.dev ServiceAccount with role os:admin, needs kubernetesTalosAPIAccess) "+
 			"or local (a copy of your talosconfig in a Secret, deleted when the operation ends)")
 	cmd.Flags().DurationVar(&o.VerifyTimeout, "verify-timeout", stages.DefaultVerifyTimeout, "How long a node may take to verify after its change")
+	cmd.Flags().DurationVar(&o.DrainTimeout, "drain-timeout", stages.DefaultDrainTimeout, "How long one node's drain may take")
 }
 
 func (o *upgradeOptions) validate() error {
@@ -295,7 +296,6 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
 	o.addFlags(cmd, "v1.36.3")
 	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
 	cmd.Flags().DurationVar(&o.ApplyTimeout, "apply-timeout", stages.DefaultApplyTimeout, "How long one machine config apply may take")
-	cmd.Flags().DurationVar(&o.DrainTimeout, "drain-timeout", stages.DefaultDrainTimeout, "How long one node's drain may take")
 
 	return cmd
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // TalosOS is the single stage of a Talos OS upgrade: each node, control planes one at a
-// time then workers a batch at a time, is upgraded with an installer image and rebooted.
+// time then workers a batch at a time, is cordoned and drained, upgraded with an installer
+// image and rebooted, verified and uncordoned.
 type TalosOS struct {
 	// Target is the Talos version to install.
 	Target Version
@@ -23,7 +24,7 @@ func (TalosOS) Name() string { return "TalosOS" }
 
 // Description says what the stage does, in one line.
 func (TalosOS) Description() string {
-	return "Talos upgrade with the installer image, reboot, node Ready (and etcd healthy on control planes)"
+	return "cordon, drain, Talos upgrade with the installer image, reboot, node Ready on the new version (and etcd healthy on control planes), uncordon"
 }
 
 // Installer returns the installer image node n is upgraded with.
