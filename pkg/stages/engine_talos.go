@@ -50,6 +50,9 @@ const (
 	talosPollCallTimeout = 5 * time.Second
 )
 
+// errUnreachable is a node that did not answer within a short look.
+var errUnreachable = errors.New("Talos API unreachable")
+
 // upgradeMark is what the Talos upgrade remembers, in Memo, of one node's
 // upgrade to one target: all that cannot be read back from the node once it
 // has rebooted.
@@ -165,12 +168,12 @@ func (r *talosRun) run(ctx context.Context) error {
 	for _, group := range visit {
 		for _, n := range group {
 			switch mark := r.mark(n.Name); {
+			case n.unreachable == nil && n.version == r.target.String():
+				r.e.node(name, n.Name, PhasePending, "on Talos %s: to verify", n.version)
 			case mark.following() && (mark.Called || n.unreachable != nil):
 				r.e.node(name, n.Name, PhasePending, "upgrade to %s under way (boot ID %s recorded): to follow", r.target, shortID(mark.BootID))
 			case n.unreachable != nil:
 				r.e.node(name, n.Name, PhasePending, "Talos API unreachable (%s): read again at its turn", firstLine(n.unreachable))
-			case n.version == r.target.String():
-				r.e.node(name, n.Name, PhasePending, "on Talos %s: to verify", n.version)
 			default:
 				pending = append(pending, n)
 
@@ -431,14 +434,28 @@ func (r *talosRun) visit(ctx context.Context, n *osNode) error {
 	stage, name := r.stage.Name(), n.Name
 	mark := r.mark(name)
 
-	if mark.following() && mark.Called {
+	// A node with its boot ID recorded may be down: a short first look.
+	readCtx := ctx
+
+	if mark.following() {
+		var cancel context.CancelFunc
+
+		readCtx, cancel = context.WithTimeout(ctx, talosPollCallTimeout)
+		defer cancel()
+	}
+
+	version, cfg, err := r.read(readCtx, name, n.InternalIP)
+	if err != nil && ctx.Err() == nil && readCtx.Err() != nil {
+		err = fmt.Errorf("%w (no answer in %s)", errUnreachable, talosPollCallTimeout)
+	}
+
+	if mark.following() && mark.Called && (err != nil || version != r.target.String()) {
 		r.e.node(stage, name, PhaseUpgrading, "following the upgrade to %s: the Upgrade call was made in boot %s", r.target, shortID(mark.BootID))
 
 		return r.follow(ctx, n, *mark, outcome{})
 	}
 
-	version, cfg, err := r.read(ctx, name, n.InternalIP)
-	if err != nil && talos.IsUnreachable(err) {
+	if err != nil && (talos.IsUnreachable(err) || errors.Is(err, errUnreachable)) {
 		if mark.following() {
 			// Down after its boot ID was recorded: the runner stopped after the
 			// call, before it could note it. This is the reboot.
@@ -455,7 +472,9 @@ func (r *talosRun) visit(ctx context.Context, n *osNode) error {
 	}
 
 	if version == r.target.String() {
-		return r.verify(ctx, n, time.Now().Add(r.opts.VerifyTimeout), r.opts.VerifyTimeout, outcome{already: true})
+		// On the target: upgraded before this run (by it, if its mark is
+		// there), only verified now.
+		return r.verify(ctx, n, time.Now().Add(r.opts.VerifyTimeout), r.opts.VerifyTimeout, outcome{already: mark == nil})
 	}
 
 	return r.upgrade(ctx, n, version, cfg)
@@ -721,7 +740,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 			return r.e.pause(ctx, stage, name, "verify etcd: "+err.Error(), actionResume, fmt.Errorf("node %q: verify etcd: %w", name, err))
 		}
 
-		etcd = fmt.Sprintf("etcd %d voters", members)
+		etcd = fmt.Sprintf("etcd %d voter(s)", members)
 	}
 
 	uncordoned := false
@@ -741,7 +760,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 
 // describe is a node's last line: "Talos v1.12.4 -> v1.13.9 with
 // ghcr.io/siderolabs/installer:v1.13.9, drained 3 pod(s), rebooted in 41s,
-// node Ready on Talos (v1.13.9), etcd 3 voters, uncordoned".
+// node Ready on Talos (v1.13.9), etcd 3 voter(s), uncordoned".
 func (o outcome) describe(target Version, osImage, etcd string, uncordoned bool) string {
 	var parts []string
 
