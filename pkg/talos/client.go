@@ -52,11 +52,16 @@ func Open(ctx context.Context, opts Options) (*Client, error) {
 		return nil, fmt.Errorf("talosconfig %s: context %q has no endpoints: pass --talos-endpoints", path, name)
 	}
 
-	c, err := client.New(ctx,
+	options := []client.OptionFunc{
 		client.WithConfig(cfg),
 		client.WithContextName(name),
 		client.WithEndpoints(endpoints...),
-	)
+	}
+	if len(opts.DialOptions) > 0 {
+		options = append(options, client.WithGRPCDialOptions(opts.DialOptions...))
+	}
+
+	c, err := client.New(ctx, options...)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig %s, context %q: %w", path, name, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"google.golang.org/grpc"
 )
 
 // Options say which talosconfig, context and endpoints to use. The zero
@@ -25,6 +26,9 @@ type Options struct {
 	Context string
 	// Endpoints override the context's endpoints (--talos-endpoints).
 	Endpoints []string
+	// DialOptions are added to the gRPC connection's own, such as
+	// interceptors that count the calls.
+	DialOptions []grpc.DialOption
 }
 
 // NoTalosconfigError is returned when no talosconfig exists in any of the
