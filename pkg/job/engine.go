@@ -8,10 +8,10 @@ import (
 )
 
 // NewStagesEngine is the EngineFactory of the product: the engine of pkg/stages, with
-// the Talos API reached through the talosconfig mounted in the Job's pod
-// (/var/run/secrets/talos.dev/config, found by Talos' default search).
+// the Talos API reached as cfg.Talos says; by default through the talosconfig mounted in
+// the Job's pod (/var/run/secrets/talos.dev/config, found by Talos' default search).
 func NewStagesEngine(ctx context.Context, cfg EngineConfig) (Engine, func(), error) {
-	tc, err := talos.Open(ctx, talos.Options{})
+	tc, err := talos.Open(ctx, cfg.Talos)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // Engine runs one upgrade to its end, or stops with a *stages.PauseError, or with its
@@ -37,6 +38,9 @@ type EngineConfig struct {
 	Memo     stages.Memo
 	// Out receives the engine's progress lines (the pod's log).
 	Out io.Writer
+	// Talos says how to reach the Talos API; the zero value finds the talosconfig
+	// mounted in the Job's pod.
+	Talos talos.Options
 }
 
 // EngineFactory builds the engine of one run, opening what else it needs (the Talos
@@ -76,6 +80,8 @@ type Runner struct {
 	Node string
 	// NewEngine builds the engine.
 	NewEngine EngineFactory
+	// Talos is given to NewEngine (EngineConfig.Talos).
+	Talos talos.Options
 	// Out receives the runner's log lines.
 	Out io.Writer
 	// Now is the clock; nil means time.Now.
@@ -337,6 +343,7 @@ func (r *Runner) lead(ctx, lctx context.Context, id string) error {
 
 	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
 		Kube: r.Kube, Dynamic: r.Dynamic, Options: engineOptions(op.Spec, r.Node), Progress: rep, Memo: rep, Out: r.Out,
+		Talos: r.Talos,
 	})
 	if err == nil {
 		err = engine.Run(engCtx)
