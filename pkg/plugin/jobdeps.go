@@ -82,6 +82,10 @@ func connectInCluster(flags *genericclioptions.ConfigFlags) (*jobTarget, error) 
 		return nil, fmt.Errorf("in-cluster config: %w: the run verb runs in the upgrade Job's pod (or pass --kubeconfig)", err)
 	}
 
+	if flags.WrapConfigFn != nil {
+		cfg = flags.WrapConfigFn(cfg)
+	}
+
 	return newJobTarget(cfg)
 }
 

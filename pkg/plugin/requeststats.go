@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -20,6 +22,12 @@ import (
 // hidden --request-stats flag: how a command's cost grows with the cluster is visible
 // without a profiler. It is safe for concurrent use.
 type requestStats struct {
+	// byResource counts Kubernetes requests by verb and resource, an object's name
+	// replaced by {name} and watches apart ("WATCH /api/v1/nodes", "GET
+	// /api/v1/nodes/{name}"), rather than by method and path: for a long run that
+	// reads many objects by name.
+	byResource bool
+
 	mu         sync.Mutex
 	kube       map[string]int // "GET /api/v1/nodes"
 	talos      map[string]int // "MachineConfig"
@@ -34,8 +42,13 @@ func newRequestStats() *requestStats {
 func (s *requestStats) wrapKube(cfg *rest.Config) *rest.Config {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			key := req.Method + " " + req.URL.Path
+			if s.byResource {
+				key = resourceKey(req)
+			}
+
 			s.mu.Lock()
-			s.kube[req.Method+" "+req.URL.Path]++
+			s.kube[key]++
 			s.mu.Unlock()
 
 			return rt.RoundTrip(req)
@@ -55,7 +68,79 @@ func (s *requestStats) talosCall(method, node string) {
 	defer s.mu.Unlock()
 
 	s.talos[method]++
-	s.talosNodes[node] = true
+
+	if node != "" {
+		s.talosNodes[node] = true
+	}
+}
+
+// talosDialOptions make a Talos client count every call it makes, by service and method
+// ("MachineService/ApplyConfiguration", "State/Get") and by the node the call is for (its
+// "node" metadata).
+func (s *requestStats) talosDialOptions() []grpc.DialOption {
+	count := func(ctx context.Context, method string) {
+		node := ""
+		if md, ok := metadata.FromOutgoingContext(ctx); ok {
+			if v := md.Get("node"); len(v) > 0 {
+				node = v[0]
+			}
+		}
+
+		if i := strings.LastIndex(method, "."); i >= 0 {
+			method = method[i+1:] // "/machine.MachineService/Version" -> "MachineService/Version"
+		}
+
+		s.talosCall(method, node)
+	}
+
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			count(ctx, method)
+
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			count(ctx, method)
+
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	}
+}
+
+// resourceKey is a request's verb and resource: "WATCH /api/v1/nodes", "GET
+// /api/v1/nodes/{name}", "PUT /api/v1/namespaces/ichor-system/configmaps/{name}",
+// "POST /api/v1/namespaces/default/pods/{name}/eviction". Namespaces stay: they say
+// whose objects were read.
+func resourceKey(req *http.Request) string {
+	verb := req.Method
+	if req.Method == http.MethodGet && req.URL.Query().Get("watch") == "true" {
+		verb = "WATCH"
+	}
+
+	parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+
+	var prefix int // the segments before the resource: api/v1 or apis/group/version
+
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		prefix = 2
+	case len(parts) >= 3 && parts[0] == "apis":
+		prefix = 3
+	default:
+		return verb + " " + req.URL.Path
+	}
+
+	rest := parts[prefix:]
+	if len(rest) >= 3 && rest[0] == "namespaces" {
+		prefix += 2
+		rest = rest[2:]
+	}
+
+	if len(rest) >= 2 {
+		rest[1] = "{name}"
+	}
+
+	return verb + " /" + strings.Join(append(parts[:prefix:prefix], rest...), "/")
 }
 
 // print writes two lines: the Kubernetes requests and the Talos calls, with totals.

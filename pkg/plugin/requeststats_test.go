@@ -48,3 +48,26 @@ func TestRequestStatsFlag(t *testing.T) {
 	assert.Equal(t, ExitOK, code, stderr)
 	assert.Empty(t, stderr, "no counts without the flag")
 }
+
+func TestResourceKey(t *testing.T) {
+	tests := []struct {
+		name, method, url, want string
+	}{
+		{name: "list", method: "GET", url: "/api/v1/nodes?limit=500", want: "GET /api/v1/nodes"},
+		{name: "watch", method: "GET", url: "/api/v1/nodes?watch=true&resourceVersion=7", want: "WATCH /api/v1/nodes"},
+		{name: "get by name", method: "GET", url: "/api/v1/nodes/worker-7", want: "GET /api/v1/nodes/{name}"},
+		{name: "namespaced", method: "PUT", url: "/api/v1/namespaces/ichor-system/configmaps/ichor-state", want: "PUT /api/v1/namespaces/ichor-system/configmaps/{name}"},
+		{name: "subresource", method: "POST", url: "/api/v1/namespaces/default/pods/web-1/eviction", want: "POST /api/v1/namespaces/default/pods/{name}/eviction"},
+		{name: "group", method: "PUT", url: "/apis/coordination.k8s.io/v1/namespaces/ichor-system/leases/ichor-lock", want: "PUT /apis/coordination.k8s.io/v1/namespaces/ichor-system/leases/{name}"},
+		{name: "namespaced list", method: "GET", url: "/apis/apps/v1/namespaces/kube-system/daemonsets", want: "GET /apis/apps/v1/namespaces/kube-system/daemonsets"},
+		{name: "a namespace", method: "GET", url: "/api/v1/namespaces/ichor-system", want: "GET /api/v1/namespaces/{name}"},
+		{name: "not a resource", method: "GET", url: "/metrics", want: "GET /metrics"},
+	}
+
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(tc.method, tc.url, nil)
+			assert.Equal(t, tc.want, resourceKey(req))
+		})
+	}
+}

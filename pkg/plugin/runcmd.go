@@ -13,6 +13,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // RunOptions are the options of the hidden `kubectl-ichor run`, the body of the upgrade
@@ -42,7 +43,15 @@ func (o *RunOptions) Validate() error {
 // Run runs the operation in the cluster: it exits 0 once it succeeded, job.ExitPaused when
 // it paused, job.ExitFinal when it must not run again, and otherwise non-zero for the Job
 // to start another pod.
+//
+// Its last log lines count the requests it made to the Kubernetes and Talos APIs, in the
+// form of plan's --request-stats ("request stats: kubernetes N requests (...)"), so that
+// the cost of an upgrade per node can be read from the log.
 func (o *RunOptions) Run(ctx context.Context) error {
+	stats := newRequestStats()
+	stats.byResource = true
+	o.flags.kube.WrapConfigFn = stats.wrapKube
+
 	t, err := o.deps.job.inCluster(o.flags.kube)
 	if err != nil {
 		return err
@@ -60,9 +69,14 @@ func (o *RunOptions) Run(ctx context.Context) error {
 		Namespace: o.flags.namespace(), Operation: o.Operation,
 		Identity: identity, Node: o.deps.job.env("NODE_NAME"),
 		NewEngine: o.deps.job.engine, Out: out, Now: o.deps.job.now,
+		Talos: talos.Options{
+			ConfigPath: o.flags.talos.ConfigPath, Context: o.flags.talos.Context, Endpoints: o.flags.talos.Endpoints,
+			DialOptions: stats.talosDialOptions(),
+		},
 	}
 
 	err = r.Run(ctx)
+	stats.print(out)
 
 	var exit *job.ExitError
 
