@@ -262,6 +262,10 @@ func (r *reporter) finish(ctx context.Context, mutate func(s *OperationStatus)) 
 // clone is a deep copy of the status.
 func (s OperationStatus) clone() OperationStatus {
 	s.Nodes = slices.Clone(s.Nodes)
+	for i := range s.Nodes {
+		s.Nodes[i].Timeline = slices.Clone(s.Nodes[i].Timeline)
+	}
+
 	s.Memo = maps.Clone(s.Memo)
 
 	return s

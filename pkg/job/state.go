@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -170,6 +171,23 @@ type NodeStatus struct {
 	Message string `json:"message,omitempty"`
 	// Since is when the node entered this phase.
 	Since metav1.Time `json:"since"`
+	// Timeline says, for every stage that visited the node, when its apply began and
+	// when it was done, to the microsecond: how long each node took, and how long the
+	// upgrade waited between nodes.
+	Timeline []NodeStageTimes `json:"timeline,omitempty"`
+}
+
+// NodeStageTimes is when one stage changed and verified a node. A time is the first
+// one seen: a runner that takes over and verifies the node again keeps it.
+type NodeStageTimes struct {
+	// Stage is the stage.
+	Stage string `json:"stage"`
+	// ApplyStarted is when the node's apply began (its dry run); empty when the
+	// stage only verified the node.
+	ApplyStarted *metav1.MicroTime `json:"applyStarted,omitempty"`
+	// Done is when the node was done: verified (and, in the Kubelets stage,
+	// uncordoned).
+	Done *metav1.MicroTime `json:"done,omitempty"`
 }
 
 // Node returns the named node's status, nil when none was recorded.
@@ -196,6 +214,25 @@ func (s *OperationStatus) SetNode(stage, name string, phase stages.NodePhase, me
 	}
 
 	n.Stage, n.Phase, n.Message = stage, phase, message
+
+	if phase != stages.PhaseApplying && phase != stages.PhaseDone {
+		return
+	}
+
+	i := slices.IndexFunc(n.Timeline, func(t NodeStageTimes) bool { return t.Stage == stage })
+	if i < 0 {
+		n.Timeline = append(n.Timeline, NodeStageTimes{Stage: stage})
+		i = len(n.Timeline) - 1
+	}
+
+	at := metav1.NewMicroTime(now.UTC())
+
+	switch t := &n.Timeline[i]; {
+	case phase == stages.PhaseApplying && t.ApplyStarted == nil:
+		t.ApplyStarted = &at
+	case phase == stages.PhaseDone && t.Done == nil:
+		t.Done = &at
+	}
 }
 
 // Age is how long ago the operation was launched.

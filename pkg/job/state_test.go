@@ -270,3 +270,36 @@ func TestStoreCreate(t *testing.T) {
 		assert.Equal(t, []string{"op-1", "op-3"}, saw)
 	})
 }
+
+func TestSetNodeTimeline(t *testing.T) {
+	s := OperationStatus{Phase: PhaseRunning}
+
+	at := func(d time.Duration) *metav1.MicroTime {
+		mt := metav1.NewMicroTime(t0.Add(d).UTC())
+
+		return &mt
+	}
+
+	s.SetNode("APIServers", "cp-1", stages.PhasePending, "to apply", t0)
+	s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "dry run", t0.Add(1500*time.Microsecond))
+	s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "applying", t0.Add(time.Second))
+	s.SetNode("APIServers", "cp-1", stages.PhaseVerifying, "waiting", t0.Add(2*time.Second))
+	s.SetNode("APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(3*time.Second))
+	// A runner that takes over verifies the node again: the first times stay.
+	s.SetNode("APIServers", "cp-1", stages.PhaseDone, "already applied", t0.Add(time.Minute))
+	s.SetNode("ControlPlaneComponents", "cp-1", stages.PhaseDone, "already applied", t0.Add(2*time.Minute))
+
+	require.Len(t, s.Nodes, 1)
+	assert.Equal(t, []NodeStageTimes{
+		{Stage: "APIServers", ApplyStarted: at(1500 * time.Microsecond), Done: at(3 * time.Second)},
+		{Stage: "ControlPlaneComponents", Done: at(2 * time.Minute)},
+	}, s.Nodes[0].Timeline)
+
+	// The times survive the ConfigMap to the microsecond.
+	op := testOperation("kubernetes-v1-36-3-abcde", PhaseRunning)
+	op.Status = s
+
+	got, err := DecodeState(stateObject(t, op))
+	require.NoError(t, err)
+	assert.True(t, got.Status.Nodes[0].Timeline[0].ApplyStarted.Equal(at(1500*time.Microsecond)))
+}
