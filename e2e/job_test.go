@@ -1,0 +1,705 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+)
+
+const jobNamespace = "ichor-system"
+
+// jobImageRoot is the root filesystem of the kubectl-ichor image for the simulated
+// kubelets: hack/build.sh writes it next to $ICHOR_PLUGIN, with that very binary.
+func jobImageRoot(t *testing.T) string {
+	t.Helper()
+
+	plugin := env(t, "ICHOR_PLUGIN")
+
+	root := os.Getenv("ICHOR_IMAGE_ROOT")
+	if root == "" {
+		root = filepath.Join(filepath.Dir(filepath.Dir(plugin)), "image", "rootfs")
+	}
+
+	bin := filepath.Join(root, "usr", "local", "bin", "kubectl-ichor")
+	require.Equal(t, fileSum(t, plugin), fileSum(t, bin), "%s is not $ICHOR_PLUGIN: run hack/build.sh (or set $ICHOR_IMAGE_ROOT)", bin)
+
+	return root
+}
+
+func fileSum(t *testing.T, path string) string {
+	t.Helper()
+
+	f, err := os.Open(path)
+	require.NoError(t, err)
+
+	defer f.Close()
+
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// startJobCluster starts a 3+2 cluster whose pods of the kubectl-ichor image run the
+// plugin's binary as processes.
+func startJobCluster(t *testing.T, args ...string) *Cluster {
+	t.Helper()
+
+	full := append([]string{"--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", "v1.13.9",
+		"--image", "ghcr.io/ichor-dev/kubectl-ichor=" + jobImageRoot(t)}, args...)
+
+	return startCluster(t, full...)
+}
+
+// ichor runs the plugin against c with the admin kubeconfig and talosconfig, for at
+// most timeout.
+func (c *Cluster) ichor(t *testing.T, timeout time.Duration, args ...string) pluginResult {
+	t.Helper()
+
+	full := append(append([]string{}, args...), "--kubeconfig", c.Kubeconfig, "--talosconfig", c.Talosconfig)
+
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+
+	cmd := exec.CommandContext(ctx, env(t, "ICHOR_PLUGIN"), full...)
+	cmd.Env = cleanEnv(t, nil)
+
+	var stdout, stderr bytes.Buffer
+
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := pluginResult{args: args, stdout: stdout.String(), stderr: stderr.String()}
+
+	var exit *exec.ExitError
+
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("kubectl-ichor %s: not done after %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), timeout, r.stdout, r.stderr)
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("run kubectl-ichor %s: %v", strings.Join(args, " "), err)
+	}
+
+	t.Logf("kubectl-ichor %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+
+	return r
+}
+
+// control is the operator's handle on c's operations, for the tests' own reads.
+func (c *Cluster) control() *job.Control {
+	return &job.Control{Kube: c.Client, Namespace: jobNamespace}
+}
+
+func (c *Cluster) operation(t *testing.T) *job.Operation {
+	t.Helper()
+
+	op, err := c.control().Get(context.Background())
+	require.NoError(t, err)
+
+	return op
+}
+
+// statusDocument reads the operation as `kubectl ichor status -o json` prints it.
+func (c *Cluster) statusDocument(t *testing.T) (job.Operation, map[string]any) {
+	t.Helper()
+
+	r := c.ichor(t, time.Minute, "status", "-o", "json")
+	r.requireExit(t, 0)
+
+	var op job.Operation
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &op))
+
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &raw))
+
+	return op, raw
+}
+
+// requireNothingCordoned checks that no node is unschedulable or carries ichor's mark.
+func requireNothingCordoned(t *testing.T, c *Cluster) {
+	t.Helper()
+
+	nodes, err := c.Client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+
+	for _, n := range nodes.Items {
+		assert.False(t, n.Spec.Unschedulable, "%s is cordoned", n.Name)
+		assert.False(t, kube.CordonedByIchor(&n), "%s has ichor's cordon mark", n.Name)
+	}
+}
+
+func lockHolder(t *testing.T, c *Cluster) string {
+	t.Helper()
+
+	l, err := c.Client.CoordinationV1().Leases(jobNamespace).Get(context.Background(), job.LockName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return ""
+	}
+
+	require.NoError(t, err)
+
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+
+	return *l.Spec.HolderIdentity
+}
+
+// operationJobs are the Jobs of an operation, by name.
+func operationJobs(t *testing.T, c *Cluster, id string) []batchv1.Job {
+	t.Helper()
+
+	list, err := c.Client.BatchV1().Jobs(jobNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: job.LabelOperation + "=" + id})
+	require.NoError(t, err)
+
+	return list.Items
+}
+
+// kubeletOrder is the order in which the kubelets reached target.
+func kubeletOrder(evs []events.Event, target string) []string {
+	var out []string
+
+	for _, e := range evs {
+		if e.Component == events.Kubelet && e.Version == target && !slices.Contains(out, e.Node) {
+			out = append(out, e.Node)
+		}
+	}
+
+	return out
+}
+
+// withLast moves node to the end of list, if it is in it.
+func withLast(list []string, node string) []string {
+	i := slices.Index(list, node)
+	if i < 0 {
+		return list
+	}
+
+	out := append(slices.Clone(list[:i]), list[i+1:]...)
+
+	return append(out, node)
+}
+
+// TestJobUpgrade runs a full 3+2 upgrade from v1.35.4 to v1.36.3 through the Job, the
+// runner using only its own ServiceAccount: the node that runs the Job goes last in its
+// group, its drain evicts the runner, and a new pod finishes the upgrade from the state
+// ConfigMap.
+func TestJobUpgrade(t *testing.T) {
+	c := startJobCluster(t)
+	addWorkload(t, c, 2)
+
+	ctx := context.Background()
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	// The node of the first runner pod, seen while the upgrade runs.
+	firstNode := make(chan string, 1)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+
+	defer stopWatch()
+
+	go func() {
+		for watchCtx.Err() == nil {
+			pods, err := c.Client.CoreV1().Pods(jobNamespace).List(watchCtx, metav1.ListOptions{LabelSelector: job.LabelOperation})
+			if err == nil {
+				for _, p := range pods.Items {
+					if p.Spec.NodeName != "" {
+						firstNode <- p.Spec.NodeName
+
+						return
+					}
+				}
+			}
+
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+
+	start := time.Now()
+	r := c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, 0)
+	t.Logf("upgraded 3+2 from v1.35.4 to v1.36.3 through the Job in %s", time.Since(start).Round(time.Millisecond))
+
+	require.Contains(t, r.stdout, "Stage 4/4 Kubelets", "the plan first")
+	require.Contains(t, r.stdout, "Launched operation kubernetes-v1-36-3-")
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+
+	var self string
+	select {
+	case self = <-firstNode:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never saw the runner's node")
+	}
+
+	t.Logf("the first runner ran on %s", self)
+
+	op, raw := c.statusDocument(t)
+	assert.Equal(t, "Succeeded", raw["status"].(map[string]any)["phase"])
+	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the drain of the runner's own node evicted it; another pod finished")
+	assert.Equal(t, 4, op.Status.StageIndex)
+	assert.NotNil(t, op.Status.FinishedAt)
+
+	// The last runner exits once it wrote Succeeded; then the Job completes.
+	eventually(t, time.Minute, "the Job Complete", func(context.Context) error {
+		jobs := operationJobs(t, c, op.Spec.ID)
+		if len(jobs) != 1 || jobs[0].Status.Succeeded != 1 {
+			return fmt.Errorf("jobs %d", len(jobs))
+		}
+
+		return nil
+	})
+
+	jobs := operationJobs(t, c, op.Spec.ID)
+	assert.Zero(t, jobs[0].Status.Failed, "the eviction cost no retry")
+	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
+
+	requireUpgraded(t, c, tc, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+
+	evs := c.Events(t)
+	assert.Empty(t, invariantBreaks(evs))
+
+	// The runner's node went last in its group (control planes, then workers).
+	cps := withLast(controlPlanes, self)
+	order := kubeletOrder(evs, "v1.36.3")
+	require.Len(t, order, 5)
+	assert.Equal(t, cps, order[:3], "control planes, the runner's node last")
+
+	if !slices.Contains(controlPlanes, self) {
+		assert.Equal(t, self, order[4], "the runner's worker last")
+	}
+
+	requireEventOrder(t, evs, "v1.36.3", cps, order)
+
+	// The log of the runner pods left (an evicted pod is gone with its log), through the API.
+	r = c.ichor(t, time.Minute, "logs")
+	r.requireExit(t, 0)
+	assert.Contains(t, r.stdout, "took the lock: operation "+op.Spec.ID+" is Running (run 2")
+	assert.Contains(t, r.stdout, "operation "+op.Spec.ID+" Succeeded")
+
+	// A Kubernetes event for each step: nodes' in default, the operation's in its namespace.
+	nodeEvents, err := c.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,source=" + job.AppName})
+	require.NoError(t, err)
+	assert.NotEmpty(t, nodeEvents.Items)
+
+	opEvents, err := c.Client.CoreV1().Events(jobNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + job.StateName})
+	require.NoError(t, err)
+
+	var reasons []string
+	for _, e := range opEvents.Items {
+		reasons = append(reasons, e.Reason)
+	}
+
+	assert.Contains(t, reasons, "Stage")
+	assert.Contains(t, reasons, "Succeeded")
+
+	// The runner's ServiceAccount may do what the upgrade needs and no more.
+	sa := "system:serviceaccount:" + jobNamespace + ":" + job.RunnerName
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"patch", "nodes"}, "yes"},
+		{[]string{"create", "pods", "--subresource", "eviction", "-n", "default"}, "yes"},
+		{[]string{"update", "configmaps/" + job.StateName, "-n", jobNamespace}, "yes"},
+		{[]string{"delete", "nodes"}, "no"},
+		{[]string{"delete", "pods", "-n", "default"}, "no"},
+		{[]string{"get", "secrets", "-n", "kube-system"}, "no"},
+		{[]string{"patch", "daemonsets", "-n", "default"}, "no"},
+		{[]string{"update", "configmaps/other", "-n", jobNamespace}, "no"},
+		{[]string{"bind", "clusterroles/cluster-admin"}, "no"},
+		{[]string{"escalate", "clusterroles/cluster-admin"}, "no"},
+	} {
+		out, _ := c.kubectl(t, append([]string{"auth", "can-i", "--as", sa}, tc.args...)...)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		assert.Equal(t, tc.want, lines[len(lines)-1], "can-i %s: %s", strings.Join(tc.args, " "), out)
+	}
+}
+
+// TestJobLockAbortAndTakeOver launches two upgrades at once (one is refused), refuses a
+// third naming the lock's holder, reads the status document, aborts midway through the
+// Kubelets stage (no node left cordoned, the lock released, the state kept), then lets a
+// new upgrade take a lock whose holder is gone and finish.
+func TestJobLockAbortAndTakeOver(t *testing.T) {
+	c := startJobCluster(t)
+	addWorkload(t, c, 2)
+
+	ctx := context.Background()
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	// Two upgrades at once: one launches, the other is refused.
+	var (
+		wg      sync.WaitGroup
+		results [2]pluginResult
+	)
+
+	for i := range results {
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+
+			results[i] = c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--detach")
+		}()
+	}
+
+	wg.Wait()
+
+	codes := []int{results[0].code, results[1].code}
+	slices.Sort(codes)
+	require.Equal(t, []int{0, 1}, codes, "exactly one upgrade launches")
+
+	refused := results[0]
+	if refused.code == 0 {
+		refused = results[1]
+	}
+
+	refused.requireOneLineError(t, "error: operation kubernetes-v1-36-3-")
+	require.Regexp(t, `launched \d+s ago\) (is being launched|is starting in job ichor-system/ichor-kubernetes-v1-36-3-\w+-1|holds the lock)`, refused.stderr)
+
+	first := c.operation(t)
+
+	// Running: the status document, and a third upgrade refused naming the holder.
+	eventually(t, 2*time.Minute, "the operation Running", func(ctx context.Context) error {
+		if op := c.operation(t); op.Status.Phase != job.PhaseRunning {
+			return fmt.Errorf("phase %s", op.Status.Phase)
+		}
+
+		return nil
+	})
+
+	op, raw := c.statusDocument(t)
+	assert.Equal(t, "ichor.dev/v1alpha1", raw["apiVersion"])
+	assert.Equal(t, "Operation", raw["kind"])
+	assert.Equal(t, "Running", raw["status"].(map[string]any)["phase"])
+	assert.Equal(t, first.Spec.ID, op.Spec.ID)
+	require.NotEmpty(t, op.Status.Runner)
+
+	r := c.ichor(t, time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, 1)
+	r.requireOneLineError(t, "holds the lock lease ichor-system/ichor-lock (holder: pod "+lockHolder(t, c)+")")
+	require.Contains(t, r.stderr, "operation "+first.Spec.ID+" (Running, launched ")
+	require.Empty(t, r.stdout, "refused before planning")
+
+	// Abort midway: once the engine has cordoned a node in the Kubelets stage.
+	eventually(t, 5*time.Minute, "a node cordoned by ichor", func(ctx context.Context) error {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+
+		for _, n := range nodes.Items {
+			if kube.CordonedByIchor(&n) {
+				return nil
+			}
+		}
+
+		return errors.New("none yet")
+	})
+
+	r = c.ichor(t, 3*time.Minute, "abort")
+	r.requireExit(t, 0)
+	require.Contains(t, r.stdout, "Aborted operation "+first.Spec.ID+" (it was Running)")
+	require.Contains(t, r.stdout, "  uncordoned ")
+	require.Contains(t, r.stdout, "the state stays in configmap ichor-system/ichor-state for the record")
+
+	requireNothingCordoned(t, c)
+	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
+	assert.Empty(t, operationJobs(t, c, first.Spec.ID), "the Job is stopped")
+
+	op, _ = c.statusDocument(t)
+	assert.Equal(t, job.PhaseAborted, op.Status.Phase)
+	assert.Equal(t, first.Spec.ID, op.Spec.ID, "the state is kept for the record")
+	assert.Empty(t, invariantBreaks(c.Events(t)), "an abort breaks no invariant")
+
+	// The node the abort caught restarting its kubelet comes back Ready (the next plan
+	// refuses a NotReady node).
+	eventually(t, time.Minute, "every node Ready", func(ctx context.Context) error {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+
+		for _, n := range nodes.Items {
+			if !nodeReady(&n) {
+				return fmt.Errorf("%s not Ready", n.Name)
+			}
+		}
+
+		return nil
+	})
+
+	// A lock whose holder is gone does not stop the next upgrade: its runner takes it.
+	lease, err := c.Client.CoordinationV1().Leases(jobNamespace).Get(ctx, job.LockName, metav1.GetOptions{})
+	require.NoError(t, err)
+
+	ghost, now := "ichor-kubernetes-v1-36-3-ghost-1-xxxxx", metav1.NewMicroTime(time.Now())
+	lease.Spec.HolderIdentity, lease.Spec.RenewTime = &ghost, &now
+	_, err = c.Client.CoordinationV1().Leases(jobNamespace).Update(ctx, lease, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+
+	second := c.operation(t)
+	require.NotEqual(t, first.Spec.ID, second.Spec.ID)
+
+	// The runner took the ghost's lock over at once rather than waiting a full lease
+	// duration (15s) from its first look.
+	require.NotNil(t, second.Status.StartedAt)
+	took := second.Status.StartedAt.Sub(second.Spec.CreatedAt.Time)
+	t.Logf("the runner took the lock %s after the launch", took)
+	assert.Less(t, took, job.LeaseDuration-3*time.Second)
+
+	requireUpgraded(t, c, tc, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// TestJobPauseAndResume: an apply that blocks on cp-2 pauses the operation (the Job
+// fails at once, no retry) with what to do; once the fault is cleared, resume finishes.
+func TestJobPauseAndResume(t *testing.T) {
+	faults := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(faults, nil, 0o644))
+
+	c := startJobCluster(t, "--faults", faults)
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	require.NoError(t, os.WriteFile(faults, []byte("nodes:\n  cp-2:\n    applyBlocks: true\n"), 0o644))
+
+	r := c.ichor(t, 5*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--apply-timeout", "5s")
+	r.requireExit(t, job.ExitPaused)
+	r.requireOneLineError(t, "paused: APIServers cp-2: ")
+	require.Contains(t, r.stdout, "Paused: APIServers cp-2: ")
+	require.Contains(t, r.stdout, "  what to do: ")
+
+	op, raw := c.statusDocument(t)
+	assert.Equal(t, "Paused", raw["status"].(map[string]any)["phase"])
+	assert.Equal(t, "cp-2", op.Status.PausedNode)
+	assert.NotEmpty(t, op.Status.Reason)
+	assert.NotEmpty(t, op.Status.Action)
+
+	// The runner exited ExitPaused: the Job fails at once by its podFailurePolicy.
+	eventually(t, time.Minute, "the Job Failed by its podFailurePolicy", func(context.Context) error {
+		for _, j := range operationJobs(t, c, op.Spec.ID) {
+			for _, cond := range j.Status.Conditions {
+				if cond.Type == batchv1.JobFailed && cond.Status == corev1.ConditionTrue {
+					if cond.Reason != batchv1.JobReasonPodFailurePolicy {
+						return fmt.Errorf("failed for %s: %s", cond.Reason, cond.Message)
+					}
+
+					return nil
+				}
+			}
+		}
+
+		return errors.New("not failed yet")
+	})
+
+	jobs := operationJobs(t, c, op.Spec.ID)
+	require.Len(t, jobs, 1)
+	assert.Equal(t, int32(1), jobs[0].Status.Failed, "one pod, no retry of a pause")
+	assert.Equal(t, "", lockHolder(t, c))
+
+	// A second upgrade is refused while it is paused.
+	r = c.ichor(t, time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireOneLineError(t, "is paused: ")
+	require.Contains(t, r.stderr, "continue it with kubectl ichor resume")
+
+	require.NoError(t, os.WriteFile(faults, nil, 0o644))
+
+	r = c.ichor(t, 10*time.Minute, "resume")
+	r.requireExit(t, 0)
+	require.Contains(t, r.stdout, "Resumed operation "+op.Spec.ID+": job ichor-system/"+job.JobName(op.Spec.ID, 2))
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+
+	final := c.operation(t)
+	assert.Equal(t, job.PhaseSucceeded, final.Status.Phase)
+	assert.Equal(t, 2, final.Status.Attempt)
+
+	requireUpgraded(t, c, tc, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// TestJobRunnerKilled deletes the runner's pod with no grace period at 20 random points,
+// half of them in the Kubelets stage (each time the operator resumes once it is gone);
+// the upgrade still completes, with the invariant intact and no node left cordoned.
+func TestJobRunnerKilled(t *testing.T) {
+	c := startJobCluster(t)
+	addWorkload(t, c, 2)
+
+	ctx := context.Background()
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, seed))
+	t.Logf("kill points from seed %d", seed)
+
+	r := c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--detach")
+	r.requireExit(t, 0)
+
+	const kills = 20
+
+	killed := 0
+	zero := int64(0)
+
+	for killed < kills {
+		holder := waitForRunner(t, c)
+		if holder == "" {
+			break // succeeded
+		}
+
+		// The second half of the kills lands in the Kubelets stage, where nodes are
+		// cordoned and drained.
+		if killed >= kills/2 {
+			for op := c.operation(t); op.Status.Stage != "Kubelets" && op.Status.Phase == job.PhaseRunning; op = c.operation(t) {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+
+		time.Sleep(time.Duration(200+rng.IntN(3800)) * time.Millisecond)
+
+		op := c.operation(t)
+		if op.Status.Phase == job.PhaseSucceeded {
+			break
+		}
+
+		err := c.Client.CoreV1().Pods(jobNamespace).Delete(ctx, holder, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+
+		require.NoError(t, err)
+
+		killed++
+
+		node := "?"
+		if n := op.Status.Node(lastNode(op)); n != nil {
+			node = fmt.Sprintf("%s %s %s", n.Stage, n.Name, n.Phase)
+		}
+
+		t.Logf("kill %d: pod %s at stage %s (last step: %s)", killed, holder, op.Status.Stage, node)
+
+		eventually(t, time.Minute, "the killed runner gone", func(ctx context.Context) error {
+			p, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, holder, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) || (err == nil && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded)) {
+				return nil
+			}
+
+			return fmt.Errorf("pod %s still there (%v)", holder, err)
+		})
+
+		// The operator resumes; when the Job was quicker with a new pod, there is
+		// nothing to resume.
+		r := c.ichor(t, 3*time.Minute, "resume", "--detach")
+		if r.code != 0 {
+			r.requireOneLineError(t, "nothing to resume")
+		}
+	}
+
+	t.Logf("killed the runner %d times", killed)
+	require.Equal(t, kills, killed, "the upgrade ended before every kill")
+
+	r = c.ichor(t, 10*time.Minute, "status", "--watch")
+	r.requireExit(t, 0)
+
+	op := c.operation(t)
+	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	t.Logf("%d runner pods in %d Jobs took the lock", op.Status.Runs, op.Status.Attempt)
+
+	requireUpgraded(t, c, tc, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// waitForRunner returns the pod that holds the lock and runs, "" once the operation
+// succeeded. When no runner shows up for a while (the Job's backoff), it resumes.
+func waitForRunner(t *testing.T, c *Cluster) string {
+	t.Helper()
+
+	ctx := context.Background()
+	deadline := time.Now().Add(3 * time.Minute)
+	idleSince := time.Now()
+
+	for time.Now().Before(deadline) {
+		op := c.operation(t)
+
+		switch op.Status.Phase {
+		case job.PhaseSucceeded:
+			return ""
+		case job.PhasePaused, job.PhaseAborted:
+			t.Fatalf("operation %s %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
+		}
+
+		if holder := lockHolder(t, c); holder != "" && holder == op.Status.Runner && op.Status.Phase == job.PhaseRunning {
+			if p, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, holder, metav1.GetOptions{}); err == nil && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				return holder
+			}
+		}
+
+		if time.Since(idleSince) > 20*time.Second {
+			r := c.ichor(t, 3*time.Minute, "resume", "--detach")
+			if r.code != 0 {
+				r.requireOneLineError(t, "nothing to resume")
+			}
+
+			idleSince = time.Now()
+		}
+
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	t.Fatal("no runner took the lock in 3m")
+
+	return ""
+}
+
+// lastNode is the node whose step changed last.
+func lastNode(op *job.Operation) string {
+	var (
+		name string
+		at   time.Time
+	)
+
+	for _, n := range op.Status.Nodes {
+		if !n.Since.Time.Before(at) {
+			name, at = n.Name, n.Since.Time
+		}
+	}
+
+	return name
+}
