@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -355,6 +356,29 @@ type Store struct {
 	Namespace string
 	// Now is the clock (tests set it); nil means time.Now.
 	Now func() time.Time
+
+	mu   sync.Mutex
+	last *corev1.ConfigMap // the ConfigMap as this Store last read or wrote it
+}
+
+// remember keeps cm as the latest known state.
+func (s *Store) remember(cm *corev1.ConfigMap) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	s.last = cm.DeepCopy()
+}
+
+// cached is a copy of the latest known state, nil when none.
+func (s *Store) cached() *corev1.ConfigMap {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	if s.last == nil {
+		return nil
+	}
+
+	return s.last.DeepCopy()
 }
 
 // maxConflicts bounds the re-reads of one Update.
@@ -384,6 +408,8 @@ func (s *Store) Get(ctx context.Context) (*Operation, *corev1.ConfigMap, error) 
 	if err != nil {
 		return nil, cm, err
 	}
+
+	s.remember(cm)
 
 	return op, cm, nil
 }
@@ -440,14 +466,26 @@ func (s *Store) Create(ctx context.Context, op *Operation, plan []byte, replace 
 
 // Update reads the operation, lets mutate change it and writes it back on the condition
 // that nobody wrote in between; on a conflict it starts over with a fresh read. An error
-// of mutate is returned as is and nothing is written.
+// of mutate is returned as is and nothing is written. The first attempt starts from what
+// this Store last read or wrote (a writer that keeps its Store saves a read per write).
 func (s *Store) Update(ctx context.Context, mutate func(op *Operation) error) (*Operation, error) {
 	cms := s.Client.ConfigMaps(s.Namespace)
+	cm := s.cached()
 
 	for range maxConflicts {
-		op, cm, err := s.Get(ctx)
-		if err != nil {
-			return nil, err
+		var (
+			op  *Operation
+			err error
+		)
+
+		if cm != nil {
+			op, err = DecodeState(cm)
+		}
+
+		if cm == nil || err != nil {
+			if op, cm, err = s.Get(ctx); err != nil {
+				return nil, err
+			}
 		}
 
 		if err := mutate(op); err != nil {
@@ -460,14 +498,20 @@ func (s *Store) Update(ctx context.Context, mutate func(op *Operation) error) (*
 			return nil, err
 		}
 
-		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
+		updated, err := cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
 		if err == nil {
+			if updated != nil && updated.ResourceVersion != "" {
+				s.remember(updated)
+			}
+
 			return op, nil
 		}
 
-		if !apierrors.IsConflict(err) {
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("write %s: %w", describe("configmap", s.Namespace, StateName), err)
 		}
+
+		cm = nil // someone wrote meanwhile: read again
 	}
 
 	return nil, fmt.Errorf("write %s: %d conflicts in a row, too many concurrent writers", describe("configmap", s.Namespace, StateName), maxConflicts)

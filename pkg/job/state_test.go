@@ -303,3 +303,46 @@ func TestSetNodeTimeline(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, got.Status.Nodes[0].Timeline[0].ApplyStarted.Equal(at(1500*time.Microsecond)))
 }
+
+func TestStoreUpdateStartsFromItsLastWrite(t *testing.T) {
+	client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning)))
+	withResourceVersions(client, configmapsResource)
+
+	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
+
+	for i := range 3 {
+		_, err := store.Update(context.Background(), func(o *Operation) error {
+			o.Status.Runs = i + 1
+
+			return nil
+		})
+		require.NoError(t, err)
+	}
+
+	gets := 0
+	for _, a := range client.Actions() {
+		if a.GetVerb() == "get" {
+			gets++
+		}
+	}
+
+	assert.Equal(t, 1, gets, "one read for three writes")
+
+	// Another writer in between: the stale start conflicts and is read again.
+	other := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
+	_, err := other.Update(context.Background(), func(o *Operation) error {
+		o.Status.Phase = PhaseAborted
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	_, err = store.Update(context.Background(), func(o *Operation) error {
+		if o.Status.Phase == PhaseAborted {
+			return errAborted
+		}
+
+		return nil
+	})
+	require.ErrorIs(t, err, errAborted)
+}
