@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -65,6 +66,13 @@ func connectJob(flags *genericclioptions.ConfigFlags) (*jobTarget, error) {
 	cfg, err := flags.ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
+	}
+
+	// With no kubeconfig at all (and not in a pod), client-go falls back to
+	// http://localhost:8080.
+	if raw, err := flags.ToRawKubeConfigLoader().RawConfig(); err == nil && len(raw.Clusters) == 0 &&
+		(flags.APIServer == nil || *flags.APIServer == "") && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, errors.New("no kubeconfig found: pass --kubeconfig or --context, or set KUBECONFIG")
 	}
 
 	return newJobTarget(cfg)

@@ -117,7 +117,7 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*
 // launch confirms, launches the operation and follows it (unless --detach).
 func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind stages.Kind, installer string) error {
 	if !o.Yes {
-		if err := o.confirm(plan, ctl.Namespace); err != nil {
+		if err := o.confirm(ctx, plan, ctl.Namespace); err != nil {
 			return err
 		}
 	}
@@ -184,8 +184,8 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 	return f.run(ctx)
 }
 
-// confirm asks on the terminal; without one it refuses (--yes).
-func (o *upgradeOptions) confirm(plan *api.Plan, namespace string) error {
+// confirm asks on the terminal; without one it refuses (--yes). Ctrl-C (ctx) is a no.
+func (o *upgradeOptions) confirm(ctx context.Context, plan *api.Plan, namespace string) error {
 	if !o.deps.job.terminal(o.In) {
 		return errors.New("no terminal to confirm on: pass --yes to upgrade without confirmation")
 	}
@@ -197,11 +197,21 @@ func (o *upgradeOptions) confirm(plan *api.Plan, namespace string) error {
 
 	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(stages.Kind(plan.Upgrade)), name, plan.Target, namespace)
 
-	answer, _ := bufio.NewReader(o.In).ReadString('\n')
+	answers := make(chan string, 1)
 
-	switch strings.ToLower(strings.TrimSpace(answer)) {
-	case "y", "yes":
-		return nil
+	go func() {
+		answer, _ := bufio.NewReader(o.In).ReadString('\n')
+		answers <- answer
+	}()
+
+	select {
+	case answer := <-answers:
+		switch strings.ToLower(strings.TrimSpace(answer)) {
+		case "y", "yes":
+			return nil
+		}
+	case <-ctx.Done():
+		writef(o.Out, "\n")
 	}
 
 	return errors.New("not confirmed: nothing was changed")
