@@ -1,7 +1,8 @@
 // Command bench runs kubectl-ichor's benchmarks against local simulated
-// clusters (make bench, through hack/bench.sh). It never fails on a timing:
-// it measures, writes the figures and says which targets were met; it fails
-// only when a cluster does not start or the plugin does not produce a plan.
+// clusters (make bench, through hack/bench.sh): `bench [flags] plan upgrade`.
+// It never fails on a timing: it measures, writes the figures and says which
+// targets were met; it fails only when a cluster does not start, the plugin
+// does not produce a plan or the upgrade does not succeed.
 //
 // The plan benchmark starts a cluster of each size (3 control planes and the
 // rest workers) with ichor-sim, then runs
@@ -69,6 +70,12 @@ type options struct {
 	sim    string
 	plugin string
 	binDir string
+
+	// The upgrade benchmark's.
+	upgradeSizes   []int
+	maxUnavailable int
+	imageRoot      string
+	keepLogs       bool
 }
 
 func run() error {
@@ -77,25 +84,33 @@ func run() error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	sizes := fs.String("sizes", "5,1000", "cluster sizes in nodes, comma-separated (3 control planes, the rest workers)")
 	fs.IntVar(&o.runs, "runs", 5, "measured runs of the plan per size (after one warm-up run)")
-	fs.StringVar(&o.out, "out", filepath.Join(root, "_output", "bench"), "directory for plan.json, plan.txt and the logs of a failed cluster")
+	fs.StringVar(&o.out, "out", filepath.Join(root, "_output", "bench"), "directory for plan.json, plan.txt, upgrade.json, upgrade.txt and the logs of a failed cluster")
 	fs.StringVar(&o.sim, "sim", filepath.Join(root, "_output", "bin", "ichor-sim"), "the ichor-sim binary")
 	fs.StringVar(&o.plugin, "plugin", filepath.Join(root, "_output", "bin", "kubectl-ichor"), "the kubectl-ichor binary")
 	fs.StringVar(&o.binDir, "bin-dir", filepath.Join(root, "_output", "cluster-bins"), "the control plane's binaries")
+	upgradeSizes := fs.String("upgrade-sizes", "8,23", "upgrade: cluster sizes in nodes, comma-separated (3 control planes, the rest workers)")
+	fs.IntVar(&o.maxUnavailable, "max-unavailable", 5, "upgrade: workers upgraded at once")
+	fs.StringVar(&o.imageRoot, "image-root", filepath.Join(root, "_output", "image", "rootfs"), "upgrade: the Job image's root filesystem, run by the simulated kubelets")
+	fs.BoolVar(&o.keepLogs, "keep-logs", false, "upgrade: keep every cluster's logs and events.jsonl in --out, not only a failed one's")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 || fs.Arg(0) != "plan" {
-		return errors.New("usage: bench [flags] plan (the only benchmark so far)")
+	benchmarks := fs.Args()
+	if len(benchmarks) == 0 {
+		return errors.New("usage: bench [flags] plan|upgrade ...")
 	}
-	for _, s := range strings.Split(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < controlPlanes {
-			return fmt.Errorf("--sizes %q: want node counts of %d or more, e.g. 5,1000", *sizes, controlPlanes)
-		}
-		o.sizes = append(o.sizes, n)
+	var err error
+	if o.sizes, err = parseSizes("--sizes", *sizes); err != nil {
+		return err
+	}
+	if o.upgradeSizes, err = parseSizes("--upgrade-sizes", *upgradeSizes); err != nil {
+		return err
 	}
 	if o.runs < 1 {
 		return fmt.Errorf("--runs %d: want 1 or more", o.runs)
+	}
+	if o.maxUnavailable < 1 {
+		return fmt.Errorf("--max-unavailable %d: want 1 or more", o.maxUnavailable)
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
@@ -104,6 +119,37 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	var errs []error
+	for _, b := range benchmarks {
+		switch b {
+		case "plan":
+			errs = append(errs, runPlan(ctx, o))
+		case "upgrade":
+			errs = append(errs, runUpgrade(ctx, o))
+		default:
+			return fmt.Errorf("unknown benchmark %q: want plan or upgrade", b)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func parseSizes(name, list string) ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < controlPlanes {
+			return nil, fmt.Errorf("%s %q: want node counts of %d or more, e.g. 5,1000", name, list, controlPlanes)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// runPlan is the plan benchmark.
+func runPlan(ctx context.Context, o options) error {
 	report := Report{
 		Benchmark: fmt.Sprintf("kubectl-ichor plan kubernetes --to %s -o json (cluster at %s, Talos %s)", toVersion, fromVersion, talosVersion),
 		Started:   time.Now().UTC(),
@@ -241,7 +287,7 @@ func benchSize(ctx context.Context, o options, n int) (r Result) {
 	// Stop it whatever happened, keeping its logs first when something failed.
 	defer func() {
 		if r.Error != "" {
-			keepLogs(o.out, dir, n)
+			keepLogs(o.out, dir, fmt.Sprintf("logs-%d-nodes", n))
 		}
 		if out, err := exec.Command(o.sim, "down", "--dir", dir).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: ichor-sim down: %v: %s\n", err, out)
@@ -494,8 +540,8 @@ func writeSummary(w io.Writer, r *Report) {
 	}
 }
 
-func keepLogs(out, dir string, n int) {
-	dst := filepath.Join(out, fmt.Sprintf("logs-%d-nodes", n))
+func keepLogs(out, dir, name string) {
+	dst := filepath.Join(out, name)
 	_ = os.RemoveAll(dst)
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return
