@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -61,15 +62,41 @@ func Observe(ctx context.Context, client kubernetes.Interface) ([]Running, error
 		return nil, fmt.Errorf("list pods in %s: %w", discovery.StaticPodNamespace, err)
 	}
 
+	nodePtrs := make([]*corev1.Node, 0, len(nodes.Items))
+	for i := range nodes.Items {
+		nodePtrs = append(nodePtrs, &nodes.Items[i])
+	}
+
+	podPtrs := make([]*corev1.Pod, 0, len(pods.Items))
+	for i := range pods.Items {
+		podPtrs = append(podPtrs, &pods.Items[i])
+	}
+
+	return running(nodePtrs, podPtrs), nil
+}
+
+// Running is what Observe reads, as the cache's watches last saw it: every Node's
+// kubelet version and the image of every control-plane mirror pod and kube-proxy pod in
+// kube-system that has not finished. It makes no request, so a check that runs at every
+// node of a large cluster does not list the whole cluster each time.
+func (c *Cache) Running() []Running {
+	nodes, _ := c.nodes.List(labels.Everything())
+	pods, _ := c.pods.Pods(discovery.StaticPodNamespace).List(labels.Everything())
+
+	return running(nodes, pods)
+}
+
+// running is what nodes and pods say the cluster runs, sorted by node and component.
+func running(nodes []*corev1.Node, pods []*corev1.Pod) []Running {
 	var out []Running
 
-	for _, n := range nodes.Items {
+	for _, n := range nodes {
 		out = append(out, Running{
 			Node: n.Name, Component: discovery.Kubelet, Version: n.Status.NodeInfo.KubeletVersion, Source: "Node " + n.Name,
 		})
 	}
 
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
@@ -92,5 +119,5 @@ func Observe(ctx context.Context, client kubernetes.Interface) ([]Running, error
 		return out[i].Component < out[j].Component
 	})
 
-	return out, nil
+	return out
 }

@@ -226,6 +226,18 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
 	}
 
+	return r.invariantHolds(ctx, stage, node, running)
+}
+
+// recheckInvariant is checkInvariant on what the watches last saw, with no
+// request: for the check once a node is verified, which follows the fresh
+// one after its apply (a read of the whole cluster at every step of every
+// node would grow with the square of the cluster).
+func (r *kubeRun) recheckInvariant(ctx context.Context, stage, node string) error {
+	return r.invariantHolds(ctx, stage, node, r.cache.Running())
+}
+
+func (r *kubeRun) invariantHolds(ctx context.Context, stage, node string, running []kube.Running) error {
 	if v := invariantViolations(running); len(v) > 0 {
 		reason := "invariant broken: " + summarize(v)
 
@@ -238,13 +250,11 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 }
 
 // predictApply pauses before an apply that would break the invariant: what
-// the cluster runs, with the node's components replaced by the render's
-// (such as a held control plane whose apiserver stays behind).
+// the cluster runs (as the watches last saw it), with the node's components
+// replaced by the render's (such as a held control plane whose apiserver
+// stays behind).
 func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
-	running, err := kube.Observe(ctx, r.e.Kube)
-	if err != nil {
-		return r.pause(ctx, stage, sn.Name, "invariant check: "+err.Error(), actionResume, err)
-	}
+	running := r.cache.Running()
 
 	images := render.Images(res.Config)
 	after := running[:0:0]
@@ -275,14 +285,10 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 }
 
 // predictKubeProxy pauses before a manifest sync would run kube-proxy at the
-// target while some apiserver is older.
+// target while some apiserver is older (as the watches last saw them).
 func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) error {
-	running, err := kube.Observe(ctx, r.e.Kube)
-	if err != nil {
-		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
-	}
-
-	running = append(running, kube.Running{Node: "every node", Component: discovery.KubeProxy, Version: r.target.String(), Source: "the bootstrap manifests"})
+	running := append(r.cache.Running(),
+		kube.Running{Node: "every node", Component: discovery.KubeProxy, Version: r.target.String(), Source: "the bootstrap manifests"})
 
 	if v := invariantViolations(running); len(v) > 0 {
 		reason := "syncing the bootstrap manifests would break the invariant: " + summarize(v)

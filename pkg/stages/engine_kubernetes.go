@@ -475,7 +475,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 	}
 
 	if applied {
-		if err := r.checkInvariant(ctx, stage, name); err != nil {
+		if err := r.recheckInvariant(ctx, stage, name); err != nil {
 			return false, err
 		}
 	}
