@@ -55,6 +55,9 @@ type osFaults struct {
 	learnerAfterBoot time.Duration
 	// stayNotReady keeps the Node NotReady after a boot.
 	stayNotReady bool
+	// rebootLag keeps the machine up, on the same boot, this long after its
+	// Upgrade call returned (as Talos does while it shuts down).
+	rebootLag time.Duration
 }
 
 // osMachine is one machine's OS.
@@ -271,18 +274,45 @@ func (o *fakeOS) Upgrade(ctx context.Context, ip, image string) error {
 	o.mu.Lock()
 	o.upgrades = append(o.upgrades, m.name+" "+image)
 	o.unavailable = append(o.unavailable, cordoned)
+	lag := m.faults.rebootLag
+	o.mu.Unlock()
+
+	o.wg.Add(1)
+
+	if lag == 0 {
+		o.goDown(m)
+
+		go o.boot(m, staged)
+
+		return after
+	}
+
+	go func() {
+		select {
+		case <-o.done:
+			o.wg.Done()
+
+			return
+		case <-time.After(lag):
+		}
+
+		o.goDown(m)
+		o.boot(m, staged)
+	}()
+
+	return after
+}
+
+// goDown takes a machine down for its reboot: its API and its Node's Ready
+// go.
+func (o *fakeOS) goDown(m *osMachine) {
+	o.mu.Lock()
 	m.up = false
 	o.mu.Unlock()
 
 	o.setNode(m.name, func(n *corev1.Node) {
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady", Message: "node is shutting down"}}
 	})
-
-	o.wg.Add(1)
-
-	go o.boot(m, staged)
-
-	return after
 }
 
 // boot brings a machine up after rebootDelay (and while it never boots,

@@ -132,6 +132,43 @@ func TestTalosUpgrade(t *testing.T) {
 	assert.Len(t, o.upgradeNodes(), 5)
 }
 
+// TestTalosBootIDFlow: the boot ID is in the state before the Upgrade call;
+// a node that stays on its boot for a while after the call is waited for
+// (not yet rebooted), not mistaken for done or for a fallback.
+func TestTalosBootIDFlow(t *testing.T) {
+	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
+	o.setFaults("worker-1", func(f *osFaults) { f.rebootLag = 200 * time.Millisecond })
+
+	memo := newMemo()
+	atCall := map[string]upgradeMark{}
+
+	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+		var mark upgradeMark
+
+		require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/"+node+"/v1.13.9"]), &mark), "the mark is written before the call")
+
+		atCall[node] = mark
+
+		return false, nil
+	}
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", memo)
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+
+	assert.Equal(t, upgradeMark{BootID: "00000000-boot-cp-1-0"}, atCall["cp-1"], "the boot the node was on, not yet called")
+	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0"}, atCall["worker-1"])
+	assert.NotEmpty(t, rec.with("TalosOS worker-1 Upgrading: waiting for the reboot (boot ID unchanged)"))
+	assert.Empty(t, rec.with("TalosOS cp-1 Upgrading: waiting for the reboot"), "cp-1 went down at once")
+
+	var mark upgradeMark
+	require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/worker-1/v1.13.9"]), &mark))
+	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Called: true}, mark, "called once the call returned")
+}
+
 func TestTalosUpgradeInstallerOverride(t *testing.T) {
 	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 	image := "factory.talos.dev/installer/376567988a:v1.13.9"
