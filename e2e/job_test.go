@@ -485,6 +485,13 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)
 	assert.Empty(t, invariantBreaks(c.Events(t)))
+
+	// In a namespace Talos does not allow, it refuses the Job's credentials, and says why.
+	r = c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "-n", "upgrades")
+	r.requireExit(t, 1)
+	r.requireOneLineError(t, "talos did not write the credentials of talos.dev ServiceAccount upgrades/ichor-talos in ")
+	require.Contains(t, r.stderr, `(Talos says: namespace "upgrades" is not in allowedKubernetesNamespaces)`)
+	require.Contains(t, r.stderr, "with role os:admin and namespace upgrades")
 }
 
 // TestJobPauseAndResume: an apply that blocks on cp-2 pauses the operation (the Job
@@ -702,4 +709,39 @@ func lastNode(op *job.Operation) string {
 	}
 
 	return name
+}
+
+// TestJobLocalCredentials: without kubernetesTalosAPIAccess Talos refuses the Job's
+// ServiceAccount and the launch says what to do, changing nothing; with
+// --talos-credentials=local the Job runs on a copy of the operator's talosconfig,
+// which is deleted once the operation succeeded.
+func TestJobLocalCredentials(t *testing.T) {
+	c := startJobCluster(t, "--talos-api-access=false")
+	ctx := context.Background()
+
+	r := c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, 1)
+	r.requireOneLineError(t, "the cluster does not serve talos.dev ServiceAccounts (Talos' Kubernetes API access is off): "+
+		"enable machine.features.kubernetesTalosAPIAccess on the control planes with role os:admin and namespace ichor-system")
+	require.Contains(t, r.stderr, "or pass --talos-credentials=local")
+	require.Regexp(t, `(?m)^talos access for job\s+WARN`, r.stdout, "the plan said so first")
+
+	op := c.operation(t)
+	assert.Equal(t, job.PhaseAborted, op.Status.Phase, "a failed launch blocks no later one")
+	assert.Contains(t, op.Status.Reason, "launch failed: the cluster does not serve talos.dev ServiceAccounts")
+	assert.Empty(t, operationJobs(t, c, op.Spec.ID), "no Job without credentials")
+
+	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--talos-credentials=local")
+	r.requireExit(t, 0)
+	require.Contains(t, r.stderr, "warning: --talos-credentials=local copies your talosconfig")
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+
+	op = c.operation(t)
+	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, job.CredentialsLocal, op.Spec.Credentials)
+
+	_, err := c.Client.CoreV1().Secrets(jobNamespace).Get(ctx, job.LocalTalosconfigName, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "the copied talosconfig is deleted once the operation ends: %v", err)
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
 }

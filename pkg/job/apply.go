@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -92,21 +93,23 @@ func explain(err error) error {
 	case apierrors.IsForbidden(err):
 		return fmt.Errorf("%w: RBAC denied; launching creates a namespace, RBAC, credentials and a Job: "+
 			"run it as a cluster admin, or have one apply the objects of manifests/", err)
-	case meta.IsNoMatchError(err), apierrors.IsNotFound(err) && isMissingResource(err):
+	case isMissingResource(err):
 		return fmt.Errorf("%w: the cluster does not serve this resource", err)
 	}
 
 	return err
 }
 
-// isMissingResource reports whether a NotFound is about the resource type rather than an
-// object (the server does not serve it).
+// isMissingResource reports whether err is a NotFound about the resource type rather
+// than an object (the server does not serve it).
 func isMissingResource(err error) bool {
+	if meta.IsNoMatchError(err) {
+		return true
+	}
+
 	var status apierrors.APIStatus
 
-	if s, ok := err.(apierrors.APIStatus); ok {
-		status = s
-	} else {
+	if !errors.As(err, &status) || !apierrors.IsNotFound(err) {
 		return false
 	}
 

@@ -77,19 +77,57 @@ func (c *Control) Get(ctx context.Context) (*Operation, error) {
 	return op, err
 }
 
-// CheckFree returns nil when a new operation may start: none is in progress. Otherwise a
-// *BusyError names the operation, its age and the lock's holder.
+// CheckFree returns nil when a new operation may start: none is in progress, in this
+// namespace or (as far as the operator may list ConfigMaps) in another one, since one
+// operation at a time may change a cluster. Otherwise a *BusyError names the operation,
+// its age and the lock's holder.
 func (c *Control) CheckFree(ctx context.Context) error {
 	op, err := c.Get(ctx)
-	if errors.Is(err, ErrNoOperation) {
-		return nil
-	}
 
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNoOperation):
+	case err != nil:
 		return err
+	default:
+		if err := c.Busy(ctx, op); err != nil {
+			return err
+		}
 	}
 
-	return c.Busy(ctx, op)
+	return c.checkOtherNamespaces(ctx)
+}
+
+// checkOtherNamespaces refuses when an operation is in progress in another namespace.
+// An operator who may not list ConfigMaps across namespaces is not refused for it.
+func (c *Control) checkOtherNamespaces(ctx context.Context) error {
+	list, err := c.Kube.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.Set{LabelManagedBy: AppName}.String(),
+		FieldSelector: "metadata.name=" + StateName,
+	})
+	if err != nil {
+		return nil //nolint:nilerr // best effort: the namespace's own lock still holds
+	}
+
+	for i := range list.Items {
+		cm := &list.Items[i]
+		if cm.Namespace == c.Namespace || cm.Name != StateName {
+			continue
+		}
+
+		op, err := DecodeState(cm)
+		if err != nil || op.Status.Phase.Finished() {
+			continue
+		}
+
+		other := *c
+		other.Namespace = cm.Namespace
+
+		if err := other.Busy(ctx, op); err != nil {
+			return err
+		}
+	}
+
+	return nil
 }
 
 // Busy returns nil when op may be replaced by a new operation (it finished, or it was
@@ -243,7 +281,11 @@ func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) 
 		}
 	default:
 		if err := c.applier().apply(ctx, TalosAccount(c.Namespace)); err != nil {
-			return fmt.Errorf("%w: enable machine.features.kubernetesTalosAPIAccess on the control planes, or pass --talos-credentials=local", err)
+			if isMissingResource(err) {
+				return fmt.Errorf("the cluster does not serve talos.dev ServiceAccounts (Talos' Kubernetes API access is off): %s", accessAdvice(c.Namespace))
+			}
+
+			return fmt.Errorf("%w: %s", err, accessAdvice(c.Namespace))
 		}
 
 		if err := c.waitCredentials(ctx); err != nil {
@@ -266,6 +308,18 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
+	start := time.Now()
+
+	refused := func(waited time.Duration, reason string) error {
+		why := ""
+		if reason != "" {
+			why = " (Talos says: " + reason + ")"
+		}
+
+		return fmt.Errorf("talos did not write the credentials of talos.dev ServiceAccount %s/%s in %s%s: %s",
+			c.Namespace, TalosAccountName, waited, why, accessAdvice(c.Namespace))
+	}
+
 	for {
 		s, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(wctx, TalosAccountName, metav1.GetOptions{})
 		if err == nil && len(s.Data[TalosconfigKey]) > 0 {
@@ -276,25 +330,35 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 			return fmt.Errorf("read %s: %w", describe("secret", c.Namespace, TalosAccountName), explain(err))
 		}
 
+		// A refusal Talos wrote is trusted once Talos had time to look at the account
+		// as applied now (an old refusal may stay until Talos reconciles it again).
+		if waited := time.Since(start); waited >= credentialsRefusalGrace {
+			if reason := c.talosAccountFailure(wctx); reason != "" {
+				return refused(waited.Round(100*time.Millisecond), reason)
+			}
+		}
+
 		select {
 		case <-wctx.Done():
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 
-			why := ""
-			if reason := c.talosAccountFailure(ctx); reason != "" {
-				why = " (Talos says: " + reason + ")"
-			}
-
-			return fmt.Errorf("talos did not write the credentials of talos.dev ServiceAccount %s/%s in %s%s: "+
-				"enable machine.features.kubernetesTalosAPIAccess on the control planes with role %s and namespace %s "+
-				"(kubectl ichor plan shows the patch), or pass --talos-credentials=local",
-				c.Namespace, TalosAccountName, timeout, why, TalosRole, c.Namespace)
+			return refused(timeout, c.talosAccountFailure(ctx))
 		case <-time.After(c.poll() / 2):
 		}
 	}
 }
+
+// accessAdvice says how to give the Job its Talos credentials.
+func accessAdvice(namespace string) string {
+	return fmt.Sprintf("enable machine.features.kubernetesTalosAPIAccess on the control planes with role %s and namespace %s "+
+		"(kubectl ichor plan shows the patch), or pass --talos-credentials=local", TalosRole, namespace)
+}
+
+// credentialsRefusalGrace is how long after applying the Talos ServiceAccount a refusal
+// written on it is believed.
+const credentialsRefusalGrace = 5 * time.Second
 
 // talosAccountFailure is Talos' reason for refusing the ServiceAccount, if it gave one.
 func (c *Control) talosAccountFailure(ctx context.Context) string {

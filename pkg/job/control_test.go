@@ -267,6 +267,21 @@ func TestLaunchFailures(t *testing.T) {
 		require.NoError(t, f.ctl.CheckFree(ctx))
 	})
 
+	t.Run("Talos' API access is off", func(t *testing.T) {
+		f := newControl(t, t0)
+
+		// No talos.dev CRD: the server does not know the resource.
+		f.dyn.PrependReactor("patch", "serviceaccounts", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "talos.dev", Resource: "serviceaccounts"}, "")
+		})
+
+		_, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
+		require.Error(t, err)
+		assert.Equal(t, "the cluster does not serve talos.dev ServiceAccounts (Talos' Kubernetes API access is off): "+
+			"enable machine.features.kubernetesTalosAPIAccess on the control planes with role os:admin and namespace ichor-system "+
+			"(kubectl ichor plan shows the patch), or pass --talos-credentials=local", err.Error())
+	})
+
 	t.Run("Talos writes no credentials", func(t *testing.T) {
 		f := newControl(t, t0)
 
@@ -483,4 +498,23 @@ func TestDiagnose(t *testing.T) {
 			assert.Equal(t, tt.final, p.Final)
 		})
 	}
+}
+
+func TestCheckFreeLooksAtOtherNamespaces(t *testing.T) {
+	now := t0.Add(time.Minute)
+	elsewhere, err := EncodeState("upgrades", testOperation("op-9", PhasePaused), nil)
+	require.NoError(t, err)
+
+	f := newControl(t, now, elsewhere)
+
+	err = f.ctl.CheckFree(context.Background())
+
+	var busy *BusyError
+	require.ErrorAs(t, err, &busy)
+	assert.Equal(t, "operation op-9 (Paused, launched 1m0s ago) is paused: continue it with kubectl ichor resume -n upgrades, "+
+		"or stop it with kubectl ichor abort -n upgrades", err.Error())
+
+	done, err := EncodeState("upgrades", testOperation("op-9", PhaseSucceeded), nil)
+	require.NoError(t, err)
+	require.NoError(t, newControl(t, now, done).ctl.CheckFree(context.Background()))
 }
