@@ -1,17 +1,22 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubectl/pkg/drain"
 )
@@ -81,6 +86,9 @@ func patchNode(ctx context.Context, client kubernetes.Interface, node string, un
 // stay, every other pod is evicted (so PodDisruptionBudgets are respected,
 // a refused eviction retried), and the drain waits until they are gone. A
 // pod with no controller is not deleted: the drain fails naming it.
+//
+// It waits with a watch on the node's pods, so it ends the moment the last
+// pod is gone (kubectl's drain helper looks every second).
 type Drainer struct {
 	// Client is the Kubernetes client.
 	Client kubernetes.Interface
@@ -96,40 +104,19 @@ type Drainer struct {
 // Drain drains node and returns how many pods it evicted. Its error says
 // which pods could not be evicted and, for a budget, the last refusal.
 func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
-	retry := d.EvictRetryDelay
-	if retry <= 0 {
-		retry = DefaultEvictRetryDelay
-	}
+	parent := ctx
 
-	var (
-		mu      sync.Mutex
-		evicted int
-		out     lastLines
-	)
+	ctx, cancel := context.WithTimeoutCause(ctx, d.Timeout, errDrainTimeout)
+	defer cancel()
 
 	h := &drain.Helper{
-		Ctx:                  ctx,
-		Client:               d.Client,
-		GracePeriodSeconds:   -1,
-		IgnoreAllDaemonSets:  true,
-		DeleteEmptyDirData:   true,
-		Timeout:              d.Timeout,
-		EvictErrorRetryDelay: retry,
-		Out:                  &out,
-		ErrOut:               &out,
-		OnPodDeletionOrEvictionFinished: func(pod *corev1.Pod, _ bool, err error) {
-			if err != nil {
-				return
-			}
-
-			mu.Lock()
-			evicted++
-			mu.Unlock()
-
-			if d.OnEvicted != nil {
-				d.OnEvicted(pod.Namespace + "/" + pod.Name)
-			}
-		},
+		Ctx:                 ctx,
+		Client:              d.Client,
+		GracePeriodSeconds:  -1,
+		IgnoreAllDaemonSets: true,
+		DeleteEmptyDirData:  true,
+		Out:                 io.Discard,
+		ErrOut:              io.Discard,
 	}
 
 	list, errs := h.GetPodsForDeletion(node)
@@ -137,26 +124,270 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 		return 0, fmt.Errorf("node %q: drain: %s", node, joinErrors(errs))
 	}
 
-	if err := h.DeleteOrEvictPods(list.Pods()); err != nil {
-		mu.Lock()
-		n := evicted
-		mu.Unlock()
-
-		if ctx.Err() != nil {
-			return n, fmt.Errorf("node %q: drain: %w", node, ctx.Err())
-		}
-
-		if last := out.last(); last != "" {
-			return n, fmt.Errorf("node %q: drain: %v (last: %s)", node, err, last)
-		}
-
-		return n, fmt.Errorf("node %q: drain: %w", node, err)
+	pods := list.Pods()
+	if len(pods) == 0 {
+		return 0, nil
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	// Watch from before the first eviction, so that no deletion is missed.
+	w, err := d.watchPods(ctx, node, newPodSet(pods))
+	if err != nil {
+		return 0, d.failed(parent, ctx, node, err)
+	}
+	defer w.stop()
 
-	return evicted, nil
+	evictCtx, stopEvicting := context.WithCancelCause(ctx)
+	defer stopEvicting(nil)
+
+	var last lastLines
+
+	for _, p := range pods {
+		go func() {
+			if err := d.evict(evictCtx, h, p, &last); err != nil {
+				stopEvicting(err)
+			}
+		}()
+	}
+
+	err = w.wait(evictCtx, d.OnEvicted)
+	evicted := w.gone()
+
+	switch {
+	case err == nil:
+		return evicted, nil
+	case context.Cause(evictCtx) != nil && !errors.Is(context.Cause(evictCtx), errDrainTimeout) && parent.Err() == nil:
+		return evicted, fmt.Errorf("node %q: drain: %w", node, context.Cause(evictCtx))
+	case parent.Err() == nil && errors.Is(context.Cause(ctx), errDrainTimeout):
+		pod := w.first()
+		msg := fmt.Sprintf("error when evicting pods/%q -n %q: global timeout reached: %s", pod.Name, pod.Namespace, d.Timeout)
+
+		if l := last.last(); l != "" {
+			msg += " (last: " + l + ")"
+		}
+
+		return evicted, fmt.Errorf("node %q: drain: %s", node, msg)
+	}
+
+	return evicted, d.failed(parent, ctx, node, err)
+}
+
+var errDrainTimeout = errors.New("drain timeout")
+
+func (d Drainer) failed(parent, ctx context.Context, node string, err error) error {
+	if parent.Err() != nil {
+		return fmt.Errorf("node %q: drain: %w", node, parent.Err())
+	}
+
+	if errors.Is(context.Cause(ctx), errDrainTimeout) {
+		return fmt.Errorf("node %q: drain: global timeout reached: %s", node, d.Timeout)
+	}
+
+	return fmt.Errorf("node %q: drain: %w", node, err)
+}
+
+// evict evicts pod, again after EvictRetryDelay while a budget refuses, until
+// it is accepted (or the pod is gone) or ctx ends.
+func (d Drainer) evict(ctx context.Context, h *drain.Helper, pod corev1.Pod, last *lastLines) error {
+	retry := d.EvictRetryDelay
+	if retry <= 0 {
+		retry = DefaultEvictRetryDelay
+	}
+
+	for {
+		err := h.EvictPod(pod, policyv1.SchemeGroupVersion)
+
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			return nil
+		case ctx.Err() != nil:
+			return nil
+		case apierrors.IsTooManyRequests(err):
+			last.set(fmt.Sprintf("error when evicting pods/%q -n %q (will retry after %s): %v", pod.Name, pod.Namespace, retry, err))
+		default:
+			return fmt.Errorf("error when evicting pods/%q -n %q: %w", pod.Name, pod.Namespace, err)
+		}
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retry):
+		}
+	}
+}
+
+// podSet is the pods a drain waits for, by namespace/name, with their UIDs
+// (a pod of the same name and another UID is a new one: the old is gone).
+type podSet struct {
+	mu      sync.Mutex
+	waiting map[string]corev1.Pod
+	order   []string
+	evicted int
+	// unreported are pods gone before the evictions began to be followed.
+	unreported []string
+}
+
+func newPodSet(pods []corev1.Pod) *podSet {
+	s := &podSet{waiting: map[string]corev1.Pod{}}
+
+	for _, p := range pods {
+		key := p.Namespace + "/" + p.Name
+		s.waiting[key] = p
+		s.order = append(s.order, key)
+	}
+
+	return s
+}
+
+// gone marks the pods of keys gone when they were waited for, and returns those.
+func (s *podSet) gone(keys ...string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	var out []string
+
+	for _, key := range keys {
+		if _, ok := s.waiting[key]; ok {
+			delete(s.waiting, key)
+			s.evicted++
+			out = append(out, key)
+		}
+	}
+
+	return out
+}
+
+func (s *podSet) done() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return len(s.waiting) == 0
+}
+
+// podWatch follows the pods of one node until every pod of a podSet is gone.
+type podWatch struct {
+	d    Drainer
+	node string
+	set  *podSet
+	w    watch.Interface
+}
+
+func (d Drainer) watchPods(ctx context.Context, node string, set *podSet) (*podWatch, error) {
+	pw := &podWatch{d: d, node: node, set: set}
+
+	gone, err := pw.relist(ctx)
+	set.unreported = gone
+
+	return pw, err
+}
+
+// relist lists the node's pods, marks those gone, and watches from there.
+// It returns the pods it found gone.
+func (pw *podWatch) relist(ctx context.Context) ([]string, error) {
+	pw.stop()
+
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", pw.node).String()}
+
+	list, err := pw.d.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+
+	present := map[string]types.UID{}
+	for _, p := range list.Items {
+		present[p.Namespace+"/"+p.Name] = p.UID
+	}
+
+	var gone []string
+
+	pw.set.mu.Lock()
+	for key, p := range pw.set.waiting {
+		if uid, ok := present[key]; !ok || uid != p.UID {
+			gone = append(gone, key)
+		}
+	}
+	pw.set.mu.Unlock()
+
+	opts.ResourceVersion = list.ResourceVersion
+
+	pw.w, err = pw.d.Client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, opts)
+
+	return pw.set.gone(gone...), err
+}
+
+func (pw *podWatch) stop() {
+	if pw.w != nil {
+		pw.w.Stop()
+		pw.w = nil
+	}
+}
+
+// wait returns once every pod is gone, or with ctx's error.
+func (pw *podWatch) wait(ctx context.Context, onGone func(string)) error {
+	report := func(keys []string) {
+		if onGone != nil {
+			for _, key := range keys {
+				onGone(key)
+			}
+		}
+	}
+
+	report(pw.set.unreported)
+
+	for !pw.set.done() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-pw.w.ResultChan():
+			if !ok || ev.Type == watch.Error {
+				gone, err := pw.relist(ctx)
+				report(gone)
+
+				if err != nil {
+					return err
+				}
+
+				continue
+			}
+
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				continue
+			}
+
+			key := p.Namespace + "/" + p.Name
+
+			pw.set.mu.Lock()
+			want, ok := pw.set.waiting[key]
+			pw.set.mu.Unlock()
+
+			if ok && (ev.Type == watch.Deleted || p.UID != want.UID) {
+				report(pw.set.gone(key))
+			}
+		}
+	}
+
+	return nil
+}
+
+func (pw *podWatch) gone() int {
+	pw.set.mu.Lock()
+	defer pw.set.mu.Unlock()
+
+	return pw.set.evicted
+}
+
+// first is the first pod still waited for.
+func (pw *podWatch) first() corev1.Pod {
+	pw.set.mu.Lock()
+	defer pw.set.mu.Unlock()
+
+	for _, key := range pw.set.order {
+		if p, ok := pw.set.waiting[key]; ok {
+			return p
+		}
+	}
+
+	return corev1.Pod{}
 }
 
 func joinErrors(errs []error) string {
@@ -168,24 +399,18 @@ func joinErrors(errs []error) string {
 	return strings.Join(msgs, "; ")
 }
 
-// lastLines keeps the last refusal the drain helper printed, so an error
-// that says only "global timeout reached" can say why.
+// lastLines keeps the last refusal of an eviction, so that an error that
+// says only "global timeout reached" can say why.
 type lastLines struct {
 	mu   sync.Mutex
 	line string
 }
 
-func (l *lastLines) Write(p []byte) (int, error) {
+func (l *lastLines) set(line string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
-	for _, line := range bytes.Split(bytes.TrimSpace(p), []byte("\n")) {
-		if s := strings.TrimSpace(string(line)); strings.HasPrefix(s, "error when evicting") {
-			l.line = s
-		}
-	}
-
-	return len(p), nil
+	l.line = line
 }
 
 func (l *lastLines) last() string {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -362,6 +363,36 @@ func TestDrain(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "default/debug")
 		assert.Contains(t, err.Error(), "declare no controller")
+	})
+
+	t.Run("done the moment the last pod is gone", func(t *testing.T) {
+		cs := drainCluster(t, false, node("worker-1", "v1.35.4", true))
+		gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+		// Evictions that start a graceful deletion: the pods go 300ms later.
+		for _, name := range []string{"web-1", "web-2"} {
+			p := ownedPod("default", name, "worker-1", "ReplicaSet")
+			p.UID = types.UID("uid-" + name)
+			require.NoError(t, cs.Tracker().Add(p))
+		}
+
+		cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			create, _ := action.(k8stesting.CreateActionImpl)
+			if create.GetSubresource() != "eviction" {
+				return false, nil, nil
+			}
+
+			ev := create.GetObject().(*policyv1.Eviction)
+			time.AfterFunc(300*time.Millisecond, func() { _ = cs.Tracker().Delete(gvr, ev.Namespace, ev.Name) })
+
+			return true, nil, nil
+		})
+
+		start := time.Now()
+		n, err := Drainer{Client: cs, Timeout: time.Minute}.Drain(t.Context(), "worker-1")
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		assert.Less(t, time.Since(start), 900*time.Millisecond, "a watch sees the deletions; no poll of a second")
 	})
 
 	t.Run("stopped by its context", func(t *testing.T) {
