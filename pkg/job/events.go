@@ -48,15 +48,16 @@ func newEventRecorder(kube kubernetes.Interface, namespace, instance, host strin
 	return e
 }
 
-// node records an event about a node.
-func (e *eventRecorder) node(ctx context.Context, node, reason, message string, warning bool) {
-	ref := corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node, UID: e.uid(ctx, "node", node)}
+// node records an event about a node. Like operation, it returns at once: the event,
+// and the lookup of the object's UID, are written by the recorder's goroutine.
+func (e *eventRecorder) node(_ context.Context, node, reason, message string, warning bool) {
+	ref := corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node}
 	e.record(metav1.NamespaceDefault, ref, reason, message, warning)
 }
 
 // operation records an event about the operation (its state ConfigMap).
-func (e *eventRecorder) operation(ctx context.Context, reason, message string, warning bool) {
-	ref := corev1.ObjectReference{APIVersion: "v1", Kind: "ConfigMap", Namespace: e.namespace, Name: StateName, UID: e.uid(ctx, "configmap", StateName)}
+func (e *eventRecorder) operation(_ context.Context, reason, message string, warning bool) {
+	ref := corev1.ObjectReference{APIVersion: "v1", Kind: "ConfigMap", Namespace: e.namespace, Name: StateName}
 	e.record(e.namespace, ref, reason, message, warning)
 }
 
@@ -139,6 +140,13 @@ func (e *eventRecorder) loop() {
 	defer close(e.done)
 
 	for ev := range e.queue {
+		kind := "node"
+		if ev.InvolvedObject.Kind == "ConfigMap" {
+			kind = "configmap"
+		}
+
+		ev.InvolvedObject.UID = e.uid(context.Background(), kind, ev.InvolvedObject.Name)
+
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := e.kube.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
 

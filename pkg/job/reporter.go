@@ -58,12 +58,23 @@ func (r *reporter) Stage(index, total int, name string) {
 	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
 }
 
-// Node implements stages.Progress.
+// Node implements stages.Progress. A step (a node entering a phase) is also a Kubernetes
+// event; the messages of the same phase that follow (a pod evicted, what verification
+// still waits for) are only in the state and the log.
 func (r *reporter) Node(stage, node string, phase stages.NodePhase, message string) {
 	now := r.now()
 
-	r.change(func(s *OperationStatus) { s.SetNode(stage, node, phase, message, now) })
-	r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == stages.PhaseFailed)
+	var step bool
+
+	r.change(func(s *OperationStatus) {
+		prev := s.Node(node)
+		step = prev == nil || prev.Stage != stage || prev.Phase != phase
+		s.SetNode(stage, node, phase, message, now)
+	})
+
+	if step {
+		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == stages.PhaseFailed)
+	}
 }
 
 // Step implements stages.StepProgress.
