@@ -88,7 +88,7 @@ const (
 	DefaultUpgradeTimeout = 10 * time.Minute
 	DefaultRebootTimeout  = 20 * time.Minute
 	DefaultPullTimeout    = 10 * time.Minute
-	DefaultConcurrency    = 8
+	DefaultConcurrency    = 32
 )
 
 // PauseError is how the engine stops on a failure: the operation pauses with

@@ -125,10 +125,11 @@ type pull struct {
 }
 
 // prePull pulls every image the stage changes on the nodes that will take
-// it, a bounded number of nodes at a time, under PullTimeout. In the
-// KubeProxy stage the new kube-proxy image is also pulled on the workers,
-// which run it once the DaemonSet rolls. A node that cannot pre-pull is
-// skipped; any other failure pauses before the first apply.
+// it, a bounded number of nodes at a time (each node's images at once),
+// under PullTimeout. In the KubeProxy stage the new kube-proxy image is also
+// pulled on the workers, which run it once the DaemonSet rolls. A node that
+// cannot pre-pull is skipped; any other failure pauses before the first
+// apply.
 func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
 	stage := s.Name()
 	pulls := map[string][]pull{}
@@ -181,8 +182,19 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 	defer cancel()
 
 	err := talos.ForEach(pullCtx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
-		for _, p := range pulls[ip] {
-			err := r.e.Talos.PullImage(ctx, ip, p.ns, p.ref)
+		// A node's images are pulled at once too: the stage waits for the
+		// slowest pull, not for their sum.
+		errs := make([]error, len(pulls[ip]))
+
+		var wg sync.WaitGroup
+
+		for i, p := range pulls[ip] {
+			wg.Go(func() { errs[i] = r.e.Talos.PullImage(ctx, ip, p.ns, p.ref) })
+		}
+
+		wg.Wait()
+
+		for i, err := range errs {
 			if errors.Is(err, talos.ErrPullUnsupported) {
 				mu.Lock()
 				unsupported++
@@ -192,13 +204,13 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 			}
 
 			if err != nil {
-				return fmt.Errorf("node %q: pull %s: %w", names[ip], p.ref, err)
+				return fmt.Errorf("node %q: pull %s: %w", names[ip], pulls[ip][i].ref, err)
 			}
-
-			mu.Lock()
-			pulled++
-			mu.Unlock()
 		}
+
+		mu.Lock()
+		pulled += len(errs)
+		mu.Unlock()
 
 		return nil
 	})
