@@ -99,7 +99,10 @@ func connectInCluster(flags *genericclioptions.ConfigFlags) (*jobTarget, error) 
 
 func newJobTarget(cfg *rest.Config) (*jobTarget, error) {
 	cfg = rest.CopyConfig(cfg)
-	cfg.QPS, cfg.Burst = 20, 40
+	// The rates kubectl gives its discovery client. The runner's engine shares them with
+	// its state writes and events: at 20 a second (burst 40), a batch of workers stepping
+	// together queued the engine's own reads behind those.
+	cfg.QPS, cfg.Burst = 50, 300
 
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
