@@ -152,6 +152,10 @@ type UpgradeResult struct {
 
 	LowerBound Bound   `json:"lowerBound"`
 	Ratio      float64 `json:"ratio"`
+	// Stages are each stage's time, from the previous one's end (the first
+	// from the command's start) to its last node verified (KubeProxy: its
+	// rollout done), beside its share of the bound.
+	Stages []StageTime `json:"stages"`
 
 	Gaps GapReport `json:"gaps"`
 
@@ -176,10 +180,18 @@ type Bound struct {
 
 // BoundTerm is one serial step of the critical path, Count times Each.
 type BoundTerm struct {
+	Stage   string  `json:"stage"`
 	What    string  `json:"what"`
 	Count   int     `json:"count"`
 	Each    float64 `json:"eachSeconds"`
 	Seconds float64 `json:"seconds"`
+}
+
+// StageTime is one stage's time against its share of the bound.
+type StageTime struct {
+	Stage        string  `json:"stage"`
+	Seconds      float64 `json:"seconds"`
+	BoundSeconds float64 `json:"boundSeconds"`
 }
 
 // GapReport are the waits between a node (or a batch) being verified and the
@@ -247,13 +259,16 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int) Bound {
 	batches := (workers + maxUnavailable - 1) / maxUnavailable
 
 	terms := []BoundTerm{
-		{What: "the first runner pod starts (PS)", Count: 1, Each: ps},
-		{What: "pre-pull of each stage, every node at once (IP)", Count: 4, Each: ip},
-		{What: "APIServers: a control plane's apiserver restarts and gets Ready (SPR + RL)", Count: cps, Each: spr + rl},
-		{What: "ControlPlaneComponents: its controller-manager and scheduler restart and get Ready (SPR + RL)", Count: cps, Each: spr + rl},
-		{What: "KubeProxy: the DaemonSet replaces one pod at a time (T + PS + RL)", Count: n, Each: t + ps + rl},
-		{What: fmt.Sprintf("Kubelets: a control plane, then %d workers at a time: drain, kubelet restart (T + KR)", maxUnavailable), Count: cps + batches, Each: t + kr},
-		{What: "Kubelets: the runner, evicted by its node's drain, replaced after the Job's failure backoff (JB + PS)", Count: 1, Each: jobFailureBackoff.Seconds() + ps},
+		{Stage: "APIServers", What: "the first runner pod starts (PS)", Count: 1, Each: ps},
+		{Stage: "APIServers", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "APIServers", What: "a control plane's apiserver restarts and gets Ready (SPR + RL)", Count: cps, Each: spr + rl},
+		{Stage: "ControlPlaneComponents", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "ControlPlaneComponents", What: "its controller-manager and scheduler restart and get Ready (SPR + RL)", Count: cps, Each: spr + rl},
+		{Stage: "KubeProxy", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "KubeProxy", What: "the DaemonSet replaces one pod at a time (T + PS + RL)", Count: n, Each: t + ps + rl},
+		{Stage: "Kubelets", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "Kubelets", What: fmt.Sprintf("a control plane, then %d workers at a time: drain, kubelet restart (T + KR)", maxUnavailable), Count: cps + batches, Each: t + kr},
+		{Stage: "Kubelets", What: "the runner, evicted by its node's drain, replaced after the Job's failure backoff (JB + PS)", Count: 1, Each: jobFailureBackoff.Seconds() + ps},
 	}
 
 	var b Bound
@@ -605,7 +620,30 @@ func measureUpgrade(ctx context.Context, o options, dir string, client kubernete
 		takeovers = append(takeovers, p.locked)
 	}
 
-	r.Gaps = gaps(&plan, tl, evs, self, o.maxUnavailable, takeovers)
+	var ends map[string]time.Time
+
+	r.Gaps, ends = gaps(&plan, tl, evs, self, o.maxUnavailable, takeovers)
+
+	prev := began
+
+	for _, s := range plan.Stages {
+		st := StageTime{Stage: s.Name}
+
+		for _, t := range r.LowerBound.Terms {
+			if t.Stage == s.Name {
+				st.BoundSeconds = round(st.BoundSeconds + t.Seconds)
+			}
+		}
+
+		if end, ok := ends[s.Name]; ok && !prev.IsZero() {
+			st.Seconds = round(end.Sub(prev).Seconds())
+			prev = end
+		} else {
+			prev = time.Time{}
+		}
+
+		r.Stages = append(r.Stages, st)
+	}
 
 	return nil
 }
@@ -898,9 +936,12 @@ func verifiedAt(n api.NodeStep, evs []events.Event, t nodeTimes) time.Time {
 
 // gaps are the waits between a group being verified and the next group's
 // apply starting, within each stage, and at each stage's start (less its
-// pre-pull, and for Kubelets the kube-proxy rollout before it).
-func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, maxUnavailable int, takeovers []time.Time) GapReport {
+// pre-pull, and for Kubelets the kube-proxy rollout before it). It also
+// returns when each stage ended: its last group verified (KubeProxy: its
+// rollout done).
+func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, maxUnavailable int, takeovers []time.Time) (GapReport, map[string]time.Time) {
 	var (
+		ends    = map[string]time.Time{}
 		rep     GapReport
 		prevEnd time.Time // when the previous stage's last group was verified (or its rollout done)
 		prevWho string
@@ -959,6 +1000,10 @@ func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, ma
 		if s.Name == "KubeProxy" && !prevEnd.IsZero() {
 			prevEnd, prevWho = later(prevEnd, rolloutDone(evs)), "KubeProxy rollout"
 		}
+
+		if !prevEnd.IsZero() {
+			ends[s.Name] = prevEnd
+		}
 	}
 
 	var counted []float64
@@ -974,7 +1019,7 @@ func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, ma
 		rep.MedianSeconds = spread(counted).Median
 	}
 
-	return rep
+	return rep, ends
 }
 
 func newGap(stage, from, to string, verified, started time.Time, required time.Duration, takeovers []time.Time) Gap {
@@ -1119,8 +1164,19 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 		fmt.Fprintf(w, "\nAt %d nodes: bound %.1fs\n", x.Nodes, x.LowerBound.Seconds)
 
 		for _, t := range x.LowerBound.Terms {
-			fmt.Fprintf(w, "  %3d x %6.2fs = %6.2fs  %s\n", t.Count, t.Each, t.Seconds, t.What)
+			fmt.Fprintf(w, "  %3d x %6.2fs = %6.2fs  %s: %s\n", t.Count, t.Each, t.Seconds, t.Stage, t.What)
 		}
+
+		fmt.Fprintf(w, "  each stage, from the previous one's end (the first from the command's start) to its last node verified:\n")
+
+		rest := x.WallSeconds
+
+		for _, st := range x.Stages {
+			fmt.Fprintf(w, "    %-24s %6.2fs (bound %6.2fs, %+.2fs)\n", st.Stage, st.Seconds, st.BoundSeconds, st.Seconds-st.BoundSeconds)
+			rest -= st.Seconds
+		}
+
+		fmt.Fprintf(w, "    %-24s %6.2fs (the command sees the end)\n", "then", rest)
 
 		fmt.Fprintf(w, "  gaps (a group verified, per events.jsonl, to the next apply's start, per the state's timeline; at a stage's start the pre-pull's %s is taken off):\n", l.ImagePull)
 
