@@ -256,9 +256,17 @@ func TestSimulatedCluster(t *testing.T) {
 							RunAsNonRoot:           new(true),
 							ReadOnlyRootFilesystem: new(true),
 						},
-						VolumeMounts: []corev1.VolumeMount{{Name: "talos", MountPath: "/var/run/secrets/talos.dev", ReadOnly: true}},
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "talos", MountPath: "/var/run/secrets/talos.dev", ReadOnly: true},
+							// The cluster's directory is under /tmp: an emptyDir there
+							// must not hide the other volumes' sources.
+							{Name: "tmp", MountPath: "/tmp"},
+						},
 					}},
-					Volumes: []corev1.Volume{{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "podcheck-talos"}}}},
+					Volumes: []corev1.Volume{
+						{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "podcheck-talos"}}},
+						{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+					},
 				}},
 			},
 		}
@@ -282,7 +290,7 @@ func TestSimulatedCluster(t *testing.T) {
 		require.NoError(t, err, out)
 		require.Contains(t, out, "kubernetes: 5 nodes")
 		require.Contains(t, out, "talos: v1.13.9")
-		require.Contains(t, out, "uid 65532, root filesystem read-only")
+		require.Contains(t, out, "uid 65532, root filesystem read-only, /tmp writable")
 
 		usage, err := filepath.Glob(filepath.Join(c.Dir, "logs", "pods", "ichor-system_podcheck-*_check.usage.json"))
 		require.NoError(t, err)

@@ -56,7 +56,13 @@ func run() error {
 		_ = f.Close()
 		_ = os.Remove(f.Name())
 	}
-	fmt.Printf("uid %d, root filesystem %s\n", os.Getuid(), ro)
+	tmp := "writable"
+	if f, err := os.CreateTemp("/tmp", "podcheck-"); err != nil {
+		tmp = "not writable: " + err.Error()
+	} else {
+		_ = f.Close()
+	}
+	fmt.Printf("uid %d, root filesystem %s, /tmp %s\n", os.Getuid(), ro, tmp)
 	if len(os.Args) > 1 && os.Args[1] == "sleep" {
 		<-ctx.Done()
 	}

@@ -89,6 +89,13 @@ func (r *podRunner) run(ctx context.Context) {
 		case !started && !time.Now().Before(startAt):
 			if asProcess {
 				if err := r.startProcesses(ctx, pod, root); err != nil {
+					if apierrors.IsNotFound(err) {
+						// As a kubelet does for a Secret or ConfigMap that is
+						// not there yet: the pod waits (ContainerCreating).
+						r.logf("a volume's source is missing: will retry", "err", err)
+						startAt = time.Now().Add(2 * time.Second)
+						break
+					}
 					r.logf("start processes", "err", err)
 					r.writeTerminated(ctx, 128, err.Error())
 					break

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,26 +62,55 @@ func RunPod(specPath string) error {
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private (needs root and a new mount namespace): %w", err)
 	}
-	// Mount points first: the root may become read-only below.
+	// Parents before children, as a kubelet mounts them.
+	sort.SliceStable(spec.Mounts, func(i, j int) bool {
+		return depth(spec.Mounts[i].Target) < depth(spec.Mounts[j].Target)
+	})
+	// Hold every source open first: a volume mounted over a directory that
+	// holds another volume's source (an emptyDir at /tmp, with the cluster's
+	// directory under /tmp) must not hide it. The mounts below bind from
+	// these descriptors.
+	sources := make([]string, len(spec.Mounts))
+	for i, m := range spec.Mounts {
+		fd, err := syscall.Open(m.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", m.Source, err)
+		}
+		sources[i] = fmt.Sprintf("/proc/self/fd/%d", fd)
+	}
+	// So is the command: the image's directory may be under a mount too.
+	binFD, err := syscall.Open(spec.Argv[0], unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("exec %s: %w", spec.Argv[0], err)
+	}
+	// Mount points next.
 	for _, m := range spec.Mounts {
 		if err := mountPoint(m); err != nil {
 			return err
 		}
 	}
-	if spec.ReadOnlyRoot {
-		// A bind remount changes only this namespace's copy of the root mount.
-		if err := syscall.Mount("", "/", "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
-			return fmt.Errorf("read-only root filesystem: %w", err)
+	for i, m := range spec.Mounts {
+		// A mount point inside an earlier volume is made in that volume.
+		if _, err := os.Stat(m.Target); err != nil {
+			if err := mountPoint(m); err != nil {
+				return err
+			}
 		}
-	}
-	for _, m := range spec.Mounts {
-		if err := syscall.Mount(m.Source, m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+		if err := syscall.Mount(sources[i], m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind %s at %s: %w", m.Source, m.Target, err)
 		}
 		if m.ReadOnly {
 			if err := syscall.Mount("", m.Target, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
 				return fmt.Errorf("read-only %s: %w", m.Target, err)
 			}
+		}
+	}
+	if spec.ReadOnlyRoot {
+		// Last, so the volumes (bound from the root mount) keep their own
+		// flags: a bind remount changes only this namespace's copy of the
+		// root mount, not the mounts on it.
+		if err := syscall.Mount("", "/", "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("read-only root filesystem: %w", err)
 		}
 	}
 	if spec.WorkingDir != "" {
@@ -101,11 +131,14 @@ func RunPod(specPath string) error {
 			return fmt.Errorf("run as user %d: %w", *spec.UID, err)
 		}
 	}
-	if err := syscall.Exec(spec.Argv[0], spec.Argv, spec.Env); err != nil {
+	// An ELF binary runs from a close-on-exec descriptor (fexecve).
+	if err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", binFD), spec.Argv, spec.Env); err != nil {
 		return fmt.Errorf("exec %s as uid %d: %w", spec.Argv[0], os.Getuid(), err)
 	}
 	return nil
 }
+
+func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 
 // mountPoint makes sure m's target exists: a directory for a directory
 // source, an empty file for a file.
@@ -288,6 +321,12 @@ func (r *podRunner) materializeVolumes(ctx context.Context, pod *corev1.Pod, dir
 		vdir := filepath.Join(dir, v.Name)
 		if err := os.MkdirAll(vdir, 0o755); err != nil {
 			return nil, err
+		}
+		if v.EmptyDir != nil {
+			// As a kubelet makes it: writable by the container's user.
+			if err := os.Chmod(vdir, 0o777); err != nil {
+				return nil, err
+			}
 		}
 		files := map[string][]byte{}
 		switch {
