@@ -1178,7 +1178,8 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 
 		fmt.Fprintf(w, "    %-24s %6.2fs (the command sees the end)\n", "then", rest)
 
-		fmt.Fprintf(w, "  gaps (a group verified, per events.jsonl, to the next apply's start, per the state's timeline; at a stage's start the pre-pull's %s is taken off):\n", l.ImagePull)
+		fmt.Fprintf(w, "  gaps, longest first: a group verified (events.jsonl) to the next group's apply starting (the state's timeline);\n"+
+			"  in Kubelets that includes the next batch's cordon and drain; at a stage's start the pre-pull's %s is taken off:\n", l.ImagePull)
 
 		top := slices.Clone(x.Gaps.Gaps)
 		sort.SliceStable(top, func(i, j int) bool { return top[i].Seconds > top[j].Seconds })
