@@ -341,8 +341,11 @@ func (r *Runner) lead(ctx, lctx context.Context, id string) error {
 	rep := newReporter(r.store(), op, events, r.now, r.logf, func() { stop(errAborted) })
 	go rep.loop(engCtx)
 
+	opts := engineOptions(op.Spec, r.Node)
+	opts.SelfPod = r.Namespace + "/" + r.Identity
+
 	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
-		Kube: r.Kube, Dynamic: r.Dynamic, Options: engineOptions(op.Spec, r.Node), Progress: rep, Memo: rep, Out: r.Out,
+		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
 		Talos: r.Talos,
 	})
 	if err == nil {

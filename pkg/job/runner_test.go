@@ -142,7 +142,9 @@ func TestRunnerSucceeds(t *testing.T) {
 	require.NoError(t, err, f.out.String())
 
 	assert.True(t, memoDurable)
-	assert.Equal(t, stages.EngineOptions{Kind: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", DrainTimeout: 7 * time.Minute}, f.cfg.Options)
+	assert.Equal(t, stages.EngineOptions{
+		Kind: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
+	}, f.cfg.Options, "the runner's own pod is evicted last on its node")
 
 	s := f.state(t).Status
 	assert.Equal(t, PhaseSucceeded, s.Phase)

@@ -99,6 +99,14 @@ type Drainer struct {
 	EvictRetryDelay time.Duration
 	// OnEvicted, when not nil, is called for every pod gone ("ns/name").
 	OnEvicted func(pod string)
+	// Last, "namespace/name", is a pod evicted only once every other pod of
+	// the node is gone: the runner's own pod. Its eviction stops the runner,
+	// and an eviction of another pod still in flight then could be cut short
+	// after the API server counted it against the pod's budget but before it
+	// deleted the pod: the budget would count that pod as disrupted for two
+	// minutes (the disruption controller's DeletionTimeout) and refuse the
+	// next runner's evictions meanwhile.
+	Last string
 }
 
 // Drain drains node and returns how many pods it evicted. Its error says
@@ -143,6 +151,14 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 
 	for _, p := range pods {
 		go func() {
+			if p.Namespace+"/"+p.Name == d.Last {
+				select {
+				case <-evictCtx.Done():
+					return
+				case <-w.set.onlyLeft(d.Last):
+				}
+			}
+
 			if err := d.evict(evictCtx, h, p, &last); err != nil {
 				stopEvicting(err)
 			}
@@ -224,6 +240,34 @@ type podSet struct {
 	evicted int
 	// unreported are pods gone before the evictions began to be followed.
 	unreported []string
+	// alone is closed once only the pod of aloneKey is left.
+	alone    chan struct{}
+	aloneKey string
+}
+
+// onlyLeft returns a channel closed once key is the only pod left.
+func (s *podSet) onlyLeft(key string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	if s.alone == nil {
+		s.alone, s.aloneKey = make(chan struct{}), key
+		s.checkAlone()
+	}
+
+	return s.alone
+}
+
+// checkAlone closes alone when only aloneKey is left; s.mu is held.
+func (s *podSet) checkAlone() {
+	if s.alone == nil || s.aloneKey == "" {
+		return
+	}
+
+	if _, waiting := s.waiting[s.aloneKey]; len(s.waiting) <= 1 && (waiting || len(s.waiting) == 0) {
+		close(s.alone)
+		s.aloneKey = ""
+	}
 }
 
 func newPodSet(pods []corev1.Pod) *podSet {
@@ -252,6 +296,8 @@ func (s *podSet) gone(keys ...string) []string {
 			out = append(out, key)
 		}
 	}
+
+	s.checkAlone()
 
 	return out
 }

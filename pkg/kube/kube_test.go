@@ -395,6 +395,59 @@ func TestDrain(t *testing.T) {
 		assert.Less(t, time.Since(start), 900*time.Millisecond, "a watch sees the deletions; no poll of a second")
 	})
 
+	t.Run("the runner's own pod last, once the others are gone", func(t *testing.T) {
+		cs := drainCluster(t, false, node("worker-1", "v1.35.4", true))
+		gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+		for _, p := range []*corev1.Pod{
+			ownedPod("ichor-system", "run-abcde", "worker-1", "Job"),
+			ownedPod("default", "web-1", "worker-1", "ReplicaSet"),
+			ownedPod("default", "web-2", "worker-1", "ReplicaSet"),
+		} {
+			p.UID = types.UID("uid-" + p.Name)
+			require.NoError(t, cs.Tracker().Add(p))
+		}
+
+		var (
+			mu     sync.Mutex
+			events []string
+		)
+
+		record := func(e string) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}
+
+		// Evictions that start a graceful deletion: the pods go 100ms later.
+		cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			create, _ := action.(k8stesting.CreateActionImpl)
+			if create.GetSubresource() != "eviction" {
+				return false, nil, nil
+			}
+
+			ev := create.GetObject().(*policyv1.Eviction)
+			record("evict " + ev.Name)
+			time.AfterFunc(100*time.Millisecond, func() {
+				record("gone " + ev.Name)
+				_ = cs.Tracker().Delete(gvr, ev.Namespace, ev.Name)
+			})
+
+			return true, nil, nil
+		})
+
+		n, err := Drainer{Client: cs, Timeout: time.Minute, Last: "ichor-system/run-abcde"}.Drain(t.Context(), "worker-1")
+		require.NoError(t, err)
+		assert.Equal(t, 3, n)
+
+		mu.Lock()
+		defer mu.Unlock()
+
+		require.Len(t, events, 6)
+		assert.ElementsMatch(t, []string{"evict web-1", "evict web-2", "gone web-1", "gone web-2"}, events[:4])
+		assert.Equal(t, []string{"evict run-abcde", "gone run-abcde"}, events[4:])
+	})
+
 	t.Run("stopped by its context", func(t *testing.T) {
 		cs := drainCluster(t, true, node("worker-1", "v1.35.4", true), ownedPod("default", "web-1", "worker-1", "ReplicaSet"))
 		ctx, cancel := context.WithCancel(t.Context())

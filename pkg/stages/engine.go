@@ -69,6 +69,10 @@ type EngineOptions struct {
 	MaxUnavailable int
 	// Self is the node the runner runs on: it goes last in its group.
 	Self string
+	// SelfPod is the runner's own pod, "namespace/name": the drain of Self
+	// evicts it only once every other pod of the node is gone (see
+	// kube.Drainer.Last). Empty outside a pod.
+	SelfPod string
 
 	// Bounds. Zero values take the defaults below.
 	ApplyTimeout   time.Duration // one ApplyConfiguration call (a control-plane apply blocks while static pods restart)

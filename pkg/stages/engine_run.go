@@ -221,6 +221,7 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts EngineOptions, stage, 
 		Client:          e.Kube,
 		Timeout:         opts.DrainTimeout,
 		EvictRetryDelay: e.evictRetryDelay,
+		Last:            opts.SelfPod,
 		OnEvicted: func(pod string) {
 			e.node(stage, name, PhaseDraining, "evicted %s", pod)
 		},
