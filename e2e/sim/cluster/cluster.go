@@ -167,10 +167,12 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		PodDir:           filepath.Join(opts.Dir, "pods"),
 		LogDir:           filepath.Join(opts.Dir, LogDir, "pods"),
 		APIServer:        netip.AddrPortFrom(addrs.apiServer(), apiPort),
-		Hosts: map[string]string{
-			"kubernetes.default.svc":               addrs.apiServer().String(),
-			"kubernetes.default.svc.cluster.local": addrs.apiServer().String(),
-			"talos.default":                        machines[0].IP().String(),
+		Hosts: map[string][]string{
+			"kubernetes.default.svc":               {addrs.apiServer().String()},
+			"kubernetes.default.svc.cluster.local": {addrs.apiServer().String()},
+			// Talos' talos.default Service has every control plane's apid
+			// behind it: a client fails over while one reboots.
+			"talos.default": controlPlaneIPs(machines),
 		},
 		ExecPod:     []string{selfExe, "exec-pod"},
 		ServingCert: serving.CertPEM,
@@ -256,6 +258,16 @@ func (a machineAdapter) Current() kubelet.MachineState {
 	}
 	for k, v := range st.StaticPods {
 		out.StaticPods[k] = kubelet.StaticPod{Image: v.Image, ConfigVersion: v.ConfigVersion}
+	}
+	return out
+}
+
+func controlPlaneIPs(machines []*machine.Machine) []string {
+	var out []string
+	for _, m := range machines {
+		if m.ControlPlane() {
+			out = append(out, m.IP().String())
+		}
 	}
 	return out
 }

@@ -68,8 +68,9 @@ type Options struct {
 	PodDir, LogDir string
 	// APIServer is the address in-cluster clients reach the apiserver at.
 	APIServer netip.AddrPort
-	// Hosts are /etc/hosts entries given to process pods (name -> address).
-	Hosts map[string]string
+	// Hosts are /etc/hosts entries given to process pods (name -> its
+	// addresses, as a Service with several endpoints resolves).
+	Hosts map[string][]string
 	// ExecPod is the command (argv) that starts a process pod: it is given
 	// "--spec FILE" and runs the container inside a private mount namespace
 	// (see RunPod).

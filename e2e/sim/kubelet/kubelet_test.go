@@ -80,3 +80,14 @@ func TestRunningStatusKeepsWhatOthersSet(t *testing.T) {
 	require.True(t, st.ContainerStatuses[0].Ready)
 	require.Len(t, preservedConditions(pod), 1, "the eviction's DisruptionTarget is kept")
 }
+
+func TestHostsFileListsEveryAddress(t *testing.T) {
+	r := &podRunner{k: &Kubelets{opts: Options{Hosts: map[string][]string{
+		"talos.default":          {"127.1.0.10", "127.1.0.11"},
+		"kubernetes.default.svc": {"127.1.0.1"},
+	}}}, n: &node{podIPs: map[string]string{"u": "10.1.1.1"}}, uid: "u"}
+	got := r.hostsFile(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: corev1.PodSpec{}})
+	require.Contains(t, got, "127.1.0.1\tkubernetes.default.svc\n")
+	require.Contains(t, got, "127.1.0.10\ttalos.default\n127.1.0.11\ttalos.default\n")
+	require.Contains(t, got, "10.1.1.1\tp\n")
+}

@@ -506,7 +506,9 @@ func (r *podRunner) hostsFile(pod *corev1.Pod) string {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(&b, "%s\t%s\n", r.k.opts.Hosts[n], n)
+		for _, addr := range r.k.opts.Hosts[n] {
+			fmt.Fprintf(&b, "%s\t%s\n", addr, n)
+		}
 	}
 	return b.String()
 }
