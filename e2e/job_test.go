@@ -565,7 +565,9 @@ func TestJobPauseAndResume(t *testing.T) {
 // half of them in the Kubelets stage (each time the operator resumes once it is gone);
 // the upgrade still completes, with the invariant intact and no node left cordoned.
 func TestJobRunnerKilled(t *testing.T) {
-	c := startJobCluster(t)
+	// Slower restarts than the default, so that twenty kills fit in the
+	// upgrade however quick the runner gets.
+	c := startJobCluster(t, "--kubelet-restart", "6s", "--static-pod-restart", "4s")
 	addWorkload(t, c, 2)
 
 	ctx := context.Background()
@@ -598,7 +600,9 @@ func TestJobRunnerKilled(t *testing.T) {
 			}
 		}
 
-		time.Sleep(time.Duration(200+rng.IntN(3800)) * time.Millisecond)
+		// Short enough that twenty kills fall inside the upgrade: each new runner
+		// only gets this long before the next kill.
+		time.Sleep(time.Duration(200+rng.IntN(1600)) * time.Millisecond)
 
 		op := c.operation(t)
 		if op.Status.Phase == job.PhaseSucceeded {
