@@ -136,7 +136,7 @@ func TestSimulatorFaults(t *testing.T) {
 		require.Equal(t, codes.DeadlineExceeded, client.StatusCode(err), "%v", err)
 		mc, err := safe.StateGetByID[*config.MachineConfig](client.WithNode(ctx, ip("worker-2")), tc.COSI, config.ActiveID)
 		require.NoError(t, err)
-		require.Equal(t, "ghcr.io/siderolabs/kubelet:v1.35.4", mc.Provider().Machine().Kubelet().Image())
+		require.Equal(t, "ghcr.io/siderolabs/kubelet:v1.35.4", mc.Provider().K8sKubeletConfig().Image())
 	})
 
 	t.Run("unreachable: the Talos API refuses connections while set", func(t *testing.T) {

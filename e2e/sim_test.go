@@ -114,7 +114,7 @@ func TestSimulatedCluster(t *testing.T) {
 		nctx := client.WithNode(ctx, cp1)
 		mc, err := safe.StateGetByID[*config.MachineConfig](nctx, tc.COSI, config.ActiveID)
 		require.NoError(t, err)
-		require.Equal(t, "registry.k8s.io/kube-apiserver:v1.35.4", mc.Provider().Cluster().APIServer().Image())
+		require.Equal(t, "registry.k8s.io/kube-apiserver:v1.35.4", mc.Provider().K8sAPIServerConfig().Image())
 
 		watchCtx, cancelWatch := context.WithCancel(nctx)
 		defer cancelWatch()
@@ -136,7 +136,7 @@ func TestSimulatedCluster(t *testing.T) {
 		require.Contains(t, dry.Messages[0].ModeDetails, "v1.36.3")
 		after, err := safe.StateGetByID[*config.MachineConfig](nctx, tc.COSI, config.ActiveID)
 		require.NoError(t, err)
-		require.Equal(t, "registry.k8s.io/kube-apiserver:v1.35.4", after.Provider().Cluster().APIServer().Image(), "a dry run changes nothing")
+		require.Equal(t, "registry.k8s.io/kube-apiserver:v1.35.4", after.Provider().K8sAPIServerConfig().Image(), "a dry run changes nothing")
 
 		before := mirrorPod(t, c, "kube-apiserver-cp-1")
 		_, err = tc.ApplyConfiguration(nctx, &machineapi.ApplyConfigurationRequest{Data: data, Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT})

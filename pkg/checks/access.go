@@ -14,8 +14,10 @@ import (
 const JobRole = "os:admin"
 
 // TalosAccess checks that the control planes' machine configs let the Job reach the Talos
-// API from the product's namespace: machine.features.kubernetesTalosAPIAccess enabled with
-// role os:admin and the namespace allowed. When not, it warns with the exact patch.
+// API from the product's namespace: the Talos API access from Kubernetes enabled with role
+// os:admin and the namespace allowed (machine.features.kubernetesTalosAPIAccess, or Talos
+// 1.14's KubeTalosAPIAccessConfig document). When not, it warns with the exact patch, in the
+// form each node's config uses.
 type TalosAccess struct{}
 
 // Name implements Check.
@@ -24,8 +26,11 @@ func (TalosAccess) Name() string { return "talos access for job" }
 // Run implements Check.
 func (TalosAccess) Run(_ context.Context, in *Input) api.Check {
 	var (
-		missing []discovery.Node
-		first   discovery.TalosAPIAccess
+		read int
+		// missing holds the nodes to patch, by the form of the patch: the
+		// document (true) or the v1alpha1 feature (false).
+		missing = map[bool][]discovery.Node{}
+		first   = map[bool]discovery.TalosAPIAccess{}
 	)
 
 	for _, n := range in.Snapshot.ControlPlanes() {
@@ -33,51 +38,89 @@ func (TalosAccess) Run(_ context.Context, in *Input) api.Check {
 			continue
 		}
 
+		read++
+
 		a := n.Talos.APIAccess
 		if a.Enabled && slices.Contains(a.AllowedRoles, JobRole) && slices.Contains(a.AllowedNamespaces, in.Namespace) {
 			continue
 		}
 
-		if len(missing) == 0 {
-			first = a
+		if len(missing[a.Document]) == 0 {
+			first[a.Document] = a
 		}
 
-		missing = append(missing, n)
+		missing[a.Document] = append(missing[a.Document], n)
+	}
+
+	if read == 0 {
+		return warn("no control plane's Talos machine config could be read, so the Talos API access the Job needs is unknown",
+			"check that the control planes are Talos nodes reachable with your talosconfig (talosctl -n <ip> version), "+
+				"or let the upgrade copy your talosconfig: --talos-credentials=local")
 	}
 
 	if len(missing) == 0 {
-		return ok(fmt.Sprintf("kubernetesTalosAPIAccess allows %s in %s", JobRole, in.Namespace))
+		return ok(fmt.Sprintf("Talos API access from Kubernetes allows %s in %s", JobRole, in.Namespace))
 	}
 
-	ips := make([]string, 0, len(missing))
-	for _, n := range missing {
-		ips = append(ips, n.InternalIP)
+	var (
+		all     []discovery.Node
+		actions []string
+	)
+
+	for _, document := range []bool{false, true} {
+		nodes := missing[document]
+		if len(nodes) == 0 {
+			continue
+		}
+
+		all = append(all, nodes...)
+
+		ips := make([]string, 0, len(nodes))
+		for _, n := range nodes {
+			ips = append(ips, n.InternalIP)
+		}
+
+		file := "ichor-talos-access.yaml"
+		if len(missing) > 1 && document {
+			file = "ichor-talos-access-doc.yaml"
+		}
+
+		actions = append(actions, fmt.Sprintf("patch %s (talosctl patch mc --nodes %s --patch @%s) with:\n%s",
+			names(nodes), strings.Join(ips, ","), file, AccessPatch(first[document], in.Namespace)))
 	}
 
-	return warn(fmt.Sprintf("kubernetesTalosAPIAccess on %s does not allow %s in %s", names(missing), JobRole, in.Namespace),
-		fmt.Sprintf("patch the control planes (talosctl patch mc --nodes %s --patch @ichor-talos-access.yaml) with:\n%s"+
-			"or let the upgrade copy your talosconfig: --talos-credentials=local",
-			strings.Join(ips, ","), AccessPatch(first, in.Namespace)))
+	return warn(fmt.Sprintf("Talos API access from Kubernetes on %s does not allow %s in %s", names(all), JobRole, in.Namespace),
+		strings.Join(actions, "")+"or let the upgrade copy your talosconfig: --talos-credentials=local")
 }
 
 // AccessPatch is the machine config patch that adds role os:admin and namespace ns to the
-// existing kubernetesTalosAPIAccess settings, keeping what they already allow.
+// existing Talos API access settings, keeping what they already allow: a
+// KubeTalosAPIAccessConfig document when current is in that form (Talos 1.14 configs),
+// machine.features.kubernetesTalosAPIAccess otherwise.
 func AccessPatch(current discovery.TalosAPIAccess, ns string) string {
 	roles := appendMissing(current.AllowedRoles, JobRole)
 	namespaces := appendMissing(current.AllowedNamespaces, ns)
 
-	var b strings.Builder
+	var (
+		b      strings.Builder
+		indent string
+	)
 
-	b.WriteString("machine:\n  features:\n    kubernetesTalosAPIAccess:\n      enabled: true\n      allowedRoles:\n")
-
-	for _, r := range roles {
-		fmt.Fprintf(&b, "        - %s\n", r)
+	if current.Document {
+		b.WriteString("apiVersion: v1alpha1\nkind: KubeTalosAPIAccessConfig\nallowedRoles:\n")
+	} else {
+		indent = "      "
+		b.WriteString("machine:\n  features:\n    kubernetesTalosAPIAccess:\n      enabled: true\n      allowedRoles:\n")
 	}
 
-	b.WriteString("      allowedKubernetesNamespaces:\n")
+	for _, r := range roles {
+		fmt.Fprintf(&b, "%s  - %s\n", indent, r)
+	}
+
+	fmt.Fprintf(&b, "%sallowedKubernetesNamespaces:\n", indent)
 
 	for _, n := range namespaces {
-		fmt.Fprintf(&b, "        - %s\n", n)
+		fmt.Fprintf(&b, "%s  - %s\n", indent, n)
 	}
 
 	return b.String()

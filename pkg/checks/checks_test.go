@@ -78,12 +78,33 @@ func TestChecks(t *testing.T) {
 		{name: "pairing ok", check: checks.TalosPairing{}, result: api.ResultOK, detail: []string{"Talos v1.13.9 supports Kubernetes 1.31-1.36"}},
 		{
 			name: "pairing target too new", check: checks.TalosPairing{}, target: stages.MustParseVersion("v1.37.0"),
-			result: api.ResultRefused, detail: []string{"supports Kubernetes 1.31-1.36, not v1.37.0"}, action: "upgrade Talos first",
+			result: api.ResultRefused, detail: []string{"Talos v1.13.9 (on cp-1, cp-2, cp-3, worker-1, worker-2) supports Kubernetes 1.31-1.36, not v1.37.0"},
+			action: "upgrade Talos to 1.14 first: kubectl ichor upgrade talos --to v1.14.1",
+		},
+		{
+			name: "pairing 1.37 on Talos 1.14", check: checks.TalosPairing{}, target: stages.MustParseVersion("v1.37.2"),
+			cluster: func(c *discoverytest.Cluster) {
+				for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+					c.Node(n).Talos = "v1.14.1"
+				}
+			},
+			result: api.ResultOK, detail: []string{"Talos v1.14.1 supports Kubernetes 1.32-1.37"},
+		},
+		{
+			name: "pairing 1.37 with some nodes still on Talos 1.13", check: checks.TalosPairing{}, target: stages.MustParseVersion("v1.37.2"),
+			cluster: func(c *discoverytest.Cluster) {
+				for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+					c.Node(n).Talos = "v1.14.1"
+				}
+				c.Node("worker-2").Talos = "v1.13.9"
+			},
+			result: api.ResultRefused, detail: []string{"Talos v1.13.9 (on worker-2) supports Kubernetes 1.31-1.36, not v1.37.2"},
+			action: "kubectl ichor upgrade talos --to v1.14.1",
 		},
 		{
 			name: "pairing unknown Talos minor", check: checks.TalosPairing{},
-			cluster: func(c *discoverytest.Cluster) { c.Node("cp-1").Talos = "v1.14.0" },
-			result:  api.ResultRefused, detail: []string{"Talos 1.14 (on cp-1) is newer than this build knows (Talos up to 1.13)"},
+			cluster: func(c *discoverytest.Cluster) { c.Node("cp-1").Talos = "v1.15.0" },
+			result:  api.ResultRefused, detail: []string{"Talos 1.15 (on cp-1) is newer than this build knows (Talos up to 1.14)"},
 			action: "upgrade kubectl-ichor",
 		},
 		// nodes ready
@@ -187,8 +208,8 @@ machine:
 			result: api.ResultRefused, detail: []string{"downgrades are not supported"},
 		},
 		{
-			name: "talos target unknown", check: checks.UpgradePath{}, target: stages.MustParseVersion("v1.14.0"),
-			result: api.ResultRefused, detail: []string{"Talos 1.14 is newer than this build knows (Talos up to 1.13)"},
+			name: "talos target unknown", check: checks.UpgradePath{}, target: stages.MustParseVersion("v1.15.0"),
+			result: api.ResultRefused, detail: []string{"Talos 1.15 is newer than this build knows (Talos up to 1.14)"},
 		},
 		{
 			name: "kubernetes on target talos", check: checks.KubernetesSupported{}, target: stages.MustParseVersion("v1.13.9"),

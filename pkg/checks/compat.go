@@ -5,6 +5,7 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+	"github.com/siderolabs/talos/pkg/machinery/gendata"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
@@ -54,6 +55,28 @@ func newestKnownTalos() string {
 	}
 
 	return newest
+}
+
+// talosFor says which Talos to upgrade to first for Kubernetes kv: the
+// oldest Talos minor machinery's tables pair with it, named by this build's
+// machinery release when it is that minor.
+func talosFor(kv *compatibility.KubernetesVersion) string {
+	for m := uint64(0); m < probeMinors; m++ {
+		tv, err := talosVersion(stages.Version{Major: 1, Minor: m})
+		if err != nil || kv.SupportedWith(tv) != nil {
+			continue
+		}
+
+		target := fmt.Sprintf("v1.%d.<patch>", m)
+		if known, err := stages.ParseVersion(gendata.VersionTag); err == nil && known.Major == 1 && known.Minor == m {
+			target = known.String()
+		}
+
+		return fmt.Sprintf("upgrade Talos to 1.%d first: kubectl ichor upgrade talos --to %s", m, target)
+	}
+
+	return "no Talos release this build knows supports it: upgrade kubectl-ichor (kubectl krew upgrade ichor), " +
+		"or pick another --to"
 }
 
 // unknownTalos is the refusal for a Talos minor this build does not know.

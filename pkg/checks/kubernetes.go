@@ -177,7 +177,7 @@ func (TalosPairing) Run(_ context.Context, in *Input) api.Check {
 
 		if err := kv.SupportedWith(tv); err != nil {
 			return refused(fmt.Sprintf("Talos %s (on %s) supports Kubernetes 1.%d-1.%d, not %s", raw, names(nodes), lo, hi, in.Target),
-				"upgrade Talos first: kubectl ichor plan talos --to <a Talos release that supports it>")
+				talosFor(kv))
 		}
 
 		details = append(details, fmt.Sprintf("Talos %s supports Kubernetes 1.%d-1.%d", raw, lo, hi))

@@ -121,20 +121,32 @@ type Talos struct {
 	// Images are the component images in the active machine config, only those the node
 	// runs (render.Images): a worker has only the kubelet.
 	Images map[Component]string
-	// InstallImage is machine.install.image: the installer the node booted from.
+	// Layouts says where the config keeps each image in Images: the v1alpha1
+	// fields or the component's own document (render.Layouts).
+	Layouts map[Component]render.Layout
+	// InstallImage is the installer the config names: the
+	// UnattendedInstallConfig document's installer.image on a config that has
+	// one (Talos 1.14), else machine.install.image.
 	InstallImage string
-	// KubeProxyEnabled is false when cluster.proxy.disabled is set.
+	// KubeProxyEnabled is false when kube-proxy is disabled
+	// (cluster.proxy.disabled, or KubeProxyConfig enabled: false).
 	KubeProxyEnabled bool
-	// APIAccess is machine.features.kubernetesTalosAPIAccess.
+	// APIAccess is the Talos API access from Kubernetes the config allows.
 	APIAccess TalosAPIAccess
 	// Config is the active machine config itself, for the engine's renders.
 	Config config.Provider
 }
 
-// TalosAPIAccess is machine.features.kubernetesTalosAPIAccess.
+// TalosAPIAccess is the Talos API access from Kubernetes a config allows:
+// machine.features.kubernetesTalosAPIAccess, or Talos 1.14's
+// KubeTalosAPIAccessConfig document.
 type TalosAPIAccess struct {
-	// Enabled is the feature switch.
+	// Enabled is the feature switch (the document's presence).
 	Enabled bool
+	// Document is true when the config keeps the setting in a
+	// KubeTalosAPIAccessConfig document, or has neither form and takes the
+	// Talos 1.14 documents (a patch should add the document then).
+	Document bool
 	// AllowedRoles are the Talos roles pods may be granted.
 	AllowedRoles []string
 	// AllowedNamespaces are the namespaces whose pods may be granted them.

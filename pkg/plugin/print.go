@@ -120,6 +120,10 @@ func (p *printer) stages(plan *api.Plan) {
 		p.printf("Already at %s: %s\n", plan.Target, strings.Join(plan.AtTarget, ", "))
 	}
 
+	if layouts := configLayouts(plan); layouts != "" {
+		p.printf("Machine configs, each image changed where it is: %s\n", layouts)
+	}
+
 	if repos := repositories(plan); repos != "" {
 		p.printf("Images, repositories kept: %s\n", repos)
 	}
@@ -186,6 +190,57 @@ func changes(list []api.Change) string {
 
 // repositories says where the plan's images come from: each registry path (the image
 // repository without its last element) with the nodes whose images use it.
+// configLayouts says which nodes keep their Kubernetes images in which
+// layout, for a Kubernetes plan: "v1alpha1 (5 nodes)", or
+// "v1alpha1 (cp-1, worker-1), multi-doc (cp-2), mixed (cp-3)".
+func configLayouts(plan *api.Plan) string {
+	if plan.Upgrade != "kubernetes" {
+		return ""
+	}
+
+	nodesOf := map[string]map[string]bool{}
+
+	for _, s := range plan.Stages {
+		for _, n := range s.Nodes {
+			if n.ConfigLayout == "" {
+				continue
+			}
+
+			if nodesOf[n.ConfigLayout] == nil {
+				nodesOf[n.ConfigLayout] = map[string]bool{}
+			}
+
+			nodesOf[n.ConfigLayout][n.Node] = true
+		}
+	}
+
+	var parts []string
+
+	for _, layout := range []string{api.LayoutV1Alpha1, api.LayoutMultiDoc, api.LayoutMixed} {
+		if len(nodesOf[layout]) > 0 {
+			parts = append(parts, fmt.Sprintf("%s (%s)", layout, nodeList(nodesOf[layout])))
+		}
+	}
+
+	return strings.Join(parts, ", ")
+}
+
+// nodeList names a few nodes, sorted, or counts many.
+func nodeList(set map[string]bool) string {
+	nodes := make([]string, 0, len(set))
+	for n := range set {
+		nodes = append(nodes, n)
+	}
+
+	sort.Strings(nodes)
+
+	if len(nodes) > 3 {
+		return fmt.Sprintf("%d nodes", len(nodes))
+	}
+
+	return strings.Join(nodes, ", ")
+}
+
 func repositories(plan *api.Plan) string {
 	nodesOf := map[string]map[string]bool{}
 
@@ -213,19 +268,7 @@ func repositories(plan *api.Plan) string {
 	parts := make([]string, 0, len(order))
 
 	for _, dir := range order {
-		nodes := make([]string, 0, len(nodesOf[dir]))
-		for n := range nodesOf[dir] {
-			nodes = append(nodes, n)
-		}
-
-		sort.Strings(nodes)
-
-		on := strings.Join(nodes, ", ")
-		if len(nodes) > 3 {
-			on = fmt.Sprintf("%d nodes", len(nodes))
-		}
-
-		parts = append(parts, fmt.Sprintf("%s* (%s)", dir, on))
+		parts = append(parts, fmt.Sprintf("%s* (%s)", dir, nodeList(nodesOf[dir])))
 	}
 
 	return strings.Join(parts, ", ")

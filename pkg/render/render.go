@@ -8,9 +8,11 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/stdpatches"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
-	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
 )
 
 // Component names one of the five Kubernetes components whose image a Talos
@@ -32,6 +34,39 @@ func Components() []Component {
 	return []Component{APIServer, ControllerManager, Scheduler, KubeProxy, Kubelet}
 }
 
+// Layout is where a machine config keeps a component's image.
+type Layout string
+
+const (
+	// V1Alpha1 is the v1alpha1 document's field (machine.kubelet.image,
+	// cluster.apiServer.image, ...): every config made with the Talos 1.13
+	// contract or older, and the configs of nodes upgraded from such a Talos,
+	// which keep them.
+	V1Alpha1 Layout = "v1alpha1"
+	// Document is the component's own document of the Talos 1.14 contract
+	// (KubeletConfig, KubeAPIServerConfig, ...), field image.
+	Document Layout = "multi-doc"
+)
+
+// Kind returns the Talos 1.14 document that holds the component's settings,
+// such as "KubeAPIServerConfig", or "" for an unknown component.
+func (c Component) Kind() string {
+	switch c {
+	case APIServer:
+		return k8s.KubeAPIServerConfig
+	case ControllerManager:
+		return k8s.KubeControllerManagerConfig
+	case Scheduler:
+		return k8s.KubeSchedulerConfig
+	case KubeProxy:
+		return k8s.KubeProxyConfig
+	case Kubelet:
+		return k8s.KubeletConfig
+	default:
+		return ""
+	}
+}
+
 // Path returns the v1alpha1 machine config path of the component's image,
 // such as "cluster.apiServer.image", or "" for an unknown component.
 func (c Component) Path() string {
@@ -49,6 +84,45 @@ func (c Component) Path() string {
 	default:
 		return ""
 	}
+}
+
+// PathIn returns the path of the component's image in a layout:
+// "cluster.apiServer.image" in V1Alpha1, "KubeAPIServerConfig: image" in
+// Document (the form Verify names a path of another document in).
+func (c Component) PathIn(l Layout) string {
+	if l == Document {
+		if kind := c.Kind(); kind != "" {
+			return kind + ": image"
+		}
+
+		return ""
+	}
+
+	return c.Path()
+}
+
+// LayoutOf returns where cfg keeps the component's image: Document when the
+// config has the component's own document, V1Alpha1 otherwise. Talos refuses
+// a config that sets a component in both (a v1alpha1 section next to its
+// document), so the two cannot disagree on a config a node runs.
+func LayoutOf(cfg config.Container, c Component) Layout {
+	if cfg != nil && cfg.Has(c.Kind()) {
+		return Document
+	}
+
+	return V1Alpha1
+}
+
+// Layouts returns the layout of every component cfg carries (see Images):
+// a worker has only the kubelet.
+func Layouts(cfg config.Provider) map[Component]Layout {
+	layouts := map[Component]Layout{}
+
+	for c := range Images(cfg) {
+		layouts[c] = LayoutOf(cfg, c)
+	}
+
+	return layouts
 }
 
 // Versions is the image tag each component should carry, such as "v1.36.3".
@@ -119,7 +193,11 @@ func versionTag(version string) (string, error) {
 type Change struct {
 	// Component is the component whose image changed.
 	Component Component
-	// Path is the machine config path, such as "cluster.apiServer.image".
+	// Layout is where the node's config keeps the image; the render changed
+	// it there.
+	Layout Layout
+	// Path is the machine config path, such as "cluster.apiServer.image" or
+	// "KubeAPIServerConfig: image" (see Component.PathIn).
 	Path string
 	// From is the image before (the effective one: Talos's default image
 	// when the field was empty).
@@ -151,20 +229,24 @@ type Result struct {
 }
 
 // Render returns cfg with the image of every component in want set to its
-// version, keeping each image's repository as the user wrote it. Nothing else
-// changes: every other field and every other document of a multi-document
-// config stays as it is, which Render checks on the encoded result before
-// returning it.
+// version, keeping each image's repository as the user wrote it. Each image
+// is changed where the node keeps it (see LayoutOf), never moved from one
+// layout to the other: a node upgraded from Talos 1.13 keeps its v1alpha1
+// fields, a config made for Talos 1.14 its documents, a mixed config each
+// component where it is. The patches are machinery's own
+// (config/generate/stdpatches), applied with its configpatcher. Nothing else
+// changes: every other field and every other document stays as it is, which
+// Render checks on the encoded result before returning it.
 //
 // An image already on the wanted tag is left alone, digest included. An image
 // pinned to a digest and moved to another tag loses the digest (a digest
 // would override the new tag), and the Change says so in DroppedDigest.
 //
-// Render refuses a config with no v1alpha1 document, no machine section, an
-// unknown machine type, or a control plane with no cluster section.
+// Render refuses a config with no v1alpha1 document or machine section (the
+// machine type lives there), an unknown machine type, or a control plane
+// whose config holds its control-plane images in neither layout.
 func Render(cfg config.Provider, want Versions) (*Result, error) {
-	raw, err := v1alpha1Of(cfg)
-	if err != nil {
+	if err := renderable(cfg); err != nil {
 		return nil, err
 	}
 
@@ -175,47 +257,61 @@ func Render(cfg config.Provider, want Versions) (*Result, error) {
 
 	res := &Result{Skipped: map[Component]string{}}
 
+	var patches []configpatcher.Patch
+
 	for _, c := range Components() {
 		tag, ok := tags[c]
 		if !ok {
 			continue
 		}
 
-		current, skip := imageOf(raw, c)
+		current, skip := imageOf(cfg, c)
 		if skip != "" {
 			res.Skipped[c] = skip
 
 			continue
 		}
 
+		layout := LayoutOf(cfg, c)
+
 		ref, err := parseImage(current)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.Path(), err)
+			return nil, fmt.Errorf("%s: %w", c.PathIn(layout), err)
 		}
 
 		if ref.tag == tag {
 			continue
 		}
 
-		res.Changed = append(res.Changed, Change{
+		ch := Change{
 			Component:     c,
-			Path:          c.Path(),
+			Layout:        layout,
+			Path:          c.PathIn(layout),
 			From:          current,
 			To:            ref.repository + ":" + tag,
 			DroppedDigest: ref.digest,
-		})
-	}
-
-	// Clone first: PatchV1Alpha1 shares the other documents with its receiver.
-	rendered, err := cfg.Clone().PatchV1Alpha1(func(c *v1alpha1.Config) error {
-		for _, ch := range res.Changed {
-			setImage(c, ch.Component, ch.To)
 		}
 
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("patch the v1alpha1 document: %w", err)
+		patch, err := imagePatch(cfg, c, ch.To)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ch.Path, err)
+		}
+
+		res.Changed = append(res.Changed, ch)
+		patches = append(patches, patch)
+	}
+
+	rendered := cfg
+	if len(patches) > 0 {
+		// Apply works on a copy; the node's config is never changed in place.
+		out, err := configpatcher.Apply(configpatcher.WithConfig(cfg), patches)
+		if err != nil {
+			return nil, fmt.Errorf("patch the machine config: %w", err)
+		}
+
+		if rendered, err = out.Config(); err != nil {
+			return nil, fmt.Errorf("patch the machine config: %w", err)
+		}
 	}
 
 	res.Bytes, err = rendered.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
@@ -239,9 +335,9 @@ func Render(cfg config.Provider, want Versions) (*Result, error) {
 		return nil, fmt.Errorf("the rendered config changes more than image tags (a bug in ichor): %w", err)
 	}
 
-	res.Config = rendered
+	res.Config = shipped
 
-	res.Hash, err = Hash(rendered)
+	res.Hash, err = Hash(shipped)
 	if err != nil {
 		return nil, err
 	}
@@ -249,21 +345,49 @@ func Render(cfg config.Provider, want Versions) (*Result, error) {
 	return res, nil
 }
 
+// imagePatch returns machinery's patch setting the component's image in the
+// layout cfg keeps it in: a strategic merge patch of the v1alpha1 fields, or
+// of the component's document.
+func imagePatch(cfg config.Provider, c Component, image string) (configpatcher.Patch, error) {
+	var (
+		patch []byte
+		err   error
+	)
+
+	switch c {
+	case Kubelet:
+		patch, err = stdpatches.WithKubeletImage(stdpatches.GuessVersionContractKubelet(cfg), image)
+	case KubeProxy:
+		patch, err = stdpatches.WithKubeProxyImage(stdpatches.GuessVersionContractKubeProxy(cfg), image)
+	case APIServer:
+		patch, err = stdpatches.WithKubeAPIServerImage(stdpatches.GuessVersionContractKubeAPIServer(cfg), image)
+	case ControllerManager:
+		patch, err = stdpatches.WithKubeControllerManagerImage(
+			stdpatches.GuessVersionContractKubeControllerManager(cfg), image)
+	case Scheduler:
+		patch, err = stdpatches.WithKubeSchedulerImage(stdpatches.GuessVersionContractKubeScheduler(cfg), image)
+	default:
+		return nil, fmt.Errorf("unknown component %q", c)
+	}
+
+	return stdpatches.PreparePatch(patch, err)
+}
+
 // Images returns the image each component runs according to cfg, keyed by
-// component. A component the config does not carry is absent: a worker has
-// no control-plane images, a disabled kube-proxy has none. An empty image
-// field gives Talos's default image, as the node itself would. A config
-// Render would refuse gives an empty map.
+// component, whichever layout holds it. A component the config does not
+// carry is absent: a worker has no control-plane images, a disabled
+// kube-proxy has none. An empty v1alpha1 image field gives Talos's default
+// image, as the node itself would. A config Render would refuse gives an
+// empty map.
 func Images(cfg config.Provider) map[Component]string {
 	images := map[Component]string{}
 
-	raw, err := v1alpha1Of(cfg)
-	if err != nil {
+	if renderable(cfg) != nil {
 		return images
 	}
 
 	for _, c := range Components() {
-		if image, skip := imageOf(raw, c); skip == "" {
+		if image, skip := imageOf(cfg, c); skip == "" {
 			images[c] = image
 		}
 	}
@@ -271,112 +395,106 @@ func Images(cfg config.Provider) map[Component]string {
 	return images
 }
 
-// v1alpha1Of returns the v1alpha1 document of cfg, refusing a config Render
-// cannot work on.
-func v1alpha1Of(cfg config.Provider) (*v1alpha1.Config, error) {
+// talosConfigHint is how a user looks at what Render could not work with.
+const talosConfigHint = "check the node's config with `talosctl get machineconfig -o yaml`"
+
+// renderable refuses a config Render cannot work on.
+func renderable(cfg config.Provider) error {
 	if cfg == nil {
-		return nil, errors.New("no machine config")
+		return errors.New("no machine config")
 	}
 
 	raw := cfg.RawV1Alpha1()
-	if raw == nil {
-		return nil, errors.New("the machine config has no v1alpha1 document, which is where Talos keeps the " +
-			"Kubernetes component images: ichor cannot render it; check the node's config with " +
-			"`talosctl get machineconfig v1alpha1 -o yaml`")
-	}
-
-	if raw.MachineConfig == nil {
-		return nil, errors.New("the machine config has no machine section: ichor cannot render it; check the " +
-			"node's config with `talosctl get machineconfig v1alpha1 -o yaml`")
+	if raw == nil || raw.MachineConfig == nil {
+		return errors.New("the machine config has no v1alpha1 machine section, which says whether the node is a " +
+			"control plane or a worker: ichor cannot render it; " + talosConfigHint)
 	}
 
 	t := raw.MachineConfig.Type()
 	if !t.IsControlPlane() && t != machine.TypeWorker {
-		return nil, fmt.Errorf("machine.type %q is neither controlplane nor worker: ichor cannot tell which "+
+		return fmt.Errorf("machine.type %q is neither controlplane nor worker: ichor cannot tell which "+
 			"images the node runs", raw.MachineConfig.MachineType)
 	}
 
-	if t.IsControlPlane() && raw.ClusterConfig == nil {
-		return nil, errors.New("the control plane's machine config has no cluster section, so it carries no " +
-			"control-plane images: ichor cannot render it; check the node's config with " +
-			"`talosctl get machineconfig v1alpha1 -o yaml`")
+	if t.IsControlPlane() && raw.ClusterConfig == nil && !cfg.Has(k8s.KubeAPIServerConfig) {
+		return errors.New("the control plane's machine config has neither a cluster section nor a " +
+			"KubeAPIServerConfig document, so it carries no control-plane images: ichor cannot render it; " +
+			talosConfigHint)
 	}
 
-	return raw, nil
+	return nil
 }
 
 // imageOf returns the effective image of a component, or why the config does
-// not carry it.
-func imageOf(c *v1alpha1.Config, comp Component) (image, skip string) {
-	controlPlane := c.Machine().Type().IsControlPlane()
+// not carry it. renderable(cfg) holds.
+func imageOf(cfg config.Provider, comp Component) (image, skip string) {
+	controlPlane := cfg.RawV1Alpha1().MachineConfig.Type().IsControlPlane()
 
 	switch comp {
 	case Kubelet:
-		return c.Machine().Kubelet().Image(), ""
+		if k := cfg.K8sKubeletConfig(); k != nil {
+			return k.Image(), ""
+		}
+
+		return "", "the config carries no kubelet"
 	case KubeProxy:
 		if !controlPlane {
 			return "", "a worker's config carries no kube-proxy: it runs from the DaemonSet the control planes sync"
 		}
 
-		if !c.Cluster().Proxy().Enabled() {
-			return "", "kube-proxy is disabled (cluster.proxy.disabled)"
+		if p := cfg.K8sProxyConfig(); p != nil && p.Enabled() {
+			return p.Image(), ""
 		}
 
-		return c.Cluster().Proxy().Image(), ""
-	case APIServer, ControllerManager, Scheduler:
+		return "", disabled(cfg, comp)
+	case APIServer:
 		if !controlPlane {
 			return "", "a worker runs no control plane"
 		}
 
-		switch comp {
-		case APIServer:
-			return c.Cluster().APIServer().Image(), ""
-		case ControllerManager:
-			return c.Cluster().ControllerManager().Image(), ""
-		default:
-			return c.Cluster().Scheduler().Image(), ""
+		return cfg.K8sAPIServerConfig().Image(), ""
+	case ControllerManager:
+		if !controlPlane {
+			return "", "a worker runs no control plane"
 		}
+
+		if m := cfg.K8sControllerManagerConfig(); m.Enabled() {
+			return m.Image(), ""
+		}
+
+		return "", disabled(cfg, comp)
+	case Scheduler:
+		if !controlPlane {
+			return "", "a worker runs no control plane"
+		}
+
+		if s := cfg.K8sSchedulerConfig(); s.Enabled() {
+			return s.Image(), ""
+		}
+
+		return "", disabled(cfg, comp)
 	default:
 		return "", "unknown component"
 	}
 }
 
-// setImage writes a component's image field, creating its section when the
-// config left it to Talos's default. v1alpha1Of guarantees the machine section
-// and, on a control plane, the cluster section.
-func setImage(c *v1alpha1.Config, comp Component, image string) {
-	switch comp {
-	case Kubelet:
-		if c.MachineConfig.MachineKubelet == nil {
-			c.MachineConfig.MachineKubelet = &v1alpha1.KubeletConfig{}
-		}
+// disabled says that a component is disabled, naming the setting where cfg
+// keeps it.
+func disabled(cfg config.Provider, c Component) string {
+	setting := c.Kind() + " enabled: false"
 
-		c.MachineConfig.MachineKubelet.KubeletImage = image
-	case KubeProxy:
-		if c.ClusterConfig.ProxyConfig == nil {
-			c.ClusterConfig.ProxyConfig = &v1alpha1.ProxyConfig{}
+	if LayoutOf(cfg, c) == V1Alpha1 {
+		switch c {
+		case KubeProxy:
+			setting = "cluster.proxy.disabled"
+		case ControllerManager:
+			setting = "machine.controlPlane.controllerManager.disabled"
+		case Scheduler:
+			setting = "machine.controlPlane.scheduler.disabled"
 		}
-
-		c.ClusterConfig.ProxyConfig.ContainerImage = image
-	case APIServer:
-		if c.ClusterConfig.APIServerConfig == nil {
-			c.ClusterConfig.APIServerConfig = &v1alpha1.APIServerConfig{}
-		}
-
-		c.ClusterConfig.APIServerConfig.ContainerImage = image
-	case ControllerManager:
-		if c.ClusterConfig.ControllerManagerConfig == nil {
-			c.ClusterConfig.ControllerManagerConfig = &v1alpha1.ControllerManagerConfig{}
-		}
-
-		c.ClusterConfig.ControllerManagerConfig.ContainerImage = image
-	case Scheduler:
-		if c.ClusterConfig.SchedulerConfig == nil {
-			c.ClusterConfig.SchedulerConfig = &v1alpha1.SchedulerConfig{}
-		}
-
-		c.ClusterConfig.SchedulerConfig.ContainerImage = image
 	}
+
+	return fmt.Sprintf("%s is disabled (%s)", c, setting)
 }
 
 func joinComponents(cs []Component) string {

@@ -2,14 +2,18 @@ package render
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	configconfig "github.com/siderolabs/talos/pkg/machinery/config/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/config/validation"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,10 +50,15 @@ func describe(t *testing.T, before config.Provider, res *Result) string {
 	require.NoError(t, err)
 
 	b.WriteString("# diff\n")
-	b.WriteString(diff)
+	// Certificates are not secrets, so Diff keeps them; they are generated
+	// anew on every run, so the golden files hold a placeholder.
+	b.WriteString(certificate.ReplaceAllString(diff, "${1}<certificate>"))
 
 	return b.String()
 }
+
+// certificate matches a PEM certificate encoded in a config, as Diff shows it.
+var certificate = regexp.MustCompile(`(crt: )LS0t[A-Za-z0-9+/=]+`)
 
 func TestRenderGolden(t *testing.T) {
 	target := Uniform("v1.36.3")
@@ -109,12 +118,56 @@ func TestRenderGolden(t *testing.T) {
 			},
 			want: target,
 		},
+		// Talos 1.14's layout: each image in its component's document.
+		{
+			name: "controlplane-multidoc",
+			cfg:  func(t *testing.T) config.Provider { return generated114(t, machine.TypeControlPlane, "1.36.3") },
+			want: Uniform("v1.37.2"),
+		},
+		{
+			name: "worker-multidoc",
+			cfg:  func(t *testing.T) config.Provider { return generated114(t, machine.TypeWorker, "1.36.3") },
+			want: Uniform("v1.37.2"),
+		},
+		{
+			name: "controlplane-multidoc-private-registry",
+			cfg: func(t *testing.T) config.Provider {
+				return mirroredDocs(t, generated114(t, machine.TypeControlPlane, "1.36.3"))
+			},
+			want: Uniform("v1.37.2"),
+		},
+		{
+			name: "controlplane-multidoc-apiservers-stage",
+			cfg:  func(t *testing.T) config.Provider { return generated114(t, machine.TypeControlPlane, "1.36.3") },
+			want: Versions{APIServer: "v1.37.2", ControllerManager: "v1.36.3", Scheduler: "v1.36.3", KubeProxy: "v1.36.3", Kubelet: "v1.36.3"},
+		},
+		{
+			name: "controlplane-multidoc-proxy-disabled",
+			cfg: func(t *testing.T) config.Provider {
+				return patchedWith(t, generated114(t, machine.TypeControlPlane, "1.36.3"),
+					"apiVersion: v1alpha1\nkind: KubeProxyConfig\nenabled: false\n")
+			},
+			want: Uniform("v1.37.2"),
+		},
+		// A node with some components in each layout.
+		{
+			name: "controlplane-mixed",
+			cfg:  func(t *testing.T) config.Provider { return mixed(t, "1.36.3") },
+			want: Uniform("v1.37.2"),
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.cfg(t)
 
 			res, err := Render(before, tc.want)
 			require.NoError(t, err)
+
+			for _, ch := range res.Changed {
+				assert.Equal(t, LayoutOf(before, ch.Component), ch.Layout, "%s changed where the node keeps it", ch.Component)
+			}
+
+			assert.Equal(t, Layouts(before), Layouts(res.Config), "no component changes layout")
+			assertValid(t, res.Config)
 
 			golden(t, tc.name, describe(t, before, res))
 		})
@@ -149,8 +202,26 @@ func TestRenderStages(t *testing.T) {
 		{"Kubelets", Uniform(target), []Component{Kubelet}},
 	}
 
-	node := generated(t, machine.TypeControlPlane, "1.35.2")
+	for _, layout := range []struct {
+		name string
+		cfg  func(t *testing.T, kubernetesVersion string) config.Provider
+	}{
+		{"v1alpha1", func(t *testing.T, v string) config.Provider { return generated(t, machine.TypeControlPlane, v) }},
+		{"multi-doc", func(t *testing.T, v string) config.Provider { return generated114(t, machine.TypeControlPlane, v) }},
+		{"mixed", mixed},
+	} {
+		t.Run(layout.name, func(t *testing.T) {
+			renderStages(t, layout.cfg(t, "1.35.2"), stages, target)
+		})
+	}
+}
 
+func renderStages(t *testing.T, node config.Provider, stages []struct {
+	name  string
+	want  Versions
+	moved []Component
+}, target string,
+) {
 	for _, stage := range stages {
 		t.Run(stage.name, func(t *testing.T) {
 			res, err := Render(node, stage.want)
@@ -170,6 +241,7 @@ func TestRenderStages(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, again.Changed, "a second render of the same stage changes nothing")
 			assert.Equal(t, res.Hash, again.Hash)
+			assertValid(t, node)
 		})
 	}
 
@@ -281,7 +353,7 @@ func TestRenderRefuses(t *testing.T) {
 			name: "no v1alpha1 document",
 			cfg:  hostnameOnly,
 			want: Uniform("v1.36.3"),
-			err:  "the machine config has no v1alpha1 document",
+			err:  "the machine config has no v1alpha1 machine section",
 		},
 		{
 			name: "control plane without cluster section",
@@ -291,7 +363,16 @@ func TestRenderRefuses(t *testing.T) {
 				})
 			},
 			want: Uniform("v1.36.3"),
-			err:  "the control plane's machine config has no cluster section",
+			err:  "the control plane's machine config has neither a cluster section nor a KubeAPIServerConfig document",
+		},
+		{
+			name: "unparsable image in a document",
+			cfg: func(t *testing.T) config.Provider {
+				return patchedWith(t, generated114(t, machine.TypeWorker, "1.36.3"),
+					"apiVersion: v1alpha1\nkind: KubeletConfig\nimage: ghcr.io/siderolabs/kubelet:v1.36.3:x\n")
+			},
+			want: Uniform("v1.37.2"),
+			err:  "KubeletConfig: image: image \"ghcr.io/siderolabs/kubelet:v1.36.3:x\"",
 		},
 		{
 			name: "unknown machine type",
@@ -348,6 +429,35 @@ func TestImages(t *testing.T) {
 			name: "worker",
 			cfg:  func(t *testing.T) config.Provider { return mirrored(t, generated(t, machine.TypeWorker, "1.35.2")) },
 			want: map[Component]string{Kubelet: "registry.example.com:5000/mirror/kubelet:v1.35.2"},
+		},
+		{
+			name: "control plane, multi-doc",
+			cfg:  func(t *testing.T) config.Provider { return generated114(t, machine.TypeControlPlane, "1.36.3") },
+			want: map[Component]string{
+				APIServer:         "registry.k8s.io/kube-apiserver:v1.36.3",
+				ControllerManager: "registry.k8s.io/kube-controller-manager:v1.36.3",
+				Scheduler:         "registry.k8s.io/kube-scheduler:v1.36.3",
+				KubeProxy:         "registry.k8s.io/kube-proxy:v1.36.3",
+				Kubelet:           "ghcr.io/siderolabs/kubelet:v1.36.3",
+			},
+		},
+		{
+			name: "worker, multi-doc, private registry",
+			cfg: func(t *testing.T) config.Provider {
+				return mirroredDocs(t, generated114(t, machine.TypeWorker, "1.36.3"))
+			},
+			want: map[Component]string{Kubelet: "registry.example.com:5000/mirror/kubelet:v1.36.3"},
+		},
+		{
+			name: "control plane, mixed",
+			cfg:  func(t *testing.T) config.Provider { return mixed(t, "1.36.3") },
+			want: map[Component]string{
+				APIServer:         "registry.k8s.io/kube-apiserver:v1.36.3",
+				ControllerManager: "registry.k8s.io/kube-controller-manager:v1.36.3",
+				Scheduler:         "registry.k8s.io/kube-scheduler:v1.36.3",
+				KubeProxy:         "registry.k8s.io/kube-proxy:v1.36.3",
+				Kubelet:           "ghcr.io/siderolabs/kubelet:v1.36.3",
+			},
 		},
 		{
 			name: "no v1alpha1 document",
@@ -411,3 +521,136 @@ func TestHash(t *testing.T) {
 		assert.NotEqual(t, h1, h)
 	})
 }
+
+func TestLayouts(t *testing.T) {
+	all := func(l Layout) map[Component]Layout {
+		m := map[Component]Layout{}
+		for _, c := range Components() {
+			m[c] = l
+		}
+
+		return m
+	}
+
+	assert.Equal(t, all(V1Alpha1), Layouts(generated(t, machine.TypeControlPlane, "1.35.2")))
+	assert.Equal(t, all(Document), Layouts(generated114(t, machine.TypeControlPlane, "1.36.3")))
+	assert.Equal(t, map[Component]Layout{Kubelet: Document}, Layouts(generated114(t, machine.TypeWorker, "1.36.3")))
+
+	m := all(Document)
+	m[Kubelet], m[APIServer] = V1Alpha1, V1Alpha1
+	assert.Equal(t, m, Layouts(mixed(t, "1.36.3")))
+
+	assert.Equal(t, "cluster.apiServer.image", APIServer.PathIn(V1Alpha1))
+	assert.Equal(t, "KubeAPIServerConfig: image", APIServer.PathIn(Document))
+	assert.Equal(t, "KubeletConfig: image", Kubelet.PathIn(Document))
+}
+
+// TestRenderNeverSetsBothLayouts shows that a component cannot end up in
+// both layouts, which Talos refuses: Render patches the layout the node
+// uses, and Verify refuses a config where an image moved to the other one.
+func TestRenderNeverSetsBothLayouts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  func(t *testing.T) config.Provider
+	}{
+		{"v1alpha1", func(t *testing.T) config.Provider { return generated(t, machine.TypeControlPlane, "1.36.3") }},
+		{"multi-doc", func(t *testing.T) config.Provider { return generated114(t, machine.TypeControlPlane, "1.36.3") }},
+		{"mixed", func(t *testing.T) config.Provider { return mixed(t, "1.36.3") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.cfg(t)
+
+			res, err := Render(before, Uniform("v1.37.2"))
+			require.NoError(t, err)
+			require.Len(t, res.Changed, len(Components()))
+
+			raw := res.Config.RawV1Alpha1()
+			for _, c := range Components() {
+				inDocument := res.Config.Has(c.Kind())
+				assert.Equal(t, before.Has(c.Kind()), inDocument, "%s: document kept or not kept", c)
+
+				if inDocument {
+					assert.False(t, inV1Alpha1(raw, c), "%s is set in both layouts", c)
+				}
+			}
+
+			assertValid(t, res.Config)
+		})
+	}
+
+	t.Run("an image moved to its document is refused", func(t *testing.T) {
+		before := generated(t, machine.TypeWorker, "1.36.3")
+
+		moved := patched(t, before, func(c *v1alpha1.Config) { c.MachineConfig.MachineKubelet = nil })
+		moved = patchedWith(t, moved, "apiVersion: v1alpha1\nkind: KubeletConfig\nimage: ghcr.io/siderolabs/kubelet:v1.37.2\n")
+
+		var changed *UnexpectedChangeError
+		require.ErrorAs(t, Verify(before, moved, Kubelet), &changed)
+		assert.Contains(t, changed.Paths, "KubeletConfig: (document added)")
+	})
+
+	t.Run("an image moved to the v1alpha1 document is refused", func(t *testing.T) {
+		before := generated114(t, machine.TypeWorker, "1.36.3")
+
+		var docs []configconfig.Document
+
+		for _, doc := range before.Documents() {
+			if doc.Kind() != k8s.KubeletConfig {
+				docs = append(docs, doc)
+			}
+		}
+
+		c, err := container.New(docs...)
+		require.NoError(t, err)
+
+		moved := patched(t, c, func(c *v1alpha1.Config) {
+			c.MachineConfig.MachineKubelet = &v1alpha1.KubeletConfig{KubeletImage: "ghcr.io/siderolabs/kubelet:v1.37.2"} //nolint:staticcheck // the legacy layout
+		})
+
+		var changed *UnexpectedChangeError
+		require.ErrorAs(t, Verify(before, moved, Kubelet), &changed)
+		assert.Contains(t, changed.Paths, "KubeletConfig: (document removed)")
+		assert.Contains(t, changed.Paths, "machine.kubelet.image")
+	})
+}
+
+// inV1Alpha1 reports whether the v1alpha1 document sets the component's
+// section, which Talos refuses next to the component's own document.
+func inV1Alpha1(raw *v1alpha1.Config, c Component) bool {
+	if raw == nil {
+		return false
+	}
+
+	switch c {
+	case Kubelet:
+		return raw.MachineConfig != nil && raw.MachineConfig.MachineKubelet != nil //nolint:staticcheck // the legacy layout
+	case APIServer:
+		return raw.ClusterConfig != nil && raw.ClusterConfig.APIServerConfig != nil //nolint:staticcheck // the legacy layout
+	case ControllerManager:
+		return raw.ClusterConfig != nil && raw.ClusterConfig.ControllerManagerConfig != nil //nolint:staticcheck // the legacy layout
+	case Scheduler:
+		return raw.ClusterConfig != nil && raw.ClusterConfig.SchedulerConfig != nil //nolint:staticcheck // the legacy layout
+	case KubeProxy:
+		return raw.ClusterConfig != nil && raw.ClusterConfig.ProxyConfig != nil //nolint:staticcheck // the legacy layout
+	}
+
+	return false
+}
+
+// assertValid checks cfg with machinery's own validation, as Talos checks an
+// applied config (its conflict rules included: one component in both
+// layouts is refused).
+func assertValid(t *testing.T, cfg config.Provider) {
+	t.Helper()
+
+	_, err := cfg.ValidateAsClient(validationMode{}, validation.WithLocal())
+	assert.NoError(t, err, "the config validates as Talos would")
+}
+
+// validationMode is Talos in a container (no install disk to check), the
+// way the local cluster's machines validate.
+type validationMode struct{}
+
+func (validationMode) String() string        { return "container" }
+func (validationMode) RequiresInstall() bool { return false }
+func (validationMode) InContainer() bool     { return true }

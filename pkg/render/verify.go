@@ -33,8 +33,9 @@ func (e *UnexpectedChangeError) Error() string {
 
 // Verify returns an *UnexpectedChangeError naming every path at which after
 // differs from before, other than the image of an allowed component; with no
-// component given, all five are allowed. Even an allowed image must keep its
-// repository: only its tag (and digest) may change. Every document of a
+// component given, all five are allowed, each only in the layout before keeps
+// it in (see LayoutOf). Even an allowed image must keep its repository: only
+// its tag (and digest) may change. Every document of a
 // multi-document config is compared, matched by kind and name.
 func Verify(before, after config.Provider, allowed ...Component) error {
 	if len(allowed) == 0 {
@@ -55,9 +56,12 @@ func verify(before, after config.Provider, allowed []Component) error {
 		return fmt.Errorf("verify: %w", err)
 	}
 
+	// An image may change only where before keeps it: a render that moved
+	// it to the other layout shows as a document added or a section
+	// removed, and is refused.
 	imagePaths := map[string]Component{}
 	for _, c := range allowed {
-		imagePaths[c.Path()] = c
+		imagePaths[c.PathIn(LayoutOf(before, c))] = c
 	}
 
 	beforeImages, afterImages := Images(before), Images(after)

@@ -12,10 +12,12 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
@@ -131,8 +133,14 @@ func newFakeCluster(t *testing.T, spec clusterSpec) *fakeCluster {
 	bundle, err := testSecrets()
 	require.NoError(t, err)
 
+	// The layout of talosctl gen config of that Talos: v1alpha1 up to 1.13,
+	// the component documents from 1.14.
+	contract, err := config.ParseContractFromVersion(spec.talos)
+	require.NoError(t, err)
+
 	in, err := generate.NewInput("prod", "https://10.0.0.10:6443", strings.TrimPrefix(spec.kubernetes, "v"),
-		generate.WithSecretsBundle(bundle))
+		generate.WithSecretsBundle(bundle), generate.WithVersionContract(contract),
+		generate.WithInstallImage("ghcr.io/siderolabs/installer:"+spec.talos))
 	require.NoError(t, err)
 
 	f := &fakeCluster{t: t}
@@ -146,7 +154,14 @@ func newFakeCluster(t *testing.T, spec clusterSpec) *fakeCluster {
 		cfg, err := in.Config(typ)
 		require.NoError(t, err)
 
-		if spec.proxyDisabled && cp {
+		if spec.proxyDisabled && cp && cfg.Has(k8s.KubeProxyConfig) {
+			out, err := configpatcher.Apply(configpatcher.WithConfig(cfg), []configpatcher.Patch{mustPatch(t,
+				"apiVersion: v1alpha1\nkind: KubeProxyConfig\nenabled: false\n")})
+			require.NoError(t, err)
+
+			cfg, err = out.Config()
+			require.NoError(t, err)
+		} else if spec.proxyDisabled && cp {
 			cfg, err = cfg.PatchV1Alpha1(func(c *v1alpha1.Config) error {
 				c.ClusterConfig.ProxyConfig = &v1alpha1.ProxyConfig{Disabled: new(true)}
 
@@ -230,6 +245,16 @@ var testSecrets = sync.OnceValues(func() (*secrets.Bundle, error) {
 })
 
 // reloadConfig encodes cfg and loads it back, as a node holds it.
+// mustPatch loads a strategic merge patch.
+func mustPatch(t *testing.T, patch string) configpatcher.Patch {
+	t.Helper()
+
+	p, err := configpatcher.LoadPatch([]byte(patch))
+	require.NoError(t, err)
+
+	return p
+}
+
 func reloadConfig(t *testing.T, cfg config.Provider) config.Provider {
 	t.Helper()
 
@@ -701,7 +726,7 @@ func (ft *fakeTalos) Manifests(_ context.Context, ip string) ([]*unstructured.Un
 	m := f.machine(ip)
 
 	f.mu.Lock()
-	image := m.active.Cluster().Proxy().Image()
+	image := m.active.K8sProxyConfig().Image()
 	f.mu.Unlock()
 
 	docs := []string{

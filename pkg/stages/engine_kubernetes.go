@@ -242,12 +242,7 @@ func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Sn
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 
-		n.Talos = &discovery.Talos{
-			Version:          version,
-			Images:           render.Images(cfg),
-			KubeProxyEnabled: cfg.Cluster() != nil && cfg.Cluster().Proxy().Enabled(),
-			Config:           cfg,
-		}
+		n.Talos = discovery.NewTalos(version, cfg)
 
 		return nil
 	})
@@ -589,7 +584,7 @@ func stagedPaths(active, persistent config.Provider) string {
 	before, after := render.Images(active), render.Images(persistent)
 	for _, c := range render.Components() {
 		if before[c] != after[c] {
-			paths = append(paths, c.Path())
+			paths = append(paths, c.PathIn(render.LayoutOf(active, c)))
 		}
 	}
 

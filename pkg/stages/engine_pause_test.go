@@ -161,9 +161,9 @@ func TestEngineChecksRefuse(t *testing.T) {
 		},
 		{
 			name:   "a Talos newer than this build knows",
-			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.14.0"},
+			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.15.0"},
 			target: "v1.36.3",
-			stage:  "APIServers", node: "cp-1", reason: []string{"talos pairing", "v1.14.0"},
+			stage:  "APIServers", node: "cp-1", reason: []string{"talos pairing", "v1.15.0"},
 		},
 		{
 			name:   "a node that is not Talos",

@@ -920,8 +920,8 @@ func (r *talosRun) readPatiently(ctx context.Context, name, ip string) (string, 
 
 // installer returns the installer image of a node with active config cfg.
 func (r *talosRun) installer(n discovery.Node, cfg config.Provider) (string, error) {
-	if cfg != nil && cfg.Machine() != nil {
-		n.Talos = &discovery.Talos{InstallImage: cfg.Machine().Install().Image()}
+	if cfg != nil {
+		n.Talos = &discovery.Talos{InstallImage: discovery.InstallImage(cfg)}
 	}
 
 	return r.stage.Installer(n)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
-	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -104,18 +103,8 @@ func newFakeOS(t *testing.T, spec clusterSpec) *fakeOS {
 	o := &fakeOS{fakeTalos: (*fakeTalos)(f), f: f, rebootDelay: 20 * time.Millisecond, done: make(chan struct{}), machines: map[string]*osMachine{}}
 
 	for i, m := range f.machines {
-		// Booted from the installer of its version, as machinery generates
+		// Booted from the installer of its version: newFakeCluster generates
 		// configs with WithInstallImage.
-		cfg, err := m.active.PatchV1Alpha1(func(c *v1alpha1.Config) error {
-			c.MachineConfig.MachineInstall.InstallImage = "ghcr.io/siderolabs/installer:" + m.talos
-
-			return nil
-		})
-		require.NoError(t, err)
-
-		m.active = reloadConfig(t, cfg)
-		m.persistent = m.active
-
 		o.machines[m.name] = &osMachine{
 			name: m.name, controlPlane: m.controlPlane, version: m.talos,
 			bootID: fmt.Sprintf("%08d-boot-%s-0", i, m.name), up: true,

@@ -362,9 +362,9 @@ func TestTalosChecksRefuse(t *testing.T) {
 		{
 			name:   "a Talos minor this build does not know",
 			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.13.9"},
-			target: "v1.14.0",
+			target: "v1.15.0",
 			node:   "cp-1",
-			reason: []string{"upgrades to version 1.14.0 are not supported"},
+			reason: []string{"upgrades to version 1.15.0 are not supported"},
 		},
 		{
 			name:   "a Kubernetes the target does not support",

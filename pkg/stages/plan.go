@@ -202,7 +202,10 @@ func nodeSteps(order Order, self string, workers bool, changes func(discovery.No
 			c = []api.Change{}
 		}
 
-		steps = append(steps, api.NodeStep{Node: n.Name, Role: n.Role(), Batch: batch, Self: self != "" && n.Name == self, Changes: c})
+		steps = append(steps, api.NodeStep{
+			Node: n.Name, Role: n.Role(), Batch: batch, Self: self != "" && n.Name == self,
+			ConfigLayout: ConfigLayout(n), Changes: c,
+		})
 
 		return nil
 	}
@@ -230,6 +233,29 @@ func nodeSteps(order Order, self string, workers bool, changes func(discovery.No
 	}
 
 	return steps, nil
+}
+
+// ConfigLayout says where node n's machine config keeps its Kubernetes
+// images: api.LayoutV1Alpha1, api.LayoutMultiDoc, api.LayoutMixed, or ""
+// when its config was not read.
+func ConfigLayout(n discovery.Node) string {
+	if n.Talos == nil || len(n.Talos.Layouts) == 0 {
+		return ""
+	}
+
+	seen := map[render.Layout]bool{}
+	for _, l := range n.Talos.Layouts {
+		seen[l] = true
+	}
+
+	switch {
+	case len(seen) > 1:
+		return api.LayoutMixed
+	case seen[render.Document]:
+		return api.LayoutMultiDoc
+	default:
+		return api.LayoutV1Alpha1
+	}
 }
 
 // kubernetesSummary counts, per component, the versions the nodes run now: static pods

@@ -192,7 +192,7 @@ func TestMachineConfig(t *testing.T) {
 
 	got, err := c.MachineConfig(t.Context(), node)
 	require.NoError(t, err)
-	assert.Equal(t, "ghcr.io/siderolabs/kubelet:v1.35.2", got.Machine().Kubelet().Image())
+	assert.Equal(t, "ghcr.io/siderolabs/kubelet:v1.35.2", got.K8sKubeletConfig().Image())
 
 	persistent, err := c.PersistentMachineConfig(t.Context(), node)
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/siderolabs/talos/pkg/machinery/role"
@@ -46,7 +47,13 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 	if err != nil {
 		return nil, fmt.Errorf("talos version %s: %w", opts.TalosVersion, err)
 	}
-	bundle, err := secrets.NewBundle(secrets.NewClock(), contract)
+	// A cluster with v1alpha1 configs on a Talos that writes documents was
+	// born before Talos 1.14: its configs (and secrets) are of 1.13's kind.
+	legacy := contract
+	if contract.MultidocKubernetesConfigSupported() && opts.ConfigLayout != LayoutMultiDoc {
+		legacy = config.TalosVersion1_13
+	}
+	bundle, err := secrets.NewBundle(secrets.NewClock(), legacy)
 	if err != nil {
 		return nil, fmt.Errorf("generate secrets: %w", err)
 	}
@@ -54,35 +61,69 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 	for i := range opts.ControlPlanes {
 		endpoints = append(endpoints, net.machine(i).String())
 	}
-	in, err := generate.NewInput(opts.Name, "https://"+net.apiServer().String()+":6443",
-		strings.TrimPrefix(opts.KubernetesVersion, "v"),
-		generate.WithSecretsBundle(bundle),
-		generate.WithVersionContract(contract),
-		generate.WithEndpointList(endpoints),
-		generate.WithInstallImage("ghcr.io/siderolabs/installer:"+opts.TalosVersion),
-		generate.WithAdditionalSubjectAltNames([]string{net.apiServer().String()}),
-		generate.WithRoles(role.MakeSet(role.Admin)),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("generate config input: %w", err)
+	input := func(c *config.VersionContract) (*generate.Input, error) {
+		in, err := generate.NewInput(opts.Name, "https://"+net.apiServer().String()+":6443",
+			strings.TrimPrefix(opts.KubernetesVersion, "v"),
+			generate.WithSecretsBundle(bundle),
+			generate.WithVersionContract(c),
+			generate.WithEndpointList(endpoints),
+			generate.WithInstallImage("ghcr.io/siderolabs/installer:"+opts.TalosVersion),
+			generate.WithAdditionalSubjectAltNames([]string{net.apiServer().String()}),
+			generate.WithRoles(role.MakeSet(role.Admin)),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("generate config input: %w", err)
+		}
+		return in, nil
 	}
-	cpCfg, err := in.Config(machine.TypeControlPlane)
-	if err != nil {
-		return nil, fmt.Errorf("generate control plane config: %w", err)
+	// bases[layout][controlPlane] is the generated config a machine starts from.
+	bases := map[string]map[bool]config.Provider{}
+	layouts := []string{opts.ConfigLayout}
+	if opts.ConfigLayout == LayoutMixed {
+		layouts = []string{LayoutV1Alpha1, LayoutMultiDoc}
 	}
-	wCfg, err := in.Config(machine.TypeWorker)
-	if err != nil {
-		return nil, fmt.Errorf("generate worker config: %w", err)
+	var in *generate.Input
+	for _, layout := range layouts {
+		c := legacy
+		if layout == LayoutMultiDoc {
+			c = contract
+		}
+		if in, err = input(c); err != nil {
+			return nil, err
+		}
+		bases[layout] = map[bool]config.Provider{}
+		for _, controlPlane := range []bool{true, false} {
+			typ := machine.TypeWorker
+			if controlPlane {
+				typ = machine.TypeControlPlane
+			}
+			cfg, err := in.Config(typ)
+			if err != nil {
+				return nil, fmt.Errorf("generate %s config (%s): %w", typ, layout, err)
+			}
+			bases[layout][controlPlane] = cfg
+		}
 	}
 	g := &generated{bundle: bundle}
 	for i := range opts.ControlPlanes + opts.Workers {
 		spec := machineSpec{IP: net.machine(i), ControlPlane: i < opts.ControlPlanes}
-		base := wCfg
 		if spec.ControlPlane {
 			spec.Name = fmt.Sprintf("cp-%d", i+1)
-			base = cpCfg
 		} else {
 			spec.Name = fmt.Sprintf("worker-%d", i-opts.ControlPlanes+1)
+		}
+		var base config.Provider
+		switch {
+		case opts.ConfigLayout != LayoutMixed:
+			base = bases[opts.ConfigLayout][spec.ControlPlane]
+		case i%3 == 0:
+			base = bases[LayoutV1Alpha1][spec.ControlPlane]
+		case i%3 == 1:
+			base = bases[LayoutMultiDoc][spec.ControlPlane]
+		default:
+			if base, err = mixLayouts(bases[LayoutMultiDoc][spec.ControlPlane], bases[LayoutV1Alpha1][spec.ControlPlane]); err != nil {
+				return nil, fmt.Errorf("machine %s: %w", spec.Name, err)
+			}
 		}
 		cfg, err := personalize(base, spec, opts.TalosAPIAccess)
 		if err != nil {
@@ -101,10 +142,53 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 	return g, nil
 }
 
+// mixLayouts returns the multi-doc config with its kubelet and
+// kube-apiserver settings moved back to the v1alpha1 document, where legacy
+// keeps them: one node with components in each layout, which Talos 1.14
+// accepts as long as no component is set in both.
+func mixLayouts(multi, legacy config.Provider) (config.Provider, error) {
+	var docs []configconfig.Document
+	for _, d := range multi.Documents() {
+		if d.Kind() == k8s.KubeletConfig || d.Kind() == k8s.KubeAPIServerConfig {
+			continue
+		}
+		docs = append(docs, d.Clone())
+	}
+	c, err := container.New(docs...)
+	if err != nil {
+		return nil, err
+	}
+	old := legacy.RawV1Alpha1()
+	return c.PatchV1Alpha1(func(cfg *v1alpha1.Config) error {
+		cfg.MachineConfig.MachineKubelet = old.MachineConfig.MachineKubelet.DeepCopy() //nolint:staticcheck // the v1alpha1 layout, on purpose
+		if cfg.MachineConfig.Type().IsControlPlane() {
+			if cfg.ClusterConfig == nil {
+				cfg.ClusterConfig = &v1alpha1.ClusterConfig{}
+			}
+			// Only the image: the admission control and audit policy of the
+			// v1alpha1 section would conflict with their 1.14 documents.
+			cfg.ClusterConfig.APIServerConfig = &v1alpha1.APIServerConfig{ //nolint:staticcheck // the v1alpha1 layout, on purpose
+				ContainerImage: old.ClusterConfig.APIServerConfig.ContainerImage, //nolint:staticcheck // the v1alpha1 layout, on purpose
+			}
+		}
+		return nil
+	})
+}
+
 // personalize gives a machine its own hostname and, when asked, the Talos API
-// access from Kubernetes that the product's Job uses.
+// access from Kubernetes that the product's Job uses: as a
+// KubeTalosAPIAccessConfig document on a config that keeps its Kubernetes
+// settings in documents, as machine.features.kubernetesTalosAPIAccess
+// otherwise (an operator adds the form their config uses).
 func personalize(base config.Provider, spec machineSpec, talosAPIAccess bool) (config.Provider, error) {
 	var docs []configconfig.Document
+	accessDocument := talosAPIAccess && spec.ControlPlane && base.Has(k8s.KubeControllerManagerConfig)
+	if accessDocument {
+		access := k8s.NewKubeTalosAPIAccessConfigV1Alpha1()
+		access.AccessAllowedRoles = []string{string(role.Admin)}
+		access.AccessAllowedKubernetesNamespaces = []string{talosAccessNamespace}
+		docs = append(docs, access)
+	}
 	hasHostnameDoc := false
 	for _, d := range base.Documents() {
 		d = d.Clone()
@@ -126,7 +210,7 @@ func personalize(base config.Provider, spec machineSpec, talosAPIAccess bool) (c
 			}
 			cfg.MachineConfig.MachineNetwork.NetworkHostname = spec.Name //nolint:staticcheck
 		}
-		if talosAPIAccess && spec.ControlPlane {
+		if talosAPIAccess && spec.ControlPlane && !accessDocument {
 			if cfg.MachineConfig.MachineFeatures == nil {
 				cfg.MachineConfig.MachineFeatures = &v1alpha1.FeaturesConfig{}
 			}

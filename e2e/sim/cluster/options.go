@@ -13,6 +13,7 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+	"github.com/siderolabs/talos/pkg/machinery/config"
 )
 
 // Options describe a local cluster.
@@ -34,8 +35,14 @@ type Options struct {
 	// FaultsFile is the faults file (see package faults); it may be written
 	// or changed while the cluster runs.
 	FaultsFile string
-	// TalosAPIAccess enables machine.features.kubernetesTalosAPIAccess on the
-	// control planes for the ichor-system namespace with role os:admin.
+	// ConfigLayout is how the machine configs keep the Kubernetes settings
+	// (see ConfigLayouts); "" is the layout `talosctl gen config` of
+	// TalosVersion writes.
+	ConfigLayout string
+	// TalosAPIAccess enables the Talos API access from Kubernetes on the
+	// control planes for the ichor-system namespace with role os:admin
+	// (machine.features.kubernetesTalosAPIAccess, or a
+	// KubeTalosAPIAccessConfig document on a multi-doc config).
 	TalosAPIAccess bool
 	// Images maps an image repository to a local directory that stands for
 	// that image's root filesystem: the containers of a pod whose image is in
@@ -117,6 +124,24 @@ func (o *Options) Validate() error {
 	if err := k8s.SupportedWith(talos); err != nil {
 		return fmt.Errorf("--kubernetes %s with --talos %s: %w (pick a pair that Talos supports)", o.KubernetesVersion, o.TalosVersion, err)
 	}
+	contract, err := config.ParseContractFromVersion(o.TalosVersion)
+	if err != nil {
+		return fmt.Errorf("--talos %s: %w", o.TalosVersion, err)
+	}
+	switch o.ConfigLayout {
+	case "":
+		o.ConfigLayout = LayoutV1Alpha1
+		if contract.MultidocKubernetesConfigSupported() {
+			o.ConfigLayout = LayoutMultiDoc
+		}
+	case LayoutV1Alpha1:
+	case LayoutMultiDoc, LayoutMixed:
+		if !contract.MultidocKubernetesConfigSupported() {
+			return fmt.Errorf("--config-layout %s needs Talos 1.14 or later (--talos %s keeps every setting in v1alpha1)", o.ConfigLayout, o.TalosVersion)
+		}
+	default:
+		return fmt.Errorf("--config-layout %q: want one of %s", o.ConfigLayout, strings.Join(ConfigLayouts(), ", "))
+	}
 	if o.BinDir == "" {
 		return errors.New("--bin-dir is required: the directory with etcd and the kube-* binaries (make cluster-bins)")
 	}
@@ -125,6 +150,24 @@ func (o *Options) Validate() error {
 	}
 	return nil
 }
+
+// The config layouts a local cluster can be generated with.
+const (
+	// LayoutV1Alpha1: every Kubernetes setting in the v1alpha1 document, as
+	// Talos 1.13 and older generate, and as a node upgraded from them keeps.
+	LayoutV1Alpha1 = "v1alpha1"
+	// LayoutMultiDoc: each component in its own document (KubeletConfig,
+	// KubeAPIServerConfig, ...), as Talos 1.14 generates.
+	LayoutMultiDoc = "multi-doc"
+	// LayoutMixed: a cluster grown across the 1.14 upgrade. Machine i
+	// (from 0) keeps the v1alpha1 layout when i%3 == 0 (upgraded from 1.13),
+	// the multi-doc one when i%3 == 1 (generated on 1.14), and when i%3 == 2
+	// the kubelet and kube-apiserver in v1alpha1 with the rest in documents.
+	LayoutMixed = "mixed"
+)
+
+// ConfigLayouts lists the layouts, for help texts.
+func ConfigLayouts() []string { return []string{LayoutV1Alpha1, LayoutMultiDoc, LayoutMixed} }
 
 // maxMachines is how many machine addresses one cluster's block holds.
 const maxMachines = 4000

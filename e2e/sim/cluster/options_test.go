@@ -4,6 +4,8 @@ import (
 	"net"
 	"testing"
 
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
 	"github.com/stretchr/testify/require"
 )
 
@@ -82,3 +84,93 @@ func TestGeneratedConfigs(t *testing.T) {
 	require.NotContains(t, string(g.machines[2].Config), "kubernetesTalosAPIAccess", "only control planes serve it")
 	require.Equal(t, []string{p.machine(0).String(), p.machine(1).String()}, g.talosconfig.Contexts[g.talosconfig.Context].Endpoints)
 }
+
+func TestConfigLayoutOption(t *testing.T) {
+	for _, tc := range []struct {
+		talos, layout string
+		want, err     string
+	}{
+		{talos: "v1.13.9", want: LayoutV1Alpha1},
+		{talos: "v1.14.1", want: LayoutMultiDoc},
+		{talos: "v1.14.1", layout: LayoutV1Alpha1, want: LayoutV1Alpha1},
+		{talos: "v1.14.1", layout: LayoutMixed, want: LayoutMixed},
+		{talos: "v1.13.9", layout: LayoutMultiDoc, err: "--config-layout multi-doc needs Talos 1.14 or later"},
+		{talos: "v1.14.1", layout: "yaml", err: `--config-layout "yaml": want one of v1alpha1, multi-doc, mixed`},
+	} {
+		t.Run(tc.talos+"/"+tc.layout, func(t *testing.T) {
+			o := Options{Dir: t.TempDir(), ControlPlanes: 1, KubernetesVersion: "v1.35.4", TalosVersion: tc.talos, ConfigLayout: tc.layout, BinDir: "/bin"}
+			err := o.Validate()
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, o.ConfigLayout)
+		})
+	}
+}
+
+// TestGeneratedConfigLayouts checks where each layout keeps the Kubernetes
+// settings, that every config loads and validates as Talos 1.14 would (no
+// component in both layouts), and the Talos API access form each gets.
+func TestGeneratedConfigLayouts(t *testing.T) {
+	// kinds are the component documents of a Talos 1.14 config.
+	kinds := []string{k8s.KubeletConfig, k8s.KubeAPIServerConfig, k8s.KubeControllerManagerConfig, k8s.KubeSchedulerConfig, k8s.KubeProxyConfig}
+	for _, tc := range []struct {
+		layout string
+		// docs[i] are the component documents machine i has (cp-1, cp-2, cp-3, worker-1).
+		docs [][]string
+		// access[i] is the Talos API access form of control plane i.
+		access []string
+	}{
+		{layout: LayoutV1Alpha1, docs: [][]string{nil, nil, nil, nil}, access: []string{"v1alpha1", "v1alpha1", "v1alpha1"}},
+		{layout: LayoutMultiDoc, docs: [][]string{kinds, kinds, kinds, {k8s.KubeletConfig}}, access: []string{"document", "document", "document"}},
+		{
+			layout: LayoutMixed,
+			docs:   [][]string{nil, kinds, {k8s.KubeControllerManagerConfig, k8s.KubeSchedulerConfig, k8s.KubeProxyConfig}, nil},
+			access: []string{"v1alpha1", "document", "document"},
+		},
+	} {
+		t.Run(tc.layout, func(t *testing.T) {
+			o := Options{Dir: t.TempDir(), ControlPlanes: 3, Workers: 1, KubernetesVersion: "v1.36.3", TalosVersion: "v1.14.1", ConfigLayout: tc.layout, BinDir: "/bin", TalosAPIAccess: true}
+			require.NoError(t, o.Validate())
+			p, err := pickAddresses(o.Dir)
+			require.NoError(t, err)
+			g, err := generateConfigs(o, p)
+			require.NoError(t, err)
+			require.Len(t, g.machines, 4)
+			for i, m := range g.machines {
+				cfg, err := configloader.NewFromBytes(m.Config)
+				require.NoError(t, err, m.Name)
+				_, err = cfg.ValidateAsClient(containerMode{})
+				require.NoError(t, err, "%s validates as Talos 1.14 would", m.Name)
+				var has []string
+				for _, k := range kinds {
+					if cfg.Has(k) {
+						has = append(has, k)
+					}
+				}
+				require.Equal(t, tc.docs[i], has, m.Name)
+				require.Equal(t, "ghcr.io/siderolabs/kubelet:v1.36.3", cfg.K8sKubeletConfig().Image(), m.Name)
+				if !m.ControlPlane {
+					require.Nil(t, cfg.K8sTalosAPIAccessConfig(), "only control planes serve it")
+					continue
+				}
+				require.Equal(t, "registry.k8s.io/kube-apiserver:v1.36.3", cfg.K8sAPIServerConfig().Image(), m.Name)
+				require.NotNil(t, cfg.K8sTalosAPIAccessConfig(), m.Name)
+				form := "v1alpha1"
+				if cfg.Has(k8s.KubeTalosAPIAccessConfig) {
+					form = "document"
+				}
+				require.Equal(t, tc.access[i], form, m.Name)
+			}
+		})
+	}
+}
+
+// containerMode validates as Talos does in a container (no install disk).
+type containerMode struct{}
+
+func (containerMode) String() string        { return "container" }
+func (containerMode) RequiresInstall() bool { return false }
+func (containerMode) InContainer() bool     { return true }

@@ -93,7 +93,9 @@ func startTalosAccess(ctx context.Context, cp *controlPlane, g *generated, m *ma
 func reconcileTalosAccount(ctx context.Context, cp *controlPlane, dyn dynamic.Interface, g *generated, m *machine.Machine, u *unstructured.Unstructured) error {
 	ns, name := u.GetNamespace(), u.GetName()
 	roles, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "roles")
-	access := m.State().Config.Machine().Features().KubernetesTalosAPIAccess()
+	// Either form: machine.features.kubernetesTalosAPIAccess (nil when not
+	// enabled) or Talos 1.14's KubeTalosAPIAccessConfig document.
+	access := m.State().Config.K8sTalosAPIAccessConfig()
 	refuse := func(reason string) error {
 		_ = unstructured.SetNestedField(u.Object, reason, "status", "failureReason")
 		_, _ = dyn.Resource(talosAccountGVR).Namespace(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})
@@ -106,8 +108,8 @@ func reconcileTalosAccount(ctx context.Context, cp *controlPlane, dyn dynamic.In
 		}, metav1.CreateOptions{})
 		return fmt.Errorf("refused: %s", reason)
 	}
-	if !access.Enabled() {
-		return refuse("Talos API access from Kubernetes is not enabled (machine.features.kubernetesTalosAPIAccess)")
+	if access == nil {
+		return refuse("Talos API access from Kubernetes is not enabled (machine.features.kubernetesTalosAPIAccess or a KubeTalosAPIAccessConfig document)")
 	}
 	if !slices.Contains(access.AllowedKubernetesNamespaces(), ns) {
 		return refuse(fmt.Sprintf("namespace %q is not in allowedKubernetesNamespaces", ns))

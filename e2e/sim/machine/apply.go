@@ -64,7 +64,7 @@ func (m *Machine) ApplyConfiguration(ctx context.Context, req *machineapi.ApplyC
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "failed to parse config: %v", err)
 	}
-	warnings, err := newCfg.Validate(metalMode{})
+	warnings, err := newCfg.ValidateAsClient(metalMode{})
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "failed to validate config: %v", err)
 	}

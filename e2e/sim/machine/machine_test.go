@@ -141,15 +141,15 @@ func TestNewControlPlane(t *testing.T) {
 	assert.Equal(t, "v1.12.4", s.TalosVersion)
 	assert.Equal(t, 1, s.ConfigVersion)
 	assert.Len(t, s.StaticPods, 3)
-	assert.Equal(t, f.cfg.Cluster().APIServer().Image(), s.StaticPods[k8s.APIServerID].Image)
-	assert.Equal(t, f.cfg.Machine().Kubelet().Image(), s.KubeletImage)
-	assert.Equal(t, f.cfg.Cluster().Proxy().Image(), s.ProxyImage)
+	assert.Equal(t, f.cfg.K8sAPIServerConfig().Image(), s.StaticPods[k8s.APIServerID].Image)
+	assert.Equal(t, f.cfg.K8sKubeletConfig().Image(), s.KubeletImage)
+	assert.Equal(t, f.cfg.K8sProxyConfig().Image(), s.ProxyImage)
 	assert.Equal(t, []string{"v1.12.4"}, talosEvents(t, f.events))
 
 	st := f.m.COSI()
 	mc, err := safe.StateGetByID[*configres.MachineConfig](ctx, st, configres.ActiveID)
 	require.NoError(t, err)
-	assert.Equal(t, f.cfg.Cluster().APIServer().Image(), mc.Config().Cluster().APIServer().Image())
+	assert.Equal(t, f.cfg.K8sAPIServerConfig().Image(), mc.Config().K8sAPIServerConfig().Image())
 	_, err = safe.StateGetByID[*configres.MachineConfig](ctx, st, configres.PersistentID)
 	require.NoError(t, err)
 	svc, err := safe.StateGetByID[*v1alpha1res.Service](ctx, st, "kubelet")
@@ -231,7 +231,7 @@ func TestApplyNoRebootImageChange(t *testing.T) {
 	assert.Equal(t, api.Metadata().Version().String(), after.StaticPods[k8s.APIServerID].ConfigVersion)
 	mc, err := safe.StateGetByID[*configres.MachineConfig](ctx, f.m.COSI(), configres.ActiveID)
 	require.NoError(t, err)
-	assert.Equal(t, newAPIServerImage, mc.Config().Cluster().APIServer().Image())
+	assert.Equal(t, newAPIServerImage, mc.Config().K8sAPIServerConfig().Image())
 }
 
 func TestApplyKubeletImageRestartsKubelet(t *testing.T) {
@@ -294,7 +294,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, resp.GetModeDetails(), "Dry run summary")
 	assert.Regexp(t, `(?m)^\+\s+image: `+regexp.QuoteMeta(newAPIServerImage)+`$`, resp.GetModeDetails())
-	assert.NotContains(t, resp.GetModeDetails(), f.cfg.Cluster().Secret())
+	assert.NotContains(t, resp.GetModeDetails(), f.cfg.RawV1Alpha1().ClusterConfig.ClusterSecret) //nolint:staticcheck // the generated secret
 
 	after := f.m.State()
 	assert.Equal(t, before.ConfigVersion, after.ConfigVersion)

@@ -46,31 +46,29 @@ type manifestData struct {
 }
 
 func newManifestData(cfg config.Config) (manifestData, error) {
-	c := cfg.Cluster()
+	proxy, coreDNS, net := cfg.K8sProxyConfig(), cfg.K8sCoreDNSConfig(), clusterNetwork(cfg)
 	d := manifestData{
-		ProxyEnabled:   c.Proxy().Enabled(),
-		ProxyImage:     c.Proxy().Image(),
-		ProxyMode:      c.Proxy().Mode(),
-		PodCIDRs:       strings.Join(c.Network().PodCIDRs(), ","),
-		CoreDNSEnabled: c.CoreDNS().Enabled(),
-		CoreDNSImage:   c.CoreDNS().Image(),
-		DNSDomain:      c.Network().DNSDomain(),
-		LocalPort:      c.LocalAPIServerPort(),
+		ProxyEnabled:   proxy != nil && proxy.Enabled(),
+		PodCIDRs:       strings.Join(net.PodCIDRs, ","),
+		CoreDNSEnabled: coreDNS != nil && coreDNS.Enabled(),
+		DNSDomain:      net.DNSDomain,
+		LocalPort:      apiServerPort(cfg),
 	}
-	for k, vs := range c.Proxy().ExtraArgs() {
-		for _, v := range vs {
-			d.ProxyArgs = append(d.ProxyArgs, fmt.Sprintf("--%s=%s", k, v))
+	if d.ProxyEnabled {
+		d.ProxyImage, d.ProxyMode = proxy.Image(), proxy.Mode()
+		for k, vs := range proxy.ExtraArgs() {
+			for _, v := range vs {
+				d.ProxyArgs = append(d.ProxyArgs, fmt.Sprintf("--%s=%s", k, v))
+			}
 		}
 	}
 	if d.CoreDNSEnabled {
-		ips, err := c.Network().DNSServiceIPs()
+		d.CoreDNSImage = coreDNS.Image()
+		ip, err := dnsServiceIP(net)
 		if err != nil {
-			return d, fmt.Errorf("cluster DNS service IP: %w", err)
+			return d, err
 		}
-		if len(ips) == 0 {
-			return d, fmt.Errorf("cluster DNS service IP: none in the service CIDRs")
-		}
-		d.DNSServiceIP = ips[0].String()
+		d.DNSServiceIP = ip
 	}
 	return d, nil
 }

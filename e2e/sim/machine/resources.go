@@ -51,12 +51,12 @@ func (m *Machine) syncConfig(ctx context.Context, active, persistent config.Prov
 	if err := safe.StateModify(ctx, m.cosi, k8s.NewNodename(k8s.NamespaceName, k8s.NodenameID), func(r *k8s.Nodename) error {
 		r.TypedSpec().Nodename = m.opts.Name
 		r.TypedSpec().HostnameVersion = "1"
-		r.TypedSpec().SkipNodeRegistration = active.Machine().Kubelet().SkipNodeRegistration()
+		r.TypedSpec().SkipNodeRegistration = skipNodeRegistration(active)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("nodename: %w", err)
 	}
-	kubeletImage := active.Machine().Kubelet().Image()
+	kubeletImage := kubeletImage(active)
 	if err := safe.StateModify(ctx, m.cosi, k8s.NewKubeletSpec(k8s.NamespaceName, k8s.KubeletID), func(r *k8s.KubeletSpec) error {
 		r.TypedSpec().Image = kubeletImage
 		r.TypedSpec().ExpectedNodename = m.opts.Name
@@ -76,10 +76,7 @@ func (m *Machine) syncConfig(ctx context.Context, active, persistent config.Prov
 			return err
 		}
 	}
-	proxyImage := ""
-	if active.Cluster().Proxy().Enabled() {
-		proxyImage = active.Cluster().Proxy().Image()
-	}
+	proxyImage := proxyImage(active)
 	m.mu.Lock()
 	m.st.StaticPods = pods
 	m.st.KubeletImage = kubeletImage
@@ -95,7 +92,7 @@ func kubeletArgs(cfg config.Config, nodeName string) []string {
 		"--cert-dir=/var/lib/kubelet/pki",
 		"--hostname-override=" + nodeName,
 	}
-	return append(args, flattenArgs(cfg.Machine().Kubelet().ExtraArgs())...)
+	return append(args, flattenArgs(kubeletExtraArgs(cfg))...)
 }
 
 func flattenArgs(extra map[string][]string) []string {
@@ -120,42 +117,39 @@ func argValues(extra map[string][]string) map[string]k8s.ArgValues {
 // syncControlPlane writes the controlplane config resources and the static
 // pods they produce, the pods annotated with the config resource's version.
 func (m *Machine) syncControlPlane(ctx context.Context, cfg config.Config) (map[string]StaticPod, error) {
-	c := cfg.Cluster()
-	endpoint := ""
-	if u := c.Endpoint(); u != nil {
-		endpoint = u.String()
-	}
-	api, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewAPIServerConfig(), func(r *k8s.APIServerConfig) error {
+	apiServer, controllerManager, scheduler := cfg.K8sAPIServerConfig(), cfg.K8sControllerManagerConfig(), cfg.K8sSchedulerConfig()
+	net := clusterNetwork(cfg)
+	api, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewAPIServerConfig(k8s.APIServerConfigID), func(r *k8s.APIServerConfig) error {
 		s := r.TypedSpec()
-		s.Image = c.APIServer().Image()
-		s.ControlPlaneEndpoint = endpoint
+		s.Image = apiServer.Image()
+		s.ControlPlaneEndpoint = clusterEndpoint(cfg)
 		s.EtcdServers = []string{"https://localhost:2379"}
-		s.LocalPort = c.LocalAPIServerPort()
-		s.ServiceCIDRs = c.Network().ServiceCIDRs()
-		s.ExtraArgs = argValues(c.APIServer().ExtraArgs())
+		s.LocalPort = apiServerPort(cfg)
+		s.ServiceCIDRs = net.ServiceCIDRs
+		s.ExtraArgs = argValues(apiServer.ExtraArgs())
 		s.AdvertisedAddress = "$(POD_IP)"
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("APIServerConfig: %w", err)
 	}
-	cm, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewControllerManagerConfig(), func(r *k8s.ControllerManagerConfig) error {
+	cm, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewControllerManagerConfig(k8s.ControllerManagerConfigID), func(r *k8s.ControllerManagerConfig) error {
 		s := r.TypedSpec()
 		s.Enabled = true
-		s.Image = c.ControllerManager().Image()
-		s.PodCIDRs = c.Network().PodCIDRs()
-		s.ServiceCIDRs = c.Network().ServiceCIDRs()
-		s.ExtraArgs = argValues(c.ControllerManager().ExtraArgs())
+		s.Image = controllerManager.Image()
+		s.PodCIDRs = net.PodCIDRs
+		s.ServiceCIDRs = net.ServiceCIDRs
+		s.ExtraArgs = argValues(controllerManager.ExtraArgs())
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ControllerManagerConfig: %w", err)
 	}
-	sched, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewSchedulerConfig(), func(r *k8s.SchedulerConfig) error {
+	sched, err := safe.StateModifyWithResult(ctx, m.cosi, k8s.NewSchedulerConfig(k8s.SchedulerConfigID), func(r *k8s.SchedulerConfig) error {
 		s := r.TypedSpec()
 		s.Enabled = true
-		s.Image = c.Scheduler().Image()
-		s.ExtraArgs = argValues(c.Scheduler().ExtraArgs())
+		s.Image = scheduler.Image()
+		s.ExtraArgs = argValues(scheduler.ExtraArgs())
 		return nil
 	})
 	if err != nil {
@@ -173,19 +167,19 @@ func (m *Machine) syncControlPlane(ctx context.Context, cfg config.Config) (map[
 		k8s.APIServerID: append([]string{
 			"/usr/local/bin/kube-apiserver",
 			"--etcd-servers=https://localhost:2379",
-			"--secure-port=" + strconv.Itoa(c.LocalAPIServerPort()),
-			"--service-cluster-ip-range=" + strings.Join(c.Network().ServiceCIDRs(), ","),
-		}, flattenArgs(c.APIServer().ExtraArgs())...),
+			"--secure-port=" + strconv.Itoa(apiServerPort(cfg)),
+			"--service-cluster-ip-range=" + strings.Join(net.ServiceCIDRs, ","),
+		}, flattenArgs(apiServer.ExtraArgs())...),
 		k8s.ControllerManagerID: append([]string{
 			"/usr/local/bin/kube-controller-manager",
 			"--use-service-account-credentials",
-			"--cluster-cidr=" + strings.Join(c.Network().PodCIDRs(), ","),
-			"--service-cluster-ip-range=" + strings.Join(c.Network().ServiceCIDRs(), ","),
-		}, flattenArgs(c.ControllerManager().ExtraArgs())...),
+			"--cluster-cidr=" + strings.Join(net.PodCIDRs, ","),
+			"--service-cluster-ip-range=" + strings.Join(net.ServiceCIDRs, ","),
+		}, flattenArgs(controllerManager.ExtraArgs())...),
 		k8s.SchedulerID: append([]string{
 			"/usr/local/bin/kube-scheduler",
 			"--config=/system/config/kube-scheduler/scheduler-config.yaml",
-		}, flattenArgs(c.Scheduler().ExtraArgs())...),
+		}, flattenArgs(scheduler.ExtraArgs())...),
 	}
 	for id, p := range pods {
 		pod := staticPodObject(id, p, commands[id])

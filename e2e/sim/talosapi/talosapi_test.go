@@ -183,7 +183,7 @@ func TestTalosAPI(t *testing.T) {
 		nctx := client.WithNode(ctx, c.cpIP)
 		mc, err := safe.StateGetByID[*configres.MachineConfig](nctx, cl.COSI, configres.ActiveID)
 		require.NoError(t, err)
-		assert.Equal(t, c.cpCfg.Cluster().APIServer().Image(), mc.Config().Cluster().APIServer().Image())
+		assert.Equal(t, c.cpCfg.K8sAPIServerConfig().Image(), mc.Config().K8sAPIServerConfig().Image())
 
 		wctx, wcancel := context.WithCancel(nctx)
 		defer wcancel()
@@ -208,7 +208,7 @@ func TestTalosAPI(t *testing.T) {
 		assert.Contains(t, dry.GetMessages()[0].GetModeDetails(), newAPIServerImage)
 		api, err := safe.StateGetByID[*k8s.APIServerConfig](nctx, cl.COSI, k8s.APIServerConfigID)
 		require.NoError(t, err)
-		assert.Equal(t, c.cpCfg.Cluster().APIServer().Image(), api.TypedSpec().Image, "dry run changes nothing")
+		assert.Equal(t, c.cpCfg.K8sAPIServerConfig().Image(), api.TypedSpec().Image, "dry run changes nothing")
 
 		resp, err := cl.ApplyConfiguration(nctx, &machineapi.ApplyConfigurationRequest{
 			Data: data, Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
@@ -230,7 +230,7 @@ func TestTalosAPI(t *testing.T) {
 			require.Equal(t, state.Updated, ev.Type())
 			r, err := ev.Resource()
 			require.NoError(t, err)
-			assert.Equal(t, newAPIServerImage, r.Config().Cluster().APIServer().Image())
+			assert.Equal(t, newAPIServerImage, r.Config().K8sAPIServerConfig().Image())
 		case <-time.After(10 * time.Second):
 			t.Fatal("no watch event after apply")
 		}

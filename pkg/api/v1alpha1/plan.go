@@ -119,6 +119,10 @@ type NodeStep struct {
 	Batch int `json:"batch"`
 	// Self is true for the node that runs the Job: it goes last in its group.
 	Self bool `json:"self,omitempty"`
+	// ConfigLayout is where the node's machine config keeps the Kubernetes
+	// images: LayoutV1Alpha1, LayoutMultiDoc, or LayoutMixed (some of each);
+	// empty when its config was not read.
+	ConfigLayout string `json:"configLayout,omitempty"`
 	// Changes are the images (or versions) this stage changes; empty means verify only.
 	Changes []Change `json:"changes"`
 }
@@ -131,7 +135,23 @@ type Change struct {
 	From string `json:"from"`
 	// To is the image (or version) after the stage.
 	To string `json:"to"`
+	// Path is where the node's machine config keeps it, for an image:
+	// "cluster.apiServer.image" (v1alpha1) or "KubeAPIServerConfig: image"
+	// (the component's document of Talos 1.14); the change is made there.
+	Path string `json:"path,omitempty"`
 }
+
+// The config layouts of NodeStep.ConfigLayout.
+const (
+	// LayoutV1Alpha1: every image in the v1alpha1 document (Talos 1.13 and
+	// older, and nodes upgraded from them).
+	LayoutV1Alpha1 = "v1alpha1"
+	// LayoutMultiDoc: every image in its component's document (KubeletConfig,
+	// KubeAPIServerConfig, ...), as Talos 1.14 generates.
+	LayoutMultiDoc = "multi-doc"
+	// LayoutMixed: some images in each.
+	LayoutMixed = "mixed"
+)
 
 // NodeNote is a node with a reason it is shown apart.
 type NodeNote struct {
