@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 )
 
 // The version the plan tests' clusters start at, and the upgrade they plan.
@@ -186,7 +187,7 @@ func TestPlan(t *testing.T) {
 		require.Equal(t, api.ResultRefused, checks["talos pairing"].result)
 		require.Contains(t, checks["talos pairing"].detail, "Talos v1.13.9")
 		require.Contains(t, checks["talos pairing"].detail, "supports Kubernetes 1.31-1.36, not v1.37.0")
-		require.Contains(t, checks["talos pairing"].detail, "upgrade Talos first")
+		require.Contains(t, checks["talos pairing"].detail, "upgrade Talos to 1.14 first: kubectl ichor upgrade talos --to v1.14.1")
 
 		j := c.plugin(t, "plan", "kubernetes", "--to", "v1.37.0", "-o", "json")
 		j.requireExit(t, 2)
@@ -348,6 +349,9 @@ func TestPlan(t *testing.T) {
 			"KubeProxy/cp-2/kube-proxy":      {Component: "kube-proxy", From: "registry.k8s.io/kube-proxy:" + planFrom, To: "registry.k8s.io/kube-proxy:" + planTo},
 			"Kubelets/worker-2/kubelet":      {Component: "kubelet", From: "ghcr.io/siderolabs/kubelet:" + planFrom, To: "ghcr.io/siderolabs/kubelet:" + planTo},
 		} {
+			// The path is where the node's config keeps the image: every
+			// config of this Talos 1.13 cluster is in the v1alpha1 layout.
+			want.Path = render.Component(want.Component).Path()
 			require.Equal(t, want, changes[key], key)
 		}
 

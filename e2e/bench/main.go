@@ -50,9 +50,9 @@ const (
 	targetWall      = 5 * time.Second
 	targetRSSMiB    = 150
 	controlPlanes   = 3
-	fromVersion     = "v1.35.4"
-	toVersion       = "v1.36.3"
-	talosVersion    = "v1.13.9"
+	fromVersion     = "v1.36.3"
+	toVersion       = "v1.37.2"
+	talosVersion    = "v1.14.1" // the current Talos: multi-document configs, the larger to read
 	clusterStartMax = 20 * time.Minute
 )
 

@@ -215,8 +215,8 @@ func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalF
 	cmd := &cobra.Command{
 		Use:   "kubernetes --to vX.Y.Z",
 		Short: "Plan a Kubernetes upgrade: stages, nodes in order, what changes, checks",
-		Example: `  kubectl ichor plan kubernetes --to v1.36.3
-  kubectl ichor plan kubernetes --to v1.36.3 --max-unavailable 2 -o yaml`,
+		Example: `  kubectl ichor plan kubernetes --to v1.37.2
+  kubectl ichor plan kubernetes --to v1.37.2 --max-unavailable 2 -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -231,7 +231,7 @@ func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalF
 		},
 	}
 
-	o.addFlags(cmd, "v1.36.3")
+	o.addFlags(cmd, "v1.37.2")
 
 	return cmd
 }
@@ -290,8 +290,8 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 	cmd := &cobra.Command{
 		Use:   "talos --to vA.B.C",
 		Short: "Plan a Talos OS upgrade: upgrade path, Kubernetes pairing, installer per node, order, checks",
-		Example: `  kubectl ichor plan talos --to v1.13.9
-  kubectl ichor plan talos --to v1.13.9 --image factory.talos.dev/installer/<schematic>:v1.13.9`,
+		Example: `  kubectl ichor plan talos --to v1.14.1
+  kubectl ichor plan talos --to v1.14.1 --image factory.talos.dev/installer/<schematic>:v1.14.1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -306,7 +306,7 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 		},
 	}
 
-	o.addFlags(cmd, "v1.13.9")
+	o.addFlags(cmd, "v1.14.1")
 	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
 
 	return cmd

@@ -90,10 +90,10 @@ func newRootCommand(streams genericiooptions.IOStreams, deps deps) *cobra.Comman
 		Short: "Upgrade Talos Linux clusters, Kubernetes and Talos OS, carefully and resumably",
 		Long: `kubectl ichor plans and runs upgrades of Talos Linux clusters.
 
-  kubectl ichor plan kubernetes --to v1.36.3      # read-only: discovery, checks, the staged plan
-  kubectl ichor upgrade kubernetes --to v1.36.3   # the plan, a confirmation, then an in-cluster Job runs it
-  kubectl ichor plan talos --to v1.13.9           # the same two verbs for the Talos OS
-  kubectl ichor upgrade talos --to v1.13.9
+  kubectl ichor plan kubernetes --to v1.37.2      # read-only: discovery, checks, the staged plan
+  kubectl ichor upgrade kubernetes --to v1.37.2   # the plan, a confirmation, then an in-cluster Job runs it
+  kubectl ichor plan talos --to v1.14.1           # the same two verbs for the Talos OS
+  kubectl ichor upgrade talos --to v1.14.1
   kubectl ichor status | logs | resume | abort    # follow and steer the operation`,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl ichor"},
 		SilenceErrors: true,

@@ -286,9 +286,9 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
 	cmd := &cobra.Command{
 		Use:   "kubernetes --to vX.Y.Z",
 		Short: "Upgrade Kubernetes in four stages, run by a Job in the cluster",
-		Example: `  kubectl ichor upgrade kubernetes --to v1.36.3
-  kubectl ichor upgrade kubernetes --to v1.36.3 --yes --detach
-  kubectl ichor upgrade kubernetes --to v1.36.3 --talos-credentials=local`,
+		Example: `  kubectl ichor upgrade kubernetes --to v1.37.2
+  kubectl ichor upgrade kubernetes --to v1.37.2 --yes --detach
+  kubectl ichor upgrade kubernetes --to v1.37.2 --talos-credentials=local`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -303,7 +303,7 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
 		},
 	}
 
-	o.addFlags(cmd, "v1.36.3")
+	o.addFlags(cmd, "v1.37.2")
 	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
 	cmd.Flags().DurationVar(&o.ApplyTimeout, "apply-timeout", stages.DefaultApplyTimeout, "How long one machine config apply may take")
 
@@ -355,8 +355,8 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 	cmd := &cobra.Command{
 		Use:   "talos --to vA.B.C",
 		Short: "Upgrade the Talos OS node by node, run by a Job in the cluster",
-		Example: `  kubectl ichor upgrade talos --to v1.13.9
-  kubectl ichor upgrade talos --to v1.13.9 --image factory.talos.dev/installer/<schematic>:v1.13.9 --yes`,
+		Example: `  kubectl ichor upgrade talos --to v1.14.1
+  kubectl ichor upgrade talos --to v1.14.1 --image factory.talos.dev/installer/<schematic>:v1.14.1 --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -371,7 +371,7 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 		},
 	}
 
-	o.addFlags(cmd, "v1.13.9")
+	o.addFlags(cmd, "v1.14.1")
 	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
 	cmd.Flags().StringVar(&o.JobImage, "job-image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
 	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", stages.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")

@@ -3,9 +3,9 @@ package render
 import (
 	"flag"
 	"fmt"
-	"slices"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
