@@ -18,6 +18,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,6 +45,14 @@ func distRepoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return root
+}
+
+// sameSet reports whether a and b hold the same strings, in any order.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // distArtifact is $name if set, else def under the repository root; it fails the
@@ -132,13 +141,31 @@ func TestDistKrewInstall(t *testing.T) {
 	}
 	sums := readChecksums(t, filepath.Join(dist, "kubectl-ichor_"+version+"_checksums.txt"))
 
-	want := []string{"linux/amd64", "linux/arm64", "darwin/amd64", "darwin/arm64", "windows/amd64", "windows/arm64"}
+	// The template lists every release platform; the manifest those built
+	// (make test builds this machine's, make dist all six).
+	tmpl, err := os.ReadFile(filepath.Join(distRepoRoot(t), "krew.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"linux_amd64", "linux_arm64", "darwin_amd64", "darwin_arm64", "windows_amd64", "windows_arm64"} {
+		if !strings.Contains(string(tmpl), "_"+p+".") {
+			t.Errorf("krew.yaml has no archive for %s", p)
+		}
+	}
+	var want []string
+	for archive := range sums {
+		parts := strings.Split(strings.TrimSuffix(strings.TrimSuffix(archive, ".tar.gz"), ".zip"), "_")
+		want = append(want, parts[len(parts)-2]+"/"+parts[len(parts)-1])
+	}
 	var got []string
 	for _, p := range m.Spec.Platforms {
 		got = append(got, p.Selector.MatchLabels["os"]+"/"+p.Selector.MatchLabels["arch"])
 	}
-	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Fatalf("manifest platforms %v, want %v", got, want)
+	if len(got) == 0 || !sameSet(got, want) {
+		t.Fatalf("manifest platforms %v, want those of the archives built %v", got, want)
+	}
+	if host := runtime.GOOS + "/" + runtime.GOARCH; !slices.Contains(got, host) {
+		t.Fatalf("manifest platforms %v: none for this machine (%s): run make dist-host", got, host)
 	}
 
 	for _, p := range m.Spec.Platforms {

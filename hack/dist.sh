@@ -7,6 +7,10 @@
 #   kubectl-ichor_<version>_checksums.txt: sha256sum of every archive
 #   ichor.yaml: the krew manifest, platform URIs under the GitHub release <version>
 #
+# DIST_PLATFORMS (os/arch words) builds fewer platforms, and the manifest then
+# lists only those: make test builds this machine's alone for its krew install
+# test ("DIST_PLATFORMS=host"), a release all six.
+#
 # Also: "hack/dist.sh version" prints the version a dist build stamps (semver,
 # as krew wants: a tag v1.2.3..., else v0.0.0-<git describe>), and
 # "hack/dist.sh binaries OS/ARCH..." builds only those binaries into
@@ -31,7 +35,17 @@ mtime=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 
 dist=$root/_output/dist
 tools=$root/_output/tools
-platforms=(linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64)
+all_platforms=(linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64)
+platforms=("${all_platforms[@]}")
+if [ -n "${DIST_PLATFORMS:-}" ]; then
+  read -r -a platforms <<< "${DIST_PLATFORMS//host/$(go env GOOS)/$(go env GOARCH)}"
+  for p in "${platforms[@]}"; do
+    if [[ ! " ${all_platforms[*]} " =~ \ $p\  ]]; then
+      echo "dist: DIST_PLATFORMS: $p is not a release platform (${all_platforms[*]})" >&2
+      exit 2
+    fi
+  done
+fi
 
 # binaries OS/ARCH...: static, stripped, stamped with the version and the
 # image of the same version. go build leaves an up-to-date binary untouched.
@@ -81,6 +95,10 @@ mkdir -p "$dist"
 # Archives of another version would end up in the checksums.
 find "$dist" -maxdepth 1 \( -name 'kubectl-ichor_*' -o -name '.kubectl-ichor_*' \) \
   ! -name "kubectl-ichor_${version}_*" ! -name ".kubectl-ichor_${version}_*" -delete
+only=()
+if [ "${#platforms[@]}" != "${#all_platforms[@]}" ]; then
+  only=(-platforms "${platforms[*]}")
+fi
 tools
 binaries "${platforms[@]}"
 
@@ -101,7 +119,7 @@ for p in "${platforms[@]}"; do
 done
 (cd "$dist" && sha256sum "${archives[@]}" > "kubectl-ichor_${version}_checksums.txt")
 
-"$tools/render" -template krew.yaml -tag "$version" -assets "$dist" -out "$dist/ichor.yaml"
+"$tools/render" -template krew.yaml -tag "$version" -assets "$dist" -out "$dist/ichor.yaml" "${only[@]}"
 # Structural validation only: its install step would download the URIs. The
 # archives are installed with krew by make test (e2e/dist_test.go).
 if ! out=$("$tools/validate-krew-manifest" -manifest "$dist/ichor.yaml" -skip-install 2>&1); then

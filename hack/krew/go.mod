@@ -7,6 +7,8 @@ tool (
 	sigs.k8s.io/krew/cmd/validate-krew-manifest
 )
 
+require sigs.k8s.io/yaml v1.2.0
+
 require (
 	github.com/fatih/color v1.12.0 // indirect
 	github.com/go-logr/logr v0.4.0 // indirect
@@ -33,5 +35,4 @@ require (
 	k8s.io/klog/v2 v2.8.0 // indirect
 	sigs.k8s.io/krew v0.4.3 // indirect
 	sigs.k8s.io/structured-merge-diff/v4 v4.1.2 // indirect
-	sigs.k8s.io/yaml v1.2.0 // indirect
 )

@@ -5,6 +5,10 @@
 // of the same file name in -assets, instead of a download of its URI.
 //
 //	render -template krew.yaml -tag v0.1.0 -assets _output/dist -out _output/dist/ichor.yaml
+//
+// With -platforms os/arch,... the manifest keeps only those platforms, for a
+// build of fewer archives than a release (make test builds this machine's
+// only); a release renders every platform of the template.
 package main
 
 import (
@@ -21,6 +25,8 @@ import (
 	"regexp"
 	"strings"
 	"text/template"
+
+	"sigs.k8s.io/yaml"
 )
 
 func main() {
@@ -36,6 +42,7 @@ func run(args []string, out io.Writer) error {
 	tag := fs.String("tag", "", "the release tag, e.g. v0.1.0")
 	assets := fs.String("assets", "", "the directory holding the release archives")
 	dst := fs.String("out", "", "the rendered manifest (its file name must be <plugin>.yaml)")
+	only := fs.String("platforms", "", "keep only these platforms, os/arch separated by commas or spaces (default: every platform of the template)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -43,10 +50,18 @@ func run(args []string, out io.Writer) error {
 		return fmt.Errorf("-tag, -assets and -out are required")
 	}
 
-	r := renderer{assets: *assets}
+	r := renderer{assets: *assets, only: map[string]bool{}}
+	for _, p := range strings.FieldsFunc(*only, func(c rune) bool { return c == ',' || c == ' ' }) {
+		r.only[p] = true
+	}
 	b, err := r.render(*tmpl, values{TagName: *tag, PluginOwner: "ichor-dev", PluginRepo: "kubectl-ichor"})
 	if err != nil {
 		return err
+	}
+	if len(r.only) > 0 {
+		if b, err = keepPlatforms(b, r.only); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(*dst, b, 0o644); err != nil {
 		return err
@@ -71,7 +86,9 @@ type asset struct{ uri, sha256 string }
 
 type renderer struct {
 	assets string
-	used   []asset
+	// only, when not empty, is the platforms (os/arch) to keep.
+	only map[string]bool
+	used []asset
 }
 
 func (r *renderer) render(file string, v values) ([]byte, error) {
@@ -107,6 +124,10 @@ func (r *renderer) addURIAndSha(uri, tag string) (string, error) {
 		return "", fmt.Errorf("uri %q: %w", buf.String(), err)
 	}
 	file := filepath.Join(r.assets, path.Base(u.Path))
+	if len(r.only) > 0 && !r.only[platformOf(path.Base(u.Path))] {
+		// Dropped by keepPlatforms: no archive needed.
+		return fmt.Sprintf("uri: %s\n    sha256: %s", buf.String(), strings.Repeat("0", 64)), nil
+	}
 	sum, err := sha256File(file)
 	if err != nil {
 		return "", fmt.Errorf("uri %s: no local archive (run hack/dist.sh): %w", buf.String(), err)
@@ -114,6 +135,47 @@ func (r *renderer) addURIAndSha(uri, tag string) (string, error) {
 	r.used = append(r.used, asset{uri: buf.String(), sha256: sum})
 
 	return fmt.Sprintf("uri: %s\n    sha256: %s", buf.String(), sum), nil
+}
+
+// platformOf is the os/arch of an archive named
+// kubectl-ichor_<version>_<os>_<arch>.<ext>, as hack/dist.sh names them.
+func platformOf(archive string) string {
+	name := strings.TrimSuffix(strings.TrimSuffix(archive, ".tar.gz"), ".zip")
+	parts := strings.Split(name, "_")
+	if len(parts) < 2 {
+		return ""
+	}
+
+	return parts[len(parts)-2] + "/" + parts[len(parts)-1]
+}
+
+// keepPlatforms returns the manifest with only the platforms whose selector
+// matches an os/arch of only; it fails when one of only is not there.
+func keepPlatforms(manifest []byte, only map[string]bool) ([]byte, error) {
+	var m map[string]any
+	if err := yaml.Unmarshal(manifest, &m); err != nil {
+		return nil, fmt.Errorf("rendered manifest: %w", err)
+	}
+	spec, _ := m["spec"].(map[string]any)
+	platforms, _ := spec["platforms"].([]any)
+	var kept []any
+	found := map[string]bool{}
+	for _, p := range platforms {
+		labels, _ := p.(map[string]any)["selector"].(map[string]any)["matchLabels"].(map[string]any)
+		key := fmt.Sprintf("%v/%v", labels["os"], labels["arch"])
+		if only[key] {
+			kept = append(kept, p)
+			found[key] = true
+		}
+	}
+	for p := range only {
+		if !found[p] {
+			return nil, fmt.Errorf("-platforms %s: the template has no such platform", p)
+		}
+	}
+	spec["platforms"] = kept
+
+	return yaml.Marshal(m)
 }
 
 func sha256File(name string) (string, error) {
