@@ -121,6 +121,8 @@ type krewManifest struct {
 // the platform), and on this machine's platform through `kubectl krew`, then
 // runs `kubectl ichor version` found by kubectl's plugin discovery.
 func TestDistKrewInstall(t *testing.T) {
+	t.Parallel()
+
 	dist := distArtifact(t, "ICHOR_DIST", "_output/dist", "make dist")
 	tools := distArtifact(t, "ICHOR_TOOLS", "_output/tools", "make dist")
 	kubectl := filepath.Join(env(t, "ICHOR_CLUSTER_BINS"), "kubectl")
@@ -349,6 +351,8 @@ func unmarshalJSON(t *testing.T, what string, b []byte, v any) {
 // version and carries the image's own reference as its default image. Where
 // a Docker engine runs, the image is loaded and run there too.
 func TestImageTarball(t *testing.T) {
+	t.Parallel()
+
 	tarball := distArtifact(t, "ICHOR_IMAGE", "_output/image/kubectl-ichor.tar", "make image")
 	version := distVersion(t)
 	ref := imageRepository + ":" + version

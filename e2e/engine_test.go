@@ -28,6 +28,8 @@ var (
 // TestEngineMinorUpgrade drives the engine directly against a 3+2 cluster
 // from v1.35.4 to v1.36.3, with a Deployment behind a budget on the workers.
 func TestEngineMinorUpgrade(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", "v1.13.9")
 	addWorkload(t, c, 2)
 
@@ -55,6 +57,8 @@ func TestEngineMinorUpgrade(t *testing.T) {
 
 // TestEnginePatchUpgrade takes the same path for a patch.
 func TestEnginePatchUpgrade(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.36.1", "--talos", "v1.13.9")
 
 	tc := openTalos(t, c)
@@ -73,6 +77,8 @@ func TestEnginePatchUpgrade(t *testing.T) {
 // stage with a worker cordoned and draining); each time a fresh engine
 // carries on, and no node is ever given the same config twice.
 func TestEngineResumes(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", "v1.13.9")
 	addWorkload(t, c, 2)
 
@@ -124,6 +130,8 @@ func TestEngineResumes(t *testing.T) {
 // gets Ready on cp-2 pauses the next run there, with a message naming it,
 // and nothing moves further.
 func TestEngineFaults(t *testing.T) {
+	t.Parallel()
+
 	// Written once the cluster is up: a neverReady fault holds from a
 	// component's first start, which would keep the cluster from being Ready.
 	faults := filepath.Join(t.TempDir(), "faults.yaml")

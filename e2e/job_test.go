@@ -213,6 +213,8 @@ func withLast(list []string, node string) []string {
 // group, its drain evicts the runner, and a new pod finishes the upgrade from the state
 // ConfigMap.
 func TestJobUpgrade(t *testing.T) {
+	t.Parallel()
+
 	c := startJobCluster(t)
 	addWorkload(t, c, 2)
 
@@ -350,6 +352,8 @@ func TestJobUpgrade(t *testing.T) {
 // Kubelets stage (no node left cordoned, the lock released, the state kept), then lets a
 // new upgrade take a lock whose holder is gone and finish.
 func TestJobLockAbortAndTakeOver(t *testing.T) {
+	t.Parallel()
+
 	c := startJobCluster(t)
 	addWorkload(t, c, 2)
 
@@ -497,6 +501,8 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 // TestJobPauseAndResume: an apply that blocks on cp-2 pauses the operation (the Job
 // fails at once, no retry) with what to do; once the fault is cleared, resume finishes.
 func TestJobPauseAndResume(t *testing.T) {
+	t.Parallel()
+
 	faults := filepath.Join(t.TempDir(), "faults.yaml")
 	require.NoError(t, os.WriteFile(faults, nil, 0o644))
 
@@ -565,6 +571,8 @@ func TestJobPauseAndResume(t *testing.T) {
 // half of them in the Kubelets stage (each time the operator resumes once it is gone);
 // the upgrade still completes, with the invariant intact and no node left cordoned.
 func TestJobRunnerKilled(t *testing.T) {
+	t.Parallel()
+
 	// Slower restarts than the default, so that twenty kills fit in the
 	// upgrade however quick the runner gets.
 	c := startJobCluster(t, "--kubelet-restart", "6s", "--static-pod-restart", "4s")
@@ -720,6 +728,8 @@ func lastNode(op *job.Operation) string {
 // --talos-credentials=local the Job runs on a copy of the operator's talosconfig,
 // which is deleted once the operation succeeded.
 func TestJobLocalCredentials(t *testing.T) {
+	t.Parallel()
+
 	c := startJobCluster(t, "--talos-api-access=false")
 	ctx := context.Background()
 

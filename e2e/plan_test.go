@@ -46,6 +46,8 @@ const (
 // cluster (private registry, a node left behind) come last and stay changed;
 // the others leave it as they found it.
 func TestPlan(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", planFrom, "--talos", planTalos)
 	ctx := context.Background()
 	cps := []string{"cp-1", "cp-2", "cp-3"}
@@ -391,6 +393,8 @@ func TestPlan(t *testing.T) {
 // TestPlanTalos plans a Talos OS upgrade of a cluster started at Talos
 // v1.12.4: the installer per node, its repository kept.
 func TestPlanTalos(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "1", "--workers", "2", "--kubernetes", planFrom, "--talos", planOldTal)
 	ctx := context.Background()
 	tc, err := client.New(ctx, client.WithConfigFromFile(c.Talosconfig))
@@ -451,11 +455,11 @@ func TestPlanTalos(t *testing.T) {
 	})
 
 	t.Run("a Talos minor this build does not know is refused", func(t *testing.T) {
-		r := c.plugin(t, "plan", "talos", "--to", "v1.14.0")
+		r := c.plugin(t, "plan", "talos", "--to", "v1.15.0")
 		r.requireExit(t, 2)
 		checks := tableChecks(r.stdout)
 		require.Equal(t, api.ResultRefused, checks["upgrade path"].result)
-		require.Contains(t, checks["upgrade path"].detail, "Talos 1.14 is newer than this build knows (Talos up to 1.13)")
+		require.Contains(t, checks["upgrade path"].detail, "Talos 1.15 is newer than this build knows (Talos up to 1.14)")
 	})
 
 	t.Run("kubernetes beyond what Talos v1.12 supports is refused", func(t *testing.T) {

@@ -29,6 +29,8 @@ import (
 // TestSimulatorFaults checks every fault the simulator injects, switched on
 // and off while the cluster runs, and a Talos upgrade with its reboot.
 func TestSimulatorFaults(t *testing.T) {
+	t.Parallel()
+
 	faultsFile := filepath.Join(t.TempDir(), "faults.yaml")
 	c := startCluster(t, "--control-planes", "1", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", "v1.12.4", "--faults", faultsFile)
 	setFaults := func(doc string) {

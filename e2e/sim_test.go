@@ -43,6 +43,8 @@ import (
 // a static pod, a kubelet restart, and a pod run as a process with the
 // in-cluster Kubernetes and Talos credentials.
 func TestSimulatedCluster(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", "v1.13.9",
 		"--image", "ichor.test/podcheck="+buildPodcheck(t))
 	ctx := context.Background()
@@ -320,6 +322,8 @@ func TestSimulatedCluster(t *testing.T) {
 // TestSimulatorBadFlags checks that ichor-sim refuses bad input with one
 // clear line and a non-zero exit.
 func TestSimulatorBadFlags(t *testing.T) {
+	t.Parallel()
+
 	sim := env(t, "ICHOR_SIM")
 	for _, tc := range []struct {
 		name string
@@ -344,6 +348,8 @@ func TestSimulatorBadFlags(t *testing.T) {
 // TestTwoClustersAtOnce checks that clusters in different directories run
 // side by side on their own addresses.
 func TestTwoClustersAtOnce(t *testing.T) {
+	t.Parallel()
+
 	a := startCluster(t, "--control-planes", "1", "--workers", "0")
 	b := startCluster(t, "--control-planes", "1", "--workers", "1")
 	require.NotEqual(t, a.Info.APIServer, b.Info.APIServer)

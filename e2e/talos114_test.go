@@ -34,6 +34,8 @@ const (
 // Every image is changed where its node keeps it: the final configs differ
 // from the originals only in image tags, in the same layout.
 func TestTalos114Kubernetes137(t *testing.T) {
+	t.Parallel()
+
 	for _, tc := range []struct {
 		layout string
 		want   map[string]string // node -> plan's configLayout

@@ -205,6 +205,8 @@ func requireOneRebootAtATime(t *testing.T, evs []events.Event, order []string) {
 // from Talos v1.12.4 to v1.13.9 (Kubernetes v1.35.4, which both support),
 // with a Deployment behind a budget on the workers.
 func TestTalosEngineUpgrade(t *testing.T) {
+	t.Parallel()
+
 	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", talosFrom)
 	addWorkload(t, c, 2)
 
@@ -253,6 +255,8 @@ func TestTalosEngineUpgrade(t *testing.T) {
 // tries worker-1 again, then worker-2 never comes back and the run pauses
 // after a short RebootTimeout; once it boots, a resume finishes.
 func TestTalosEngineFaults(t *testing.T) {
+	t.Parallel()
+
 	faults := filepath.Join(t.TempDir(), "faults.yaml")
 	setFaults := func(doc string) {
 		t.Helper()
@@ -330,6 +334,8 @@ func TestTalosEngineFaults(t *testing.T) {
 // again. The node the first runner ran on is upgraded in its turn (its drain evicts the
 // runner; a pod elsewhere finishes). Control planes go first, one node at a time.
 func TestTalosJobUpgrade(t *testing.T) {
+	t.Parallel()
+
 	faults := filepath.Join(t.TempDir(), "faults.yaml")
 	require.NoError(t, os.WriteFile(faults, nil, 0o644))
 
