@@ -6,17 +6,17 @@ set -o errexit -o nounset -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/_output/bin
 dir=${ICHOR_DEMO_DIR:-$root/_output/demo}
-from=${ICHOR_DEMO_FROM:-v1.35.4}
-to=${ICHOR_DEMO_TO:-v1.36.3}
+from=${ICHOR_DEMO_FROM:-v1.36.3}
+to=${ICHOR_DEMO_TO:-v1.37.2}
 
 cleanup() { "$bin/ichor-sim" down --dir "$dir" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
-step "Starting a local Talos cluster (3 control planes, 2 workers, Kubernetes $from)"
+step "Starting a local Talos cluster (3 control planes, 2 workers, Talos ${ICHOR_DEMO_TALOS:-v1.14.1}, Kubernetes $from)"
 "$bin/ichor-sim" down --dir "$dir" >/dev/null 2>&1 || true
-"$bin/ichor-sim" up --dir "$dir" --control-planes 3 --workers 2 --kubernetes "$from" --talos v1.13.9 \
+"$bin/ichor-sim" up --dir "$dir" --control-planes 3 --workers 2 --kubernetes "$from" --talos "${ICHOR_DEMO_TALOS:-v1.14.1}" \
   --image "ghcr.io/ichor-dev/kubectl-ichor=$root/_output/image/rootfs"
 export KUBECONFIG=$dir/kubeconfig TALOSCONFIG=$dir/talosconfig
 kubectl=$root/_output/cluster-bins/kubectl
