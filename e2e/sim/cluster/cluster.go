@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
+
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/kubelet"
@@ -105,6 +107,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		}
 	}()
 	drainer := &talosDrainer{client: cp.client, log: log}
+	discovery := machine.NewDiscovery()
 	for _, spec := range g.machines {
 		m, err := machine.New(machine.Options{
 			Name:               spec.Name,
@@ -117,6 +120,8 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			Faults:             fs,
 			RebootDelay:        opts.Latency.Reboot,
 			PullLatency:        opts.Latency.ImagePull,
+			KubeletRestart:     opts.Latency.KubeletRestart,
+			Discovery:          discovery,
 			StaticPodApplyWait: opts.Latency.StaticPodRestart,
 			BeforeReboot:       drainer.beforeReboot(spec.Name),
 			Log:                log,
@@ -161,7 +166,6 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		Log:              log,
 		StaticPodRestart: opts.Latency.StaticPodRestart,
 		Ready:            opts.Latency.Ready,
-		KubeletRestart:   opts.Latency.KubeletRestart,
 		PodStart:         opts.Latency.PodStart,
 		Images:           opts.Images,
 		PodDir:           filepath.Join(opts.Dir, "pods"),
@@ -250,16 +254,31 @@ func (a machineAdapter) Changes() (<-chan struct{}, func()) {
 func (a machineAdapter) Current() kubelet.MachineState {
 	st := a.m.State()
 	out := kubelet.MachineState{
-		Up:           st.Up,
-		TalosVersion: st.TalosVersion,
-		BootID:       st.BootID,
-		KubeletImage: st.KubeletImage,
-		StaticPods:   map[string]kubelet.StaticPod{},
+		Up:             st.Up,
+		TalosVersion:   st.TalosVersion,
+		BootID:         st.BootID,
+		KubeletImage:   st.KubeletImage,
+		KubeletRunning: st.KubeletRunning,
+		StaticPods:     map[string]kubelet.StaticPod{},
 	}
 	for k, v := range st.StaticPods {
 		out.StaticPods[k] = kubelet.StaticPod{Image: v.Image, ConfigVersion: v.ConfigVersion}
 	}
 	return out
+}
+
+// Observe shows the machine its kubelet's pod statuses as JSON objects, the
+// form Talos keeps them in.
+func (a machineAdapter) Observe(o kubelet.Observed) {
+	v := machine.KubeletView{NodeReady: o.NodeReady, StaticPods: map[string]map[string]any{}}
+	for id, st := range o.StaticPods {
+		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+		if err != nil {
+			continue
+		}
+		v.StaticPods[id] = obj
+	}
+	a.m.ObserveKubelet(v)
 }
 
 func controlPlaneIPs(machines []*machine.Machine) []string {

@@ -34,7 +34,19 @@ type MachineState struct {
 	TalosVersion string
 	BootID       string
 	KubeletImage string
-	StaticPods   map[string]StaticPod
+	// KubeletRunning tells whether Talos runs the kubelet service: the
+	// kubelet works only then (the service restarts for a new spec).
+	KubeletRunning bool
+	StaticPods     map[string]StaticPod
+}
+
+// Observed is what Talos reads from its kubelet and the Node: the Node's
+// Ready condition (Talos watches the Node) and the static pods the kubelet
+// runs with their statuses, by "namespace/name" (Talos polls the kubelet's
+// pod list).
+type Observed struct {
+	NodeReady  bool
+	StaticPods map[string]corev1.PodStatus
 }
 
 // Machine is the simulated Talos machine a kubelet runs on.
@@ -45,6 +57,8 @@ type Machine interface {
 	Current() MachineState
 	// Changes notifies (coalesced) whenever Current may have changed.
 	Changes() (<-chan struct{}, func())
+	// Observe tells the machine what its kubelet shows now.
+	Observe(Observed)
 }
 
 // Options configure the kubelets.
@@ -57,7 +71,6 @@ type Options struct {
 
 	StaticPodRestart time.Duration
 	Ready            time.Duration
-	KubeletRestart   time.Duration
 	PodStart         time.Duration
 
 	// Images maps an image repository to the directory standing for its

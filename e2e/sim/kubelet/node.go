@@ -35,6 +35,7 @@ type node struct {
 	bootID         string
 	kubeletVersion string
 	kubeletImage   string
+	kubeletOn      bool // the kubelet runs: the machine's kubelet service is up
 	ready          bool
 	staticPods     map[string]*staticPod
 	// initialStaticPods are the specs first seen, kept across reboots.
@@ -44,13 +45,22 @@ type node struct {
 	// running is whether the machine is up, read by pod runners.
 	running atomic.Bool
 
+	// What the node shows its machine (see Machine.Observe), written by run
+	// (Ready) and by the static pods (their statuses).
+	obsMu    sync.Mutex
+	obsReady bool
+	obsPods  map[string]corev1.PodStatus
+
 	ipMu   sync.Mutex
 	podIPs map[string]string
 	nextIP int
 }
 
 func newNode(k *Kubelets, m Machine) *node {
-	return &node{k: k, m: m, name: m.Name(), staticPods: map[string]*staticPod{}, initialStaticPods: map[string]StaticPod{}, podIPs: map[string]string{}}
+	return &node{
+		k: k, m: m, name: m.Name(), staticPods: map[string]*staticPod{}, initialStaticPods: map[string]StaticPod{},
+		podIPs: map[string]string{}, obsPods: map[string]corev1.PodStatus{},
+	}
 }
 
 func (n *node) log() func(msg string, args ...any) {
@@ -86,7 +96,7 @@ func (n *node) register(ctx context.Context) error {
 // writeStatus writes the Node's status: addresses, node info and the Ready
 // condition.
 func (n *node) writeStatus(ctx context.Context, st MachineState, ready bool, reason, message string) error {
-	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		obj, err := n.k.opts.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -135,6 +145,38 @@ func (n *node) writeStatus(ctx context.Context, st MachineState, ready bool, rea
 		_, err = n.k.opts.Client.CoreV1().Nodes().UpdateStatus(ctx, obj, metav1.UpdateOptions{})
 		return err
 	})
+	if err == nil {
+		n.obsMu.Lock()
+		n.obsReady = ready
+		n.obsMu.Unlock()
+		n.report()
+	}
+	return err
+}
+
+// report shows the machine the Node's Ready condition and the static pods'
+// statuses, as Talos reads them.
+func (n *node) report() {
+	n.obsMu.Lock()
+	o := Observed{NodeReady: n.obsReady, StaticPods: make(map[string]corev1.PodStatus, len(n.obsPods))}
+	for k, v := range n.obsPods {
+		o.StaticPods[k] = *v.DeepCopy()
+	}
+	n.obsMu.Unlock()
+	n.m.Observe(o)
+}
+
+// setPodStatus records a static pod's status as the kubelet's pod list
+// shows it (nil: the pod is gone) and reports it.
+func (n *node) setPodStatus(name string, st *corev1.PodStatus) {
+	n.obsMu.Lock()
+	if st == nil {
+		delete(n.obsPods, metav1.NamespaceSystem+"/"+name)
+	} else {
+		n.obsPods[metav1.NamespaceSystem+"/"+name] = *st.DeepCopy()
+	}
+	n.obsMu.Unlock()
+	n.report()
 }
 
 func hasCondition(conds []corev1.NodeCondition, t corev1.NodeConditionType) bool {
@@ -191,22 +233,28 @@ func (n *node) sync(ctx context.Context) {
 		return
 	}
 	if !n.up || n.bootID != st.BootID {
-		// A (re)boot: the kubelet starts on the machine's kubelet image.
-		n.up, n.bootID = true, st.BootID
-		n.kubeletImage = st.KubeletImage
-		n.kubeletVersion = VersionOf(st.KubeletImage)
-		n.k.opts.Events.Start(n.name, events.Kubelet, n.kubeletVersion)
+		// A (re)boot: pods may run again; the kubelet starts with its service.
+		n.up, n.bootID, n.kubeletOn = true, st.BootID, false
 		n.setUp(true)
-		n.becomeReady(ctx, st)
-	} else if st.KubeletImage != n.kubeletImage {
-		logf("kubelet image changed: restarting kubelet", "image", st.KubeletImage)
-		n.ready = false
-		if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "kubelet is restarting"); err != nil {
-			logf("write status", "err", err)
+	}
+	if !st.KubeletRunning {
+		// Talos stopped the kubelet (to restart it on a new spec): the node
+		// goes NotReady and nothing of the kubelet's work happens (no lease,
+		// no static pod change) until its service runs again. Containers
+		// keep running.
+		if n.kubeletOn {
+			logf("kubelet stopped: node NotReady")
+			n.kubeletOn, n.ready = false, false
+			if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "kubelet is restarting"); err != nil {
+				logf("write status", "err", err)
+			}
 		}
-		if !sleep(ctx, n.k.opts.KubeletRestart) {
-			return
-		}
+		return
+	}
+	if !n.kubeletOn || st.KubeletImage != n.kubeletImage {
+		// The kubelet service (re)started: the kubelet runs the machine's
+		// kubelet image.
+		n.kubeletOn = true
 		n.kubeletImage = st.KubeletImage
 		n.kubeletVersion = VersionOf(st.KubeletImage)
 		n.k.opts.Events.Start(n.name, events.Kubelet, n.kubeletVersion)

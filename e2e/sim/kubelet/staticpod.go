@@ -52,6 +52,7 @@ func (sp *staticPod) want(w StaticPod) {
 func (sp *staticPod) stop() {
 	sp.cancel()
 	<-sp.done
+	sp.n.setPodStatus(sp.name(), nil)
 }
 
 func (sp *staticPod) name() string { return sp.component + "-" + sp.n.name }
@@ -174,6 +175,7 @@ func (sp *staticPod) setStatus(ctx context.Context, w StaticPod, started, ready 
 		return err
 	}
 	pod.Status = runningStatus(pod, sp.n.m.IP().String(), sp.n.m.IP().String(), started, ready)
+	sp.n.setPodStatus(sp.name(), &pod.Status)
 	_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 	return err
 }

@@ -179,8 +179,7 @@ func (m *Machine) ApplyConfiguration(ctx context.Context, req *machineapi.ApplyC
 // COSI resources and bumps ConfigVersion if anything changed. The caller
 // holds opMu.
 func (m *Machine) setActiveConfig(ctx context.Context, cfg config.Provider) error {
-	old := m.State()
-	same, err := sameConfig(old.Config, cfg)
+	same, err := sameConfig(m.State().Config, cfg)
 	if err != nil {
 		return err
 	}
@@ -191,6 +190,7 @@ func (m *Machine) setActiveConfig(ctx context.Context, cfg config.Provider) erro
 	if same {
 		return m.putMachineConfig(ctx, configres.PersistentID, cfg)
 	}
+	kubeletSpec := m.kubeletSpecVersion(ctx)
 	if err := m.syncConfig(ctx, cfg, cfg); err != nil {
 		return err
 	}
@@ -198,8 +198,10 @@ func (m *Machine) setActiveConfig(ctx context.Context, cfg config.Provider) erro
 	m.st.Config = cfg
 	m.st.ConfigVersion++
 	m.mu.Unlock()
-	if m.State().KubeletImage != old.KubeletImage && m.isUp() {
-		m.restartKubelet()
+	if m.kubeletSpecVersion(ctx) != kubeletSpec && m.isUp() {
+		// Talos' KubeletServiceController restarts the kubelet on any
+		// change of its KubeletSpec.
+		m.restartService("kubelet", m.opts.KubeletRestart)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -208,41 +209,19 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 	}
 }
 
-// goDown takes the machine down: API, kubelet and static pods stop.
+// goDown takes the machine down as Talos' reboot sequence does: the stage
+// rebooting, the services stopped (their resources destroyed), then the API,
+// kubelet and static pods gone.
 func (m *Machine) goDown(ctx context.Context) error {
-	m.mu.Lock()
-	m.st.Up = false
-	m.mu.Unlock()
+	m.setStage(ctx, runtime.MachineStageRebooting)
 	m.log.Info("rebooting")
-	m.notify()
-	if err := m.setKubeletService(ctx, false); err != nil {
+	if err := m.stopServices(ctx); err != nil {
 		return err
 	}
-	return m.setMachineStage(ctx, false)
-}
-
-// restartKubelet reports the kubelet Service down, then up again after
-// kubeletRestartDelay, as a kubelet restart for a new spec does.
-func (m *Machine) restartKubelet() {
-	bootID := m.State().BootID
-	if err := m.setKubeletService(m.ctx, false); err != nil {
-		m.log.Error("kubelet service", "err", err)
-	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		select {
-		case <-time.After(kubeletRestartDelay):
-		case <-m.ctx.Done():
-			return
-		}
-		m.opMu.Lock()
-		defer m.opMu.Unlock()
-		if s := m.State(); !s.Up || s.BootID != bootID {
-			return
-		}
-		if err := m.setKubeletService(m.ctx, true); err != nil {
-			m.log.Error("kubelet service", "err", err)
-		}
-	}()
+	m.mu.Lock()
+	m.st.Up = false
+	m.kubelet = KubeletView{}
+	m.mu.Unlock()
+	m.notify()
+	return nil
 }

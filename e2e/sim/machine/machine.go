@@ -11,11 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
-	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
-	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -27,10 +27,9 @@ import (
 const (
 	DefaultRebootDelay = 3 * time.Second
 	DefaultPullLatency = 200 * time.Millisecond
-
-	// kubeletRestartDelay is how long the kubelet Service reports not running
-	// after its spec changed (the kubelet restarts to take a new image).
-	kubeletRestartDelay = 500 * time.Millisecond
+	// DefaultKubeletRestart is how long the kubelet service is down when it
+	// restarts for a new spec.
+	DefaultKubeletRestart = 500 * time.Millisecond
 	// faultPollInterval is how often a machine that never boots re-reads its
 	// faults to see whether the fault was cleared.
 	faultPollInterval = 200 * time.Millisecond
@@ -64,6 +63,18 @@ type Options struct {
 	RebootDelay time.Duration
 	// PullLatency is how long an image pull takes (default 200ms).
 	PullLatency time.Duration
+	// KubeletRestart is how long the kubelet service stays down when Talos
+	// restarts it for a new KubeletSpec (default 500ms).
+	KubeletRestart time.Duration
+	// HealthCheckDelay, when set, replaces the initial delay of every
+	// service's first health check (Talos: 1s, the kubelet 2s, etcd 5s).
+	HealthCheckDelay time.Duration
+	// StaticPodStatusInterval is how often the StaticPodStatus resources
+	// are refreshed from the kubelet's view (default 15s, as Talos).
+	StaticPodStatusInterval time.Duration
+	// Discovery is the cluster's discovery service, shared by its machines
+	// (nil: none, the machine has no Member resources).
+	Discovery *Discovery
 	// StaticPodApplyWait is how long a NO_REBOOT apply that changes a
 	// control-plane static pod blocks before it returns, as Talos does while
 	// it restarts the pod (0: it returns at once).
@@ -94,6 +105,9 @@ type State struct {
 	BootID string
 	// Up is false while the machine reboots (API, kubelet and static pods down).
 	Up bool
+	// KubeletRunning tells whether the kubelet service runs (false while it
+	// restarts and while the machine is down).
+	KubeletRunning bool
 	// Config is the active machine config.
 	Config config.Provider
 	// ConfigVersion starts at 1 and is incremented by every change of the
@@ -122,7 +136,17 @@ type State struct {
 type Machine struct {
 	opts Options
 	log  *slog.Logger
-	cosi state.State
+	// cosi is the COSI state of the current boot (see bootState).
+	cosi   state.State
+	states *bootState
+	nodeID string // the node's identity, kept across reboots
+
+	// svcMu guards services and orders their resource writes; statusMu
+	// orders the MachineStatus writes, memberMu the Member writes.
+	svcMu    sync.Mutex
+	services map[string]*serviceRunner
+	statusMu sync.Mutex
+	memberMu sync.Mutex
 
 	// opMu serialises config changes and boot transitions.
 	opMu sync.Mutex
@@ -134,6 +158,8 @@ type Machine struct {
 	unreachableUntil time.Time
 	subs             map[uint64]chan struct{}
 	nextSub          uint64
+	stage            runtime.MachineStage
+	kubelet          KubeletView // what the kubelet last showed
 
 	ctx    context.Context //nolint:containedctx // lifetime of background work
 	cancel context.CancelFunc
@@ -158,6 +184,12 @@ func New(opts Options) (*Machine, error) {
 	if opts.PullLatency == 0 {
 		opts.PullLatency = DefaultPullLatency
 	}
+	if opts.KubeletRestart == 0 {
+		opts.KubeletRestart = DefaultKubeletRestart
+	}
+	if opts.StaticPodStatusInterval == 0 {
+		opts.StaticPodStatusInterval = DefaultStaticPodStatusInterval
+	}
 	logger := opts.Log
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -174,10 +206,14 @@ func New(opts Options) (*Machine, error) {
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
+	states := &bootState{}
 	m := &Machine{
 		opts:       opts,
 		log:        logger.With("node", opts.Name),
-		cosi:       state.WrapCore(namespaced.NewState(inmem.Build)),
+		cosi:       state.WrapCore(states),
+		states:     states,
+		nodeID:     newNodeID(),
+		services:   newServices(opts.ControlPlane),
 		persistent: cfg,
 		subs:       map[uint64]chan struct{}{},
 		ctx:        ctx,
@@ -189,14 +225,16 @@ func New(opts Options) (*Machine, error) {
 			StaticPods:    map[string]StaticPod{},
 		},
 	}
-	if err := m.syncConfig(ctx, cfg, cfg); err != nil {
-		cancel()
-		return nil, fmt.Errorf("machine %s: render resources: %w", opts.Name, err)
-	}
+	opts.Discovery.join(m)
 	if err := m.boot(ctx); err != nil {
 		cancel()
 		return nil, fmt.Errorf("machine %s: boot: %w", opts.Name, err)
 	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.refreshStaticPodStatuses()
+	}()
 	return m, nil
 }
 
@@ -216,8 +254,11 @@ func (m *Machine) IP() netip.Addr { return m.opts.IP }
 // ControlPlane tells whether the machine is a control-plane node.
 func (m *Machine) ControlPlane() bool { return m.opts.ControlPlane }
 
-// COSI is the in-memory COSI state holding the machine's Talos resources.
-// Readers may Get/List/Watch it directly; only the machine writes it.
+// COSI is the in-memory COSI state holding the machine's Talos resources,
+// those of its current boot: like machined, the machine starts every boot
+// from an empty state (registered namespaces and resource definitions
+// only) and renders its resources anew, their versions from 1. Readers may
+// Get/List/Watch it directly; only the machine writes it.
 func (m *Machine) COSI() state.State { return m.cosi }
 
 // AdminKubeconfig is the kubeconfig the Kubeconfig call returns.
@@ -289,24 +330,58 @@ func (m *Machine) isUp() bool {
 	return m.st.Up
 }
 
-// boot brings the machine up with a new boot ID and records the start of
-// Talos at the running version.
+// boot brings the machine up with a new boot ID, as Talos boots: an empty
+// COSI state for the running version, the stage booting, the resources
+// rendered from the active config, the services started; then the API
+// answers, the machine publishes itself to the discovery service and its
+// stage is running (ready once its readiness checks pass). It records the
+// start of Talos at the running version.
 func (m *Machine) boot(ctx context.Context) error {
 	m.mu.Lock()
-	m.st.Up = true
+	version, active, persistent := m.st.TalosVersion, m.st.Config, m.persistent
 	m.st.BootID = newUUID()
-	version := m.st.TalosVersion
+	m.kubelet = KubeletView{}
 	m.mu.Unlock()
-	if err := m.setKubeletService(ctx, true); err != nil {
+	st, err := newBootState(ctx, talosMinor(version))
+	if err != nil {
 		return err
 	}
-	if err := m.setMachineStage(ctx, true); err != nil {
+	m.states.set(st)
+	m.setStage(ctx, runtime.MachineStageBooting)
+	if err := safe.StateModify(ctx, m.cosi, runtime.NewVersion(), func(r *runtime.Version) error {
+		r.TypedSpec().Name = "Talos"
+		r.TypedSpec().Version = version
+		return nil
+	}); err != nil {
+		return fmt.Errorf("version: %w", err)
+	}
+	if err := m.syncConfig(ctx, active, persistent); err != nil {
+		return fmt.Errorf("render resources: %w", err)
+	}
+	if err := m.startServices(ctx); err != nil {
 		return err
 	}
+	m.mu.Lock()
+	m.st.Up = true
+	m.mu.Unlock()
+	if err := m.publishAffiliate(ctx); err != nil {
+		return err
+	}
+	m.refreshMembers(ctx)
+	m.setStage(ctx, runtime.MachineStageRunning)
 	m.opts.Events.Start(m.opts.Name, events.Talos, version)
 	m.log.Info("booted", "version", version)
 	m.notify()
 	return nil
+}
+
+// talosMinor returns the minor of a Talos version ("v1.13.9": 13).
+func talosMinor(version string) int {
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "v%d.%d", &major, &minor); err != nil || major != 1 {
+		return 0
+	}
+	return minor
 }
 
 // Version returns the running Talos version (Unavailable while down).

@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,9 +14,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/etcd"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
-	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
-	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
 )
 
 // putMachineConfig writes the MachineConfig resource id (config.ActiveID or
@@ -68,6 +68,12 @@ func (m *Machine) syncConfig(ctx context.Context, active, persistent config.Prov
 
 	pods := map[string]StaticPod{}
 	if m.opts.ControlPlane {
+		if err := safe.StateModify(ctx, m.cosi, etcd.NewMember(etcd.NamespaceName, etcd.LocalMemberID), func(r *etcd.Member) error {
+			r.TypedSpec().MemberID = fmt.Sprintf("%016x", EtcdMemberID(m.opts.Name))
+			return nil
+		}); err != nil {
+			return fmt.Errorf("etcd member: %w", err)
+		}
 		var err error
 		if pods, err = m.syncControlPlane(ctx, active); err != nil {
 			return err
@@ -286,31 +292,21 @@ func (m *Machine) syncManifests(ctx context.Context, cfg config.Config) error {
 	return nil
 }
 
-// setKubeletService reports the kubelet Service running and healthy, or down.
-func (m *Machine) setKubeletService(ctx context.Context, up bool) error {
-	if err := safe.StateModify(ctx, m.cosi, v1alpha1.NewService("kubelet"), func(r *v1alpha1.Service) error {
-		r.TypedSpec().Running = up
-		r.TypedSpec().Healthy = up
-		r.TypedSpec().Unknown = false
-		return nil
-	}); err != nil {
-		return fmt.Errorf("kubelet service: %w", err)
-	}
-	return nil
+// EtcdMemberID is the etcd member ID of a control plane, by its name: the
+// same in EtcdMemberList and in its EtcdMember resource (which Talos
+// writes as 16 hex digits).
+func EtcdMemberID(name string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return h.Sum64()
 }
 
-// setMachineStage reports the machine running and ready, or rebooting.
-func (m *Machine) setMachineStage(ctx context.Context, up bool) error {
-	if err := safe.StateModify(ctx, m.cosi, runtime.NewMachineStatus(), func(r *runtime.MachineStatus) error {
-		r.TypedSpec().Stage = runtime.MachineStageRebooting
-		r.TypedSpec().Status.Ready = false
-		if up {
-			r.TypedSpec().Stage = runtime.MachineStageRunning
-			r.TypedSpec().Status.Ready = true
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("machine status: %w", err)
+// kubeletSpecVersion returns the version of the KubeletSpec resource ("" if
+// there is none).
+func (m *Machine) kubeletSpecVersion(ctx context.Context) string {
+	r, err := safe.StateGetByID[*k8s.KubeletSpec](ctx, m.cosi, k8s.KubeletID)
+	if err != nil {
+		return ""
 	}
-	return nil
+	return r.Metadata().Version().String()
 }

@@ -3,9 +3,12 @@ package talosapi
 import (
 	"context"
 
+	"strings"
+
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/resource/meta"
-	"github.com/cosi-project/runtime/pkg/resource/protobuf"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/role"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,6 +29,10 @@ func rules() map[string]role.Set {
 		"/machine.MachineService/Kubeconfig":         role.MakeSet(role.Admin),
 		"/machine.MachineService/Read":               role.MakeSet(role.Admin),
 		"/machine.MachineService/Reboot":             role.MakeSet(role.Admin, role.Operator),
+		"/machine.MachineService/ServiceList":        read,
+		"/machine.MachineService/ServiceRestart":     role.MakeSet(role.Admin, role.Operator),
+		"/machine.MachineService/ServiceStart":       role.MakeSet(role.Admin, role.Operator),
+		"/machine.MachineService/ServiceStop":        role.MakeSet(role.Admin, role.Operator),
 		"/machine.MachineService/Upgrade":            role.MakeSet(role.Admin),
 		"/machine.MachineService/Version":            read,
 		"/machine.ImageService/Pull":                 role.MakeSet(role.Admin, role.Operator),
@@ -75,20 +82,38 @@ func (a authorizer) stream() grpc.StreamServerInterceptor {
 	}
 }
 
-// checkResourceAccess refuses reading a Sensitive resource type without
-// os:admin, as Talos' COSI API does.
-func checkResourceAccess(ctx context.Context, typ resource.Type) error {
-	r, err := protobuf.CreateResource(typ)
-	if err != nil {
-		return nil //nolint:nilerr // unknown types hold nothing; the state answers
-	}
-	rd, ok := r.(meta.ResourceDefinitionProvider)
-	if !ok || rd.ResourceDefinition().Sensitivity != meta.Sensitive {
+// accessPolicy is the rule Talos' COSI API puts in front of a node's
+// resources: no writes ("write access is not allowed"); a resource type
+// must be registered in the node's meta namespace ("resource type %q is not
+// supported") and so must the namespace ("namespace %q is not supported"),
+// all PermissionDenied; a Sensitive type (MachineConfig, APIServerConfig,
+// KubeletSpec, ...) is readable with os:admin only.
+func accessPolicy(st state.State) state.FilteringRule {
+	return func(ctx context.Context, access state.Access) error {
+		if !access.Verb.Readonly() {
+			return status.Error(codes.PermissionDenied, "write access is not allowed")
+		}
+		rd, err := safe.StateGet[*meta.ResourceDefinition](ctx, st,
+			resource.NewMetadata(meta.NamespaceName, meta.ResourceDefinitionType, strings.ToLower(access.ResourceType), resource.VersionUndefined))
+		if err != nil {
+			if state.IsNotFoundError(err) {
+				return status.Errorf(codes.PermissionDenied, "resource type %q is not supported", access.ResourceType)
+			}
+			return err
+		}
+		if rd.TypedSpec().Sensitivity == meta.Sensitive {
+			p, _ := peer.FromContext(ctx)
+			if !rolesFromContext(p).Includes(role.Admin) {
+				return errNotAuthorized
+			}
+		}
+		if _, err := safe.StateGet[*meta.Namespace](ctx, st,
+			resource.NewMetadata(meta.NamespaceName, meta.NamespaceType, access.ResourceNamespace, resource.VersionUndefined)); err != nil {
+			if state.IsNotFoundError(err) {
+				return status.Errorf(codes.PermissionDenied, "namespace %q is not supported", access.ResourceNamespace)
+			}
+			return err
+		}
 		return nil
 	}
-	p, _ := peer.FromContext(ctx)
-	if !rolesFromContext(p).Includes(role.Admin) {
-		return errNotAuthorized
-	}
-	return nil
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 )
 
-// routedState is a read-only COSI core state that serves each call from the
-// COSI state of the machine the call is routed to, after checking the
-// caller may read the resource type.
+// routedState is the COSI core state of one endpoint: it serves each call
+// from the COSI state of the machine the call is routed to, through Talos'
+// access policy (see accessPolicy), so writes are refused.
 type routedState struct {
 	s    *Server
 	self *machine.Machine
@@ -25,20 +25,18 @@ type routedState struct {
 
 var _ state.CoreState = (*routedState)(nil)
 
-func (r *routedState) target(ctx context.Context, typ resource.Type) (state.CoreState, error) {
+func (r *routedState) target(ctx context.Context) (state.CoreState, error) {
 	t, err := r.s.single(ctx, r.self)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkResourceAccess(ctx, typ); err != nil {
-		return nil, err
-	}
-	return t.m.COSI(), nil
+	st := t.m.COSI()
+	return state.Filter(st, accessPolicy(st)), nil
 }
 
 // Get implements state.CoreState.
 func (r *routedState) Get(ctx context.Context, ptr resource.Pointer, opts ...state.GetOption) (resource.Resource, error) {
-	st, err := r.target(ctx, ptr.Type())
+	st, err := r.target(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -47,31 +45,43 @@ func (r *routedState) Get(ctx context.Context, ptr resource.Pointer, opts ...sta
 
 // List implements state.CoreState.
 func (r *routedState) List(ctx context.Context, kind resource.Kind, opts ...state.ListOption) (resource.List, error) {
-	st, err := r.target(ctx, kind.Type())
+	st, err := r.target(ctx)
 	if err != nil {
 		return resource.List{}, err
 	}
 	return st.List(ctx, kind, opts...)
 }
 
-// Create implements state.CoreState: refused.
-func (r *routedState) Create(context.Context, resource.Resource, ...state.CreateOption) error {
-	return errNotAuthorized
+// Create implements state.CoreState.
+func (r *routedState) Create(ctx context.Context, res resource.Resource, opts ...state.CreateOption) error {
+	st, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	return st.Create(ctx, res, opts...)
 }
 
-// Update implements state.CoreState: refused.
-func (r *routedState) Update(context.Context, resource.Resource, ...state.UpdateOption) error {
-	return errNotAuthorized
+// Update implements state.CoreState.
+func (r *routedState) Update(ctx context.Context, res resource.Resource, opts ...state.UpdateOption) error {
+	st, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	return st.Update(ctx, res, opts...)
 }
 
-// Destroy implements state.CoreState: refused.
-func (r *routedState) Destroy(context.Context, resource.Pointer, ...state.DestroyOption) error {
-	return errNotAuthorized
+// Destroy implements state.CoreState.
+func (r *routedState) Destroy(ctx context.Context, ptr resource.Pointer, opts ...state.DestroyOption) error {
+	st, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	return st.Destroy(ctx, ptr, opts...)
 }
 
 // Watch implements state.CoreState.
 func (r *routedState) Watch(ctx context.Context, ptr resource.Pointer, ch chan<- state.Event, opts ...state.WatchOption) error {
-	st, err := r.target(ctx, ptr.Type())
+	st, err := r.target(ctx)
 	if err != nil {
 		return err
 	}
@@ -80,7 +90,7 @@ func (r *routedState) Watch(ctx context.Context, ptr resource.Pointer, ch chan<-
 
 // WatchKind implements state.CoreState.
 func (r *routedState) WatchKind(ctx context.Context, kind resource.Kind, ch chan<- state.Event, opts ...state.WatchKindOption) error {
-	st, err := r.target(ctx, kind.Type())
+	st, err := r.target(ctx)
 	if err != nil {
 		return err
 	}
@@ -89,7 +99,7 @@ func (r *routedState) WatchKind(ctx context.Context, kind resource.Kind, ch chan
 
 // WatchKindAggregated implements state.CoreState.
 func (r *routedState) WatchKindAggregated(ctx context.Context, kind resource.Kind, ch chan<- []state.Event, opts ...state.WatchKindOption) error {
-	st, err := r.target(ctx, kind.Type())
+	st, err := r.target(ctx)
 	if err != nil {
 		return err
 	}
