@@ -162,6 +162,30 @@ func (m *Machine) syncControlPlane(ctx context.Context, cfg config.Config) (map[
 		return nil, fmt.Errorf("SchedulerConfig: %w", err)
 	}
 
+	if talosMinor(m.State().TalosVersion) >= 14 {
+		// Talos 1.14 renders each static pod from a "final-" config resource
+		// that its controllers derive from the first (with the full
+		// arguments), and annotates the pod with that one's version, a
+		// counter of its own (here it moves with the first one).
+		if api, err = safe.StateModifyWithResult(ctx, m.cosi, k8s.NewAPIServerConfig(k8s.FinalAPIServerConfigID), func(r *k8s.APIServerConfig) error {
+			*r.TypedSpec() = *api.TypedSpec()
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("final APIServerConfig: %w", err)
+		}
+		if cm, err = safe.StateModifyWithResult(ctx, m.cosi, k8s.NewControllerManagerConfig(k8s.FinalControllerManagerConfigID), func(r *k8s.ControllerManagerConfig) error {
+			*r.TypedSpec() = *cm.TypedSpec()
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("final ControllerManagerConfig: %w", err)
+		}
+		if sched, err = safe.StateModifyWithResult(ctx, m.cosi, k8s.NewSchedulerConfig(k8s.FinalSchedulerConfigID), func(r *k8s.SchedulerConfig) error {
+			*r.TypedSpec() = *sched.TypedSpec()
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("final SchedulerConfig: %w", err)
+		}
+	}
 	pods := map[string]StaticPod{
 		k8s.APIServerID: {Image: api.TypedSpec().Image, ConfigVersion: api.Metadata().Version().String()},
 		k8s.ControllerManagerID: {

@@ -363,3 +363,46 @@ func stageInstall(t *testing.T, m *simmachine.Machine, image string) {
 	t.Helper()
 	require.NoError(t, m.StageUpgrade(context.WithoutCancel(t.Context()), image, nil))
 }
+
+// Talos 1.14 renders the static pods from the "final-" control plane config
+// resources and annotates them with those resources' versions; Talos 1.13
+// has none.
+func TestFinalControlPlaneConfigsFromTalos114(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	_, err := safe.StateGetByID[*k8s.APIServerConfig](ctx, f.m.COSI(), k8s.FinalAPIServerConfigID)
+	assert.True(t, state.IsNotFoundError(err), "Talos 1.12 has no final config")
+
+	stageInstall(t, f.m, "ghcr.io/siderolabs/installer:v1.14.1")
+	require.NoError(t, f.m.Reboot())
+	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
+	waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
+	_, err = f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) {
+			c.ClusterConfig.SchedulerConfig.ContainerImage = "registry.k8s.io/kube-scheduler:v1.36.3"
+		}),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+	for id, final := range map[string]string{
+		k8s.APIServerID: k8s.FinalAPIServerConfigID, k8s.ControllerManagerID: k8s.FinalControllerManagerConfigID, k8s.SchedulerID: k8s.FinalSchedulerConfigID,
+	} {
+		var typ resource.Type
+		switch id {
+		case k8s.APIServerID:
+			typ = k8s.APIServerConfigType
+		case k8s.ControllerManagerID:
+			typ = k8s.ControllerManagerConfigType
+		default:
+			typ = k8s.SchedulerConfigType
+		}
+		r, err := f.m.COSI().Get(ctx, resource.NewMetadata(k8s.ControlPlaneNamespaceName, typ, final, resource.VersionUndefined))
+		require.NoError(t, err, final)
+		assert.Equal(t, r.Metadata().Version().String(), f.m.State().StaticPods[id].ConfigVersion, id)
+		sp, err := safe.StateGetByID[*k8s.StaticPod](ctx, f.m.COSI(), id)
+		require.NoError(t, err)
+		assert.Equal(t, r.Metadata().Version().String(), sp.TypedSpec().Pod["metadata"].(map[string]any)["annotations"].(map[string]any)["talos.dev/config-version"])
+	}
+	assert.Equal(t, "registry.k8s.io/kube-scheduler:v1.36.3", f.m.State().StaticPods[k8s.SchedulerID].Image)
+}
