@@ -10,7 +10,7 @@
 //   - faults: per-node faults, read from a file that may change while the
 //     cluster runs.
 //   - machine: one simulated Talos machine (config, version, boot ID, COSI
-//     resources) and its Talos 1.13 semantics.
+//     resources) and its Talos 1.13 and 1.14 semantics.
 //   - talosapi: the real Talos gRPC API over mTLS in front of the machines.
 //   - kubelet: the simulated kubelets (Nodes, Leases, mirror pods, pods).
 //   - cluster: the control-plane processes and the whole cluster's lifecycle.

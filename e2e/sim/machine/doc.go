@@ -1,11 +1,22 @@
-// Package machine simulates one Talos Linux machine with Talos 1.13
-// semantics: its machine config and the rule deciding which changes apply
-// without a reboot, its running and staged (A/B) Talos version, its boot ID,
-// reboots, image pulls, and the COSI resources Talos derives from the config
-// (MachineConfig, APIServerConfig, ControllerManagerConfig, SchedulerConfig,
-// KubeletSpec, the kubelet Service, StaticPods, Manifests, ManifestStatus,
-// Nodename, MachineStatus), held in an in-memory COSI state with machinery's
-// real resource types.
+// Package machine simulates one Talos Linux machine with Talos 1.13 and
+// 1.14 semantics: its machine config and the rule deciding which changes
+// apply without a reboot, its running and staged (A/B) Talos version, its
+// boot ID, reboots, image pulls, machined's services, and the COSI resources
+// Talos derives from the config and from what its kubelet reports
+// (MachineConfig, Version, Nodename, NodeStatus, APIServerConfig,
+// ControllerManagerConfig, SchedulerConfig and their final- forms from 1.14,
+// KubeletSpec, Services, StaticPods, StaticPodStatus, Manifests,
+// ManifestStatus, MachineStatus, the local EtcdMember, Identity, discovery
+// Members), held in an in-memory COSI state with machinery's real resource
+// types.
+//
+// Like machined, a machine starts every boot from an empty state: its meta
+// namespace registers Talos' namespaces and resource definitions (registry.go),
+// then the resources are rendered anew. Its services follow machined's
+// service runner (services.go): a Service resource exists while its service
+// runs, so a restart is Destroyed then Created. The MachineStatus follows
+// Talos' stages and readiness checks (status.go). Members come from a
+// Discovery shared by the machines of a cluster (discovery.go).
 //
 // It owns no network listener: package talosapi serves the Talos gRPC API in
 // front of a Machine and calls the operations here (ApplyConfiguration, Pull,

@@ -26,9 +26,13 @@
 //     and reopened when it is back, so clients see the dial errors of a
 //     rebooting node. Streams routed through another endpoint to a machine
 //     that goes down end with Unavailable.
+//   - COSI: each call reads the routed machine's state (the current boot's)
+//     through Talos' access policy: writes are refused, and so are a type or
+//     a namespace the machine does not register in its meta namespace, all
+//     PermissionDenied.
 //
 // Served: MachineService Version, ApplyConfiguration, ImagePull, Kubeconfig,
-// EtcdMemberList, Upgrade (deprecated), Reboot, Read (the rest answer
-// Unimplemented); ImageService.Pull; LifecycleService.Upgrade; COSI State
-// Get/List/Watch (writes are refused).
+// EtcdMemberList, Upgrade (deprecated), Reboot, Read, ServiceList,
+// ServiceStart, ServiceStop, ServiceRestart (the rest answer Unimplemented);
+// ImageService.Pull; LifecycleService.Upgrade; COSI State Get/List/Watch.
 package talosapi
