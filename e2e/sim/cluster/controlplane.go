@@ -98,14 +98,18 @@ func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *
 			return nil, err
 		}
 	}
+	// Kubeconfigs in the shape Talos' Kubeconfig API generates (one cluster,
+	// user and context, named <user>@<cluster>, namespace default): talosctl
+	// refuses any other shape for the admin kubeconfig it downloads.
 	writeKubeconfig := func(path, user string) error {
+		name := user + "@" + opts.Name
 		return clientcmd.WriteToFile(clientcmdapi.Config{
 			Clusters: map[string]*clientcmdapi.Cluster{opts.Name: {Server: server, CertificateAuthorityData: k8sCA.certPEM}},
-			AuthInfos: map[string]*clientcmdapi.AuthInfo{user: {
+			AuthInfos: map[string]*clientcmdapi.AuthInfo{name: {
 				ClientCertificateData: files[user+".crt"], ClientKeyData: files[user+".key"],
 			}},
-			Contexts:       map[string]*clientcmdapi.Context{"admin@" + opts.Name: {Cluster: opts.Name, AuthInfo: user}},
-			CurrentContext: "admin@" + opts.Name,
+			Contexts:       map[string]*clientcmdapi.Context{name: {Cluster: opts.Name, AuthInfo: name, Namespace: "default"}},
+			CurrentContext: name,
 		}, path)
 	}
 	adminKubeconfig := filepath.Join(opts.Dir, "kubeconfig")
