@@ -10,8 +10,9 @@ export VERSION
 build: ## Build _output/bin/kubectl-ichor and _output/bin/ichor-sim
 	@hack/build.sh
 
-cluster-bins: ## Build the real control plane (etcd, kube-apiserver, ...) into _output/cluster-bins
+cluster-bins: ## Build the real control plane (etcd, kube-apiserver, ...) and talosctl into _output/cluster-bins
 	@hack/cluster-bins.sh
+	@hack/talosctl.sh
 
 test: verify build cluster-bins dist-host image ## Unit tests, then the local-cluster tests (with the dist and image tests)
 	@hack/test.sh
