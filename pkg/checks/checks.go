@@ -26,6 +26,8 @@ type Input struct {
 	Namespace string
 	// Metrics reads the apiserver's metrics; nil means the removed-APIs check cannot run.
 	Metrics MetricsReader
+	// Drains is the plan's drain preview (PreviewDrains).
+	Drains []api.NodeDrain
 }
 
 // Check is one pre-flight check.
@@ -40,14 +42,14 @@ type Check interface {
 func Kubernetes() []Check {
 	return []Check{
 		VersionSkew{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
-		DisruptionBudgets{}, HeldNodes{}, TalosAccess{},
+		Drains{}, HeldNodes{}, TalosAccess{},
 	}
 }
 
 // Talos returns the checks of a Talos OS upgrade, in the order they are shown.
 func Talos() []Check {
 	return []Check{
-		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, DisruptionBudgets{}, HeldNodes{}, TalosAccess{},
+		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, Drains{}, HeldNodes{}, TalosAccess{},
 	}
 }
 

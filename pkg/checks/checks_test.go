@@ -129,17 +129,6 @@ func TestChecks(t *testing.T) {
 			name: "held", check: checks.HeldNodes{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-2").Hold = discoverytest.Ptr("") },
 			result: api.ResultWarn, detail: []string{"worker-2 held"},
 		},
-		// PDBs
-		{
-			name: "pdbs ok", check: checks.DisruptionBudgets{},
-			cluster: func(c *discoverytest.Cluster) { c.PDB("default", "web", 1, 3).PDB("default", "empty", 0, 0) },
-			result:  api.ResultOK,
-		},
-		{
-			name: "pdb allows none", check: checks.DisruptionBudgets{},
-			cluster: func(c *discoverytest.Cluster) { c.PDB("default", "web", 0, 2).PDB("db", "pg", 1, 3) },
-			result:  api.ResultWarn, detail: []string{"default/web allows 0 disruptions"},
-		},
 		// endpoint
 		{
 			name: "endpoint is a VIP", check: checks.Endpoint{}, result: api.ResultOK,

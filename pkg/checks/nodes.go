@@ -92,33 +92,3 @@ func (HeldNodes) Run(_ context.Context, in *Input) api.Check {
 	return warn(fmt.Sprintf("%s held (%s): not upgraded", summarizeList(held), discovery.HoldAnnotation),
 		fmt.Sprintf("remove the annotation to include them: kubectl annotate node %s %s-", held[0], discovery.HoldAnnotation))
 }
-
-// DisruptionBudgets warns about PodDisruptionBudgets that allow no disruption now: a
-// drain of a node with their pods waits, then pauses the upgrade.
-type DisruptionBudgets struct{}
-
-// Name implements Check.
-func (DisruptionBudgets) Name() string { return "disruption budgets" }
-
-// Run implements Check.
-func (DisruptionBudgets) Run(_ context.Context, in *Input) api.Check {
-	var blocking []string
-
-	for _, p := range in.Snapshot.PDBs {
-		if p.DisruptionsAllowed == 0 && p.ExpectedPods > 0 {
-			blocking = append(blocking, p.Namespace+"/"+p.Name)
-		}
-	}
-
-	if len(blocking) == 0 {
-		return ok(fmt.Sprintf("%d budgets, all allow a disruption", len(in.Snapshot.PDBs)))
-	}
-
-	verb := "allow"
-	if len(blocking) == 1 {
-		verb = "allows"
-	}
-
-	return warn(fmt.Sprintf("%s %s 0 disruptions: draining their nodes will wait, then pause", summarizeList(blocking), verb),
-		"scale the workloads up or relax the budgets (kubectl get pdb -A)")
-}

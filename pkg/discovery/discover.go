@@ -99,6 +99,7 @@ func (d *Discoverer) Discover(ctx context.Context) (*Snapshot, error) {
 			Name:               p.Name,
 			DisruptionsAllowed: p.Status.DisruptionsAllowed,
 			ExpectedPods:       p.Status.ExpectedPods,
+			Selector:           p.Spec.Selector,
 		})
 	}
 
@@ -225,6 +226,8 @@ func nodeFrom(node *corev1.Node) Node {
 	_, n.ControlPlane = node.Labels[ControlPlaneLabel]
 	n.HoldReason, n.Held = node.Annotations[HoldAnnotation]
 	n.Order = node.Labels[OrderLabel]
+	n.Labels = node.Labels
+	n.Taints = node.Spec.Taints
 
 	for _, a := range node.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP && n.InternalIP == "" {

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 )
@@ -82,6 +84,10 @@ type Node struct {
 	HoldReason string
 	// Order is the raw value of OrderLabel, "" when absent.
 	Order string
+	// Labels are the Node's labels, for the drain preview's scheduling rules.
+	Labels map[string]string
+	// Taints are the Node's taints, for the drain preview's scheduling rules.
+	Taints []corev1.Taint
 	// StaticPods are the node's control-plane mirror pods by component.
 	StaticPods map[Component]StaticPod
 	// Talos is what the Talos API says about the node; nil for a node that is not Talos.
@@ -175,6 +181,8 @@ type PDB struct {
 	DisruptionsAllowed int32
 	// ExpectedPods is status.expectedPods.
 	ExpectedPods int32
+	// Selector is spec.selector; a nil selector selects no pod, as in policy/v1.
+	Selector *metav1.LabelSelector
 }
 
 // ControlPlanes returns the control-plane nodes, by name.

@@ -117,15 +117,7 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, d.Timeout, errDrainTimeout)
 	defer cancel()
 
-	h := &drain.Helper{
-		Ctx:                 ctx,
-		Client:              d.Client,
-		GracePeriodSeconds:  -1,
-		IgnoreAllDaemonSets: true,
-		DeleteEmptyDirData:  true,
-		Out:                 io.Discard,
-		ErrOut:              io.Discard,
-	}
+	h := drainRules(ctx, d.Client)
 
 	list, errs := h.GetPodsForDeletion(node)
 	if len(errs) > 0 {
@@ -188,6 +180,21 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 }
 
 var errDrainTimeout = errors.New("drain timeout")
+
+// drainRules is kubectl's drain helper as every drain of ichor's runs it,
+// and as PreviewDrain judges pods: `kubectl drain --ignore-daemonsets
+// --delete-emptydir-data`, each pod's own grace period.
+func drainRules(ctx context.Context, client kubernetes.Interface) *drain.Helper {
+	return &drain.Helper{
+		Ctx:                 ctx,
+		Client:              client,
+		GracePeriodSeconds:  -1,
+		IgnoreAllDaemonSets: true,
+		DeleteEmptyDirData:  true,
+		Out:                 io.Discard,
+		ErrOut:              io.Discard,
+	}
+}
 
 func (d Drainer) failed(parent, ctx context.Context, node string, err error) error {
 	if parent.Err() != nil {

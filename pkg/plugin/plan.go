@@ -130,11 +130,21 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 // finish runs the checks, prints the plan and returns the refusal, if any.
 func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
 	plan.Cluster.Name = kube.cluster
+
+	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint}
+
+	workloads, err := d.Workloads(ctx)
+	if err != nil {
+		return err
+	}
+
+	plan.Drains = checks.PreviewDrains(ctx, snap, workloads, plan)
 	plan.Checks = checks.Run(ctx, list, &checks.Input{
 		Snapshot:  snap,
 		Target:    o.target,
 		Namespace: o.flags.namespace(),
 		Metrics:   kube.metrics,
+		Drains:    plan.Drains,
 	})
 	plan.Runnable = !checks.Refused(plan.Checks)
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
@@ -55,9 +56,16 @@ apiserver_requested_deprecated_apis{group="flowcontrol.apiserver.k8s.io",removed
 
 // fixture is the 3 control plane + 2 worker cluster of the golden files.
 func fixture() *discoverytest.Cluster {
-	c := discoverytest.ThreePlusTwo().PDB("default", "web", 0, 2)
+	c := discoverytest.ThreePlusTwo().PDBFor("default", "web", 1, 2, map[string]string{"role": "web"})
 	c.Node("cp-2").Registry = "registry.example.com:5000/mirror"
 	c.Node("worker-2").Order = "1"
+
+	for node, name := range map[string]string{"worker-1": "web-a", "worker-2": "web-b"} {
+		c.Pod(node, "default", name, "ReplicaSet/web-5d4f").Labels["role"] = "web"
+	}
+
+	cache := c.Pod("worker-1", "default", "cache-0", "StatefulSet/cache")
+	cache.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 
 	return c
 }
@@ -118,6 +126,18 @@ func TestPlanKubernetesGolden(t *testing.T) {
 			golden(t, tt.golden, stdout)
 		})
 	}
+}
+
+func TestPlanRefusesADrainThatWouldStop(t *testing.T) {
+	c := fixture()
+	c.Pod("worker-2", "default", "debug", "")
+
+	stdout, stderr, code := runWith(t, fakeDeps(c, nil), "plan", "kubernetes", "--to", "v1.36.3")
+
+	assert.Equal(t, ExitRefused, code)
+	assert.Regexp(t, `\n  worker-2 +default/debug +BLOCKS +no-controller: no controller re-creates it`, stdout)
+	assert.Regexp(t, `\ndrains +REFUSED +5 nodes, 3 pods to evict; would stop: worker-2: default/debug \(no-controller\)`, stdout)
+	assert.Contains(t, stderr, "plan refused by drains")
 }
 
 func TestPlanYAMLIsTheSameDocument(t *testing.T) {

@@ -20,6 +20,7 @@ func PrintTable(w io.Writer, plan *api.Plan) error {
 	p.cluster(plan)
 	p.components(plan)
 	p.stages(plan)
+	p.drains(plan)
 	p.checks(plan)
 
 	return p.err
@@ -129,6 +130,53 @@ func (p *printer) stages(plan *api.Plan) {
 	}
 
 	p.printf("\n")
+}
+
+// drainLines bounds the drain preview in the table; -o json has it whole.
+const drainLines = 20
+
+// drains prints what the drains would meet, node by node, only the nodes
+// with a blocker or a risk.
+func (p *printer) drains(plan *api.Plan) {
+	var rows [][]string
+
+	more := 0
+
+	for _, d := range plan.Drains {
+		for _, list := range [][]api.DrainFinding{d.Blockers, d.Risks} {
+			for _, f := range list {
+				if len(rows) == drainLines {
+					more++
+
+					continue
+				}
+
+				what := "risk"
+				if isBlocker(f.Kind) {
+					what = "BLOCKS"
+				}
+
+				rows = append(rows, []string{"  " + d.Node, f.Pod, what, f.Kind + ": " + f.Detail})
+			}
+		}
+	}
+
+	if len(rows) == 0 {
+		return
+	}
+
+	p.printf("Drains, what they would meet now:\n")
+	p.table(rows)
+
+	if more > 0 {
+		p.printf("  ... and %d more (-o json lists them all)\n", more)
+	}
+
+	p.printf("\n")
+}
+
+func isBlocker(kind string) bool {
+	return kind == api.DrainNoController || kind == api.DrainRefused || kind == api.DrainBudget
 }
 
 func (p *printer) checks(plan *api.Plan) {

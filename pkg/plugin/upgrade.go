@@ -136,7 +136,12 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 			"it is deleted when the operation ends\n", ctl.Namespace, job.LocalTalosconfigName)
 	}
 
-	planJSON, err := json.Marshal(plan)
+	// The Job needs the stages, not the drain preview (its size grows with
+	// the cluster's pods; the runner drains by the same rules anyway).
+	forJob := *plan
+	forJob.Drains = nil
+
+	planJSON, err := json.Marshal(&forJob)
 	if err != nil {
 		return fmt.Errorf("encode plan: %w", err)
 	}

@@ -55,6 +55,10 @@ type Plan struct {
 	Held []NodeNote `json:"held,omitempty"`
 	// AtTarget are nodes that already run the target and are only verified.
 	AtTarget []string `json:"atTarget,omitempty"`
+	// Drains are what the plan's drains will meet: every node a stage
+	// cordons and drains, in the order the stages visit them, with the pods
+	// it evicts and what would block or hurt the drain.
+	Drains []NodeDrain `json:"drains,omitempty"`
 	// Checks are every check's outcome, in a fixed order.
 	Checks []Check `json:"checks"`
 	// Runnable is false when any check refused.
@@ -172,3 +176,49 @@ type Check struct {
 	// Action says what to do about it; it may span lines (a patch).
 	Action string `json:"action,omitempty"`
 }
+
+// NodeDrain is the drain preview of one node: what `kubectl drain
+// --ignore-daemonsets --delete-emptydir-data` (the rules of ichor's drains)
+// would do there now.
+type NodeDrain struct {
+	// Node is the Node's name.
+	Node string `json:"node"`
+	// Evict is how many pods the drain evicts.
+	Evict int `json:"evict"`
+	// Blockers stop the drain: the upgrade would pause on this node.
+	Blockers []DrainFinding `json:"blockers,omitempty"`
+	// Risks do not stop the drain but hurt a workload: data lost, an
+	// outage while a pod moves, a pod left Pending.
+	Risks []DrainFinding `json:"risks,omitempty"`
+}
+
+// DrainFinding is one pod a drain would trip on.
+type DrainFinding struct {
+	// Kind is one of the Drain* kinds.
+	Kind string `json:"kind"`
+	// Pod is namespace/name.
+	Pod string `json:"pod"`
+	// Detail says what was found.
+	Detail string `json:"detail"`
+}
+
+// The kinds of DrainFinding.
+const (
+	// DrainNoController (blocker): a pod no controller re-creates; the drain
+	// refuses to delete it.
+	DrainNoController = "no-controller"
+	// DrainRefused (blocker): another pod the drain refuses, e.g. one whose
+	// DaemonSet is gone.
+	DrainRefused = "refused"
+	// DrainBudget (blocker): a pod whose PodDisruptionBudget allows no
+	// disruption now; its eviction is refused until the drain times out.
+	DrainBudget = "budget"
+	// DrainLocalData (risk): a pod with emptyDir data, deleted with it.
+	DrainLocalData = "local-data"
+	// DrainSingleReplica (risk): the only pod of its workload; the workload
+	// is down until it runs elsewhere.
+	DrainSingleReplica = "single-replica"
+	// DrainNowhereToGo (risk): no other schedulable node meets the pod's
+	// node selector, affinity and tolerations; it stays Pending.
+	DrainNowhereToGo = "nowhere-to-go"
+)

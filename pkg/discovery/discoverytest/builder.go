@@ -6,6 +6,7 @@ package discoverytest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
@@ -16,6 +17,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -29,6 +31,8 @@ type Cluster struct {
 	nodes     []*NodeSpec
 	kubeProxy bool
 	pdbs      []policyv1.PodDisruptionBudget
+	pods      []*corev1.Pod
+	ds        []string
 }
 
 // NodeSpec is one fake node; set its fields to vary it from the defaults.
@@ -61,6 +65,10 @@ type NodeSpec struct {
 	APIAccess *v1alpha1.KubernetesTalosAPIAccessConfig
 	// ProxyDisabled sets cluster.proxy.disabled.
 	ProxyDisabled bool
+	// Labels are added to the Node's labels.
+	Labels map[string]string
+	// Taints are the Node's taints.
+	Taints []corev1.Taint
 }
 
 // New returns an empty cluster with the kube-proxy DaemonSet.
@@ -129,6 +137,45 @@ func (c *Cluster) PDB(namespace, name string, allowed, expected int32) *Cluster 
 	return c
 }
 
+// PDBFor adds a PodDisruptionBudget selecting the pods with matchLabels in
+// namespace, with the given status.
+func (c *Cluster) PDBFor(namespace, name string, allowed, expected int32, matchLabels map[string]string) *Cluster {
+	c.pdbs = append(c.pdbs, policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: matchLabels}},
+		Status:     policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: allowed, ExpectedPods: expected},
+	})
+
+	return c
+}
+
+// Pod adds a running pod named namespace/name on node, with labels app=<name>;
+// owner, when not empty, is its controller: "ReplicaSet/web-1" or
+// "DaemonSet/agent" (the DaemonSet is added too). Change the returned pod
+// to vary it (volumes, node selector, tolerations).
+func (c *Cluster) Pod(node, namespace, name, owner string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID(namespace + "/" + name),
+			Labels: map[string]string{"app": name}},
+		Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+
+	if kind, ownerName, found := strings.Cut(owner, "/"); found {
+		p.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: "apps/v1", Kind: kind, Name: ownerName, UID: types.UID(namespace + "/" + owner), Controller: Ptr(true),
+		}}
+
+		if kind == "DaemonSet" {
+			c.ds = append(c.ds, namespace+"/"+ownerName)
+		}
+	}
+
+	c.pods = append(c.pods, p)
+
+	return p
+}
+
 func (n *NodeSpec) version(c discovery.Component) string {
 	if v, found := n.Versions[c]; found {
 		return v
@@ -174,6 +221,15 @@ func (c *Cluster) Objects() []runtime.Object {
 		objs = append(objs, &c.pdbs[i])
 	}
 
+	for _, p := range c.pods {
+		objs = append(objs, p)
+	}
+
+	for _, key := range c.ds {
+		ns, name, _ := strings.Cut(key, "/")
+		objs = append(objs, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})
+	}
+
 	return objs
 }
 
@@ -208,6 +264,12 @@ func (n *NodeSpec) node() *corev1.Node {
 		node.Labels[discovery.OrderLabel] = n.Order
 	}
 
+	for k, v := range n.Labels {
+		node.Labels[k] = v
+	}
+
+	node.Spec.Taints = n.Taints
+
 	return node
 }
 
@@ -217,7 +279,7 @@ func (n *NodeSpec) mirrorPod(c discovery.Component) *corev1.Pod {
 			Namespace:   "kube-system",
 			Name:        fmt.Sprintf("%s-%s", c, n.Name),
 			Labels:      map[string]string{discovery.ComponentLabel: string(c), "tier": "control-plane"},
-			Annotations: map[string]string{discovery.ConfigVersionAnnotation: "1"},
+			Annotations: map[string]string{discovery.ConfigVersionAnnotation: "1", corev1.MirrorPodAnnotationKey: "mirror"},
 		},
 		Spec: corev1.PodSpec{NodeName: n.Name, Containers: []corev1.Container{{Name: string(c), Image: n.image(c)}}},
 		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{
@@ -283,6 +345,21 @@ func (c *Cluster) Snapshot(t testing.TB) *discovery.Snapshot {
 	}
 
 	return snap
+}
+
+// Workloads reads the cluster's pods and DaemonSets as the drain preview
+// does; it fails the test on error.
+func (c *Cluster) Workloads(t testing.TB) *discovery.Workloads {
+	t.Helper()
+
+	d := &discovery.Discoverer{Kube: c.Clientset(), Endpoint: Endpoint}
+
+	w, err := d.Workloads(context.Background())
+	if err != nil {
+		t.Fatalf("list fake cluster's workloads: %v", err)
+	}
+
+	return w
 }
 
 // FakeTalos is a discovery.TalosReader serving fixed answers by node IP.
