@@ -87,7 +87,7 @@ type previewClient struct {
 }
 
 func (c *previewClient) CoreV1() corev1client.CoreV1Interface { return previewCore{c: c} }
-func (c *previewClient) AppsV1() appsv1client.AppsV1Interface  { return previewApps{c: c} }
+func (c *previewClient) AppsV1() appsv1client.AppsV1Interface { return previewApps{c: c} }
 
 type previewCore struct {
 	corev1client.CoreV1Interface
