@@ -14,6 +14,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -73,6 +74,10 @@ func (v view) frame() []string {
 		if s.Step != "" {
 			lines = append(lines, "  "+s.Step)
 		}
+
+		if line := v.progressLine(); line != "" {
+			lines = append(lines, line)
+		}
 	}
 
 	switch s.Phase {
@@ -92,6 +97,30 @@ func (v view) frame() []string {
 	}
 
 	return lines
+}
+
+// progressLine is the whole operation's nodes done and the time left, when
+// the plan is known and the operation runs.
+func (v view) progressLine() string {
+	if v.plan == nil || v.op.Status.Phase.Finished() {
+		return ""
+	}
+
+	p := progress.Of(v.op, v.plan, v.now)
+	if p.Total == 0 {
+		return ""
+	}
+
+	left := "estimating the time left (after the first nodes)"
+
+	switch {
+	case v.op.Status.Phase != job.PhaseRunning:
+		return fmt.Sprintf("Overall %d/%d node steps, %s elapsed", p.Done, p.Total, duration(time.Duration(p.ElapsedSeconds)*time.Second))
+	case p.RemainingSeconds != nil:
+		left = "about " + duration(time.Duration(*p.RemainingSeconds)*time.Second) + " left"
+	}
+
+	return fmt.Sprintf("Overall %d/%d node steps, %s elapsed, %s", p.Done, p.Total, duration(time.Duration(p.ElapsedSeconds)*time.Second), left)
 }
 
 func (v view) elapsed() time.Duration {
@@ -305,6 +334,10 @@ type follower struct {
 	live bool
 	poll time.Duration
 	now  func() time.Time
+	// jsonLines prints, instead of the view, the status document (the
+	// Operation with its progress) on one line each time it changes.
+	jsonLines bool
+	lastLine  string
 }
 
 // run follows until the operation succeeds (nil), pauses, is aborted or its Job fails
@@ -317,12 +350,7 @@ func (f *follower) run(ctx context.Context) error {
 		tick  int
 	)
 
-	if raw, err := f.ctl.Store().Plan(ctx); err == nil && raw != nil {
-		var p api.Plan
-		if json.Unmarshal(raw, &p) == nil {
-			plan = &p
-		}
-	}
+	plan = storedPlan(ctx, f.ctl)
 
 	for ; ; tick++ {
 		op, err := f.ctl.Get(ctx)
@@ -375,6 +403,12 @@ func (f *follower) run(ctx context.Context) error {
 
 // show draws the view: redrawn in place on a terminal, changed lines otherwise.
 func (f *follower) show(shown *int, prev, cur view) {
+	if f.jsonLines {
+		f.showJSON(cur)
+
+		return
+	}
+
 	if !f.live {
 		for _, l := range viewChanges(prev, cur) {
 			writef(f.Out, "%s\n", l)
@@ -408,6 +442,33 @@ func (f *follower) show(shown *int, prev, cur view) {
 	*shown = len(lines)
 
 	writef(f.Out, "%s", b.String())
+}
+
+// showJSON prints the status document on one line when it changed (the
+// elapsed time aside: a line a second would say nothing new).
+func (f *follower) showJSON(cur view) {
+	doc := statusDocument{Operation: cur.op, Progress: progress.Of(cur.op, cur.plan, cur.now)}
+
+	key := doc.Progress
+	key.ElapsedSeconds, key.RemainingSeconds = 0, nil
+
+	b, err := json.Marshal(struct {
+		*job.Operation
+		Progress progress.Progress `json:"progress"`
+		Problem  string            `json:"problem,omitempty"`
+	}{cur.op, key, cur.problem})
+	if err != nil || string(b) == f.lastLine {
+		return
+	}
+
+	f.lastLine = string(b)
+
+	line, err := json.Marshal(doc)
+	if err != nil {
+		return
+	}
+
+	writef(f.Out, "%s\n", line)
 }
 
 // outcome says whether op has ended for a follower, and with what.

@@ -28,6 +28,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
 )
@@ -240,6 +241,51 @@ func TestStatusDocument(t *testing.T) {
 	assert.Equal(t, "Kubelets", op.Status.Stage)
 }
 
+func TestStatusDocumentCarriesProgress(t *testing.T) {
+	_, raw := goldenPlan(t)
+	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), raw))
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "status", "-o", "json")
+	require.Equal(t, ExitOK, code, stderr)
+
+	var doc struct {
+		Status   job.OperationStatus `json:"status"`
+		Progress progress.Progress   `json:"progress"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &doc))
+	assert.Equal(t, "Kubelets", doc.Status.Stage)
+	assert.Equal(t, 3+3+3+5, doc.Progress.Total, "every node of every stage of the plan")
+	assert.Equal(t, 3, doc.Progress.Done, "three control planes in Kubelets (worker-1 is not in the plan's KubeProxy stage)")
+	require.Len(t, doc.Progress.Stages, 4)
+	// cp-2, done at 2m, is the one batch measured: from the runner's start
+	// at 10s (cp-1 was done before it, cp-3 before cp-2).
+	assert.Equal(t, progress.Stage{Name: "Kubelets", Done: 3, Total: 5, Batches: 4, BatchSeconds: 110}, doc.Progress.Stages[3])
+	require.NotNil(t, doc.Progress.RemainingSeconds, "batches measured: an estimate")
+}
+
+func TestWatchJSONLines(t *testing.T) {
+	_, raw := goldenPlan(t)
+	op := kubeletsStage(operation(job.PhaseRunning))
+	op.Status.Phase = job.PhaseSucceeded
+	op.Status.FinishedAt = &metav1.Time{Time: now0.Add(5 * time.Minute)}
+	c := newJobCluster(stateOf(t, op, raw))
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "status", "--watch", "-o", "json")
+	require.Equal(t, ExitOK, code, stderr)
+
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	require.Len(t, lines, 1, "one document per change: an ended operation is one")
+
+	var doc struct {
+		Kind     string            `json:"kind"`
+		Progress progress.Progress `json:"progress"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &doc))
+	assert.Equal(t, "Operation", doc.Kind)
+	assert.Equal(t, int64(290), doc.Progress.ElapsedSeconds)
+	assert.Nil(t, doc.Progress.RemainingSeconds)
+}
+
 func TestOneLineErrors(t *testing.T) {
 	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, Data: map[string]string{job.OperationKey: "{"}}
 
@@ -254,7 +300,7 @@ func TestOneLineErrors(t *testing.T) {
 		{name: "no operation", args: []string{"status"}, code: ExitError, stderr: "no operation in namespace ichor-system: start one with kubectl ichor upgrade"},
 		{name: "no operation to resume", args: []string{"resume", "-n", "upgrades"}, code: ExitError, stderr: "no operation in namespace upgrades"},
 		{name: "bad -o", args: []string{"status", "-o", "wide"}, code: ExitError, stderr: `-o "wide": pass -o json or -o yaml`},
-		{name: "-o and --watch", args: []string{"status", "-o", "json", "--watch"}, code: ExitError, stderr: "-o and --watch do not go together"},
+		{name: "-o yaml and --watch", args: []string{"status", "-o", "yaml", "--watch"}, code: ExitError, stderr: "-o yaml and --watch do not go together: --watch -o json streams"},
 		{
 			name: "paused", objs: []runtime.Object{stateOf(t, func() *job.Operation {
 				op := operation(job.PhasePaused)

@@ -11,6 +11,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 )
 
 // StatusOptions are the options of `kubectl ichor status`.
@@ -37,8 +39,8 @@ func (o *StatusOptions) Validate() error {
 		return fmt.Errorf("-o %q: pass -o json or -o yaml, or leave it out for the view", o.Output)
 	}
 
-	if o.Output != "" && o.Watch {
-		return errors.New("-o and --watch do not go together: pass one of them")
+	if o.Output == "yaml" && o.Watch {
+		return errors.New("-o yaml and --watch do not go together: --watch -o json streams one JSON document per change")
 	}
 
 	return nil
@@ -52,7 +54,8 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	}
 
 	if o.Watch {
-		f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.deps.job.terminal(o.Out), poll: o.deps.job.poll, now: o.deps.job.now}
+		f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.deps.job.terminal(o.Out), poll: o.deps.job.poll, now: o.deps.job.now,
+			jsonLines: o.Output == "json"}
 
 		return f.run(ctx)
 	}
@@ -62,9 +65,12 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return err
 	}
 
+	plan := storedPlan(ctx, ctl)
+	doc := statusDocument{Operation: op, Progress: progress.Of(op, plan, o.deps.job.now())}
+
 	switch o.Output {
 	case "json":
-		b, err := json.MarshalIndent(op, "", "  ")
+		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode operation: %w", err)
 		}
@@ -73,7 +79,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 
 		return nil
 	case "yaml":
-		b, err := yaml.Marshal(op)
+		b, err := yaml.Marshal(doc)
 		if err != nil {
 			return fmt.Errorf("encode operation: %w", err)
 		}
@@ -83,14 +89,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return nil
 	}
 
-	v := view{op: op, now: o.deps.job.now()}
-
-	if raw, err := ctl.Store().Plan(ctx); err == nil && raw != nil {
-		var p api.Plan
-		if json.Unmarshal(raw, &p) == nil {
-			v.plan = &p
-		}
-	}
+	v := view{op: op, now: o.deps.job.now(), plan: plan}
 
 	if p, err := ctl.Diagnose(ctx, op); err == nil && p != nil {
 		v.problem = p.Message
@@ -101,6 +100,31 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	return nil
 }
 
+// statusDocument is what status -o json|yaml prints: the Operation
+// document (apiVersion, kind, spec, status) with its progress, computed
+// when asked.
+type statusDocument struct {
+	*job.Operation
+
+	Progress progress.Progress `json:"progress"`
+}
+
+// storedPlan is the plan the operation was confirmed with, nil when the
+// state holds none or it cannot be read.
+func storedPlan(ctx context.Context, ctl *job.Control) *api.Plan {
+	raw, err := ctl.Store().Plan(ctx)
+	if err != nil || raw == nil {
+		return nil
+	}
+
+	var p api.Plan
+	if json.Unmarshal(raw, &p) != nil {
+		return nil
+	}
+
+	return &p
+}
+
 func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
 	o := &StatusOptions{IOStreams: streams, flags: flags, deps: deps}
 
@@ -109,7 +133,8 @@ func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
 		Short: "Show the upgrade operation of the namespace: phase, stage, every node's step",
 		Example: `  kubectl ichor status
   kubectl ichor status --watch
-  kubectl ichor status -o json | jq -r .status.phase`,
+  kubectl ichor status -o json | jq -r .status.phase
+  kubectl ichor status --watch -o json | jq -c '{phase: .status.phase, done: .progress.done, left: .progress.remainingSeconds}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -124,7 +149,7 @@ func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
 		},
 	}
 
-	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Operation document")
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Operation document with its progress; with --watch, json prints one document per change (JSON lines)")
 	cmd.Flags().BoolVarP(&o.Watch, "watch", "w", false, "Follow the operation until it ends (Ctrl-C stops following, not the upgrade)")
 
 	return cmd
