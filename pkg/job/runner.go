@@ -419,6 +419,8 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		if pause.Stage != "" {
 			s.Stage = pause.Stage
 		}
+
+		s.AddPause(s.Stage, pause.Node, pause.Reason, r.now())
 	})
 	if ferr != nil {
 		return ferr

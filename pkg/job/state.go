@@ -151,6 +151,9 @@ type OperationStatus struct {
 	Runs int `json:"runs,omitempty"`
 	// Nodes is every node's last known step, in the order the engine first reported them.
 	Nodes []NodeStatus `json:"nodes,omitempty"`
+	// Pauses are where and why the operation paused, oldest first (the last
+	// MaxPauses).
+	Pauses []PauseRecord `json:"pauses,omitempty"`
 	// Memo is the engine's small durable memory (stages.Memo).
 	Memo map[string]string `json:"memo,omitempty"`
 	// StartedAt is when a runner first took the lock; UpdatedAt the last write;
@@ -158,6 +161,28 @@ type OperationStatus struct {
 	StartedAt  *metav1.Time `json:"startedAt,omitempty"`
 	UpdatedAt  *metav1.Time `json:"updatedAt,omitempty"`
 	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+}
+
+// MaxPauses bounds OperationStatus.Pauses.
+const MaxPauses = 20
+
+// PauseRecord is one pause of an operation.
+type PauseRecord struct {
+	// At is when it paused.
+	At metav1.Time `json:"at"`
+	// Stage and Node are where (Node empty for a stage's own step).
+	Stage string `json:"stage,omitempty"`
+	Node  string `json:"node,omitempty"`
+	// Reason is why.
+	Reason string `json:"reason"`
+}
+
+// AddPause records a pause, keeping the last MaxPauses.
+func (s *OperationStatus) AddPause(stage, node, reason string, now time.Time) {
+	s.Pauses = append(s.Pauses, PauseRecord{At: metav1.NewTime(now.UTC().Truncate(time.Second)), Stage: stage, Node: node, Reason: reason})
+	if len(s.Pauses) > MaxPauses {
+		s.Pauses = s.Pauses[len(s.Pauses)-MaxPauses:]
+	}
 }
 
 // NodeStatus is one node's last known step.
@@ -449,6 +474,11 @@ func (s *Store) Create(ctx context.Context, op *Operation, plan []byte, replace 
 			return err
 		}
 
+		// The ended operation goes to the history before its state is replaced.
+		if err := s.Archive(ctx, Record{Operation: old, Plan: recordPlan(existing.Data[PlanKey])}); err != nil {
+			return fmt.Errorf("keep operation %s in the history before replacing it: %w", old.Spec.ID, err)
+		}
+
 		cm.ResourceVersion = existing.ResourceVersion
 
 		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
@@ -529,6 +559,15 @@ func (s *Store) Plan(ctx context.Context) ([]byte, error) {
 	}
 
 	return nil, nil
+}
+
+// recordPlan is the state's plan for a Record, nil when it holds none.
+func recordPlan(plan string) json.RawMessage {
+	if plan == "" || !json.Valid([]byte(plan)) {
+		return nil
+	}
+
+	return json.RawMessage(plan)
 }
 
 func ptrTime(t time.Time) *metav1.Time {

@@ -263,6 +263,41 @@ func TestStatusDocumentCarriesProgress(t *testing.T) {
 	require.NotNil(t, doc.Progress.RemainingSeconds, "batches measured: an estimate")
 }
 
+func TestStatusOfEndedOperations(t *testing.T) {
+	_, raw := goldenPlan(t)
+	ctx := context.Background()
+
+	// op-1 ended with a pause on its way; op-2 replaced it and succeeded.
+	first := kubeletsStage(operation(job.PhaseRunning))
+	first.Spec.ID = "kubernetes-v1-36-3-first"
+	first.Status.Phase = job.PhaseSucceeded
+	first.Status.FinishedAt = &metav1.Time{Time: now0.Add(5 * time.Minute)}
+	first.Status.AddPause("Kubelets", "worker-2", "drain: pod default/web-0 not evicted after 5m0s", now0.Add(3*time.Minute))
+
+	second := operation(job.PhaseSucceeded)
+	second.Status.FinishedAt = &metav1.Time{Time: now0.Add(time.Hour)}
+
+	c := newJobCluster(stateOf(t, first, raw))
+	store := &job.Store{Client: c.kube.CoreV1(), Namespace: job.DefaultNamespace}
+	require.NoError(t, store.Create(ctx, second, raw, func(*job.Operation) error { return nil }))
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "status")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Contains(t, stdout, "Earlier (kubectl ichor status --operation <id>):\n  kubernetes-v1-36-3-first  Kubernetes to v1.36.3  Succeeded")
+
+	stdout, stderr, code = runWith(t, c.with(deps{}), "status", "--operation", "kubernetes-v1-36-3-first")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Contains(t, stdout, "Operation kubernetes-v1-36-3-first: Kubernetes to v1.36.3  Succeeded")
+	assert.Contains(t, stdout, "Nodes, each stage from its apply to done:")
+	assert.Regexp(t, `\n  cp-1 +Kubelets not done|\n  cp-1 +Kubelets`, stdout)
+	assert.Contains(t, stdout, "changed kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet")
+	assert.Contains(t, stdout, "Pauses:\n  "+now0.Add(3*time.Minute).UTC().Format(time.DateTime)+"  Kubelets worker-2: drain: pod default/web-0 not evicted after 5m0s")
+
+	_, stderr, code = runWith(t, c.with(deps{}), "status", "--operation", "kubernetes-v1-36-3-nope")
+	assert.Equal(t, ExitError, code)
+	assert.Contains(t, stderr, "no such operation kubernetes-v1-36-3-nope in namespace ichor-system")
+}
+
 func TestWatchJSONLines(t *testing.T) {
 	_, raw := goldenPlan(t)
 	op := kubeletsStage(operation(job.PhaseRunning))

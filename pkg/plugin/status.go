@@ -26,6 +26,8 @@ type StatusOptions struct {
 	Output string
 	// Watch is --watch: follow the operation until it ends.
 	Watch bool
+	// Operation is --operation: an ended operation of the history, by ID.
+	Operation string
 }
 
 // Complete fills the options from the command line.
@@ -37,6 +39,10 @@ func (o *StatusOptions) Validate() error {
 	case "", "json", "yaml":
 	default:
 		return fmt.Errorf("-o %q: pass -o json or -o yaml, or leave it out for the view", o.Output)
+	}
+
+	if o.Operation != "" && o.Watch {
+		return errors.New("--operation and --watch do not go together: an operation of the history has ended")
 	}
 
 	if o.Output == "yaml" && o.Watch {
@@ -60,12 +66,27 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return f.run(ctx)
 	}
 
-	op, err := ctl.Get(ctx)
-	if err != nil {
-		return err
+	var (
+		op      *job.Operation
+		plan    *api.Plan
+		current = o.Operation == ""
+	)
+
+	if current {
+		if op, err = ctl.Get(ctx); err != nil {
+			return err
+		}
+
+		plan = storedPlan(ctx, ctl)
+	} else {
+		rec, err := ctl.Store().Find(ctx, o.Operation)
+		if err != nil {
+			return err
+		}
+
+		op, plan = rec.Operation, decodePlan(rec.Plan)
 	}
 
-	plan := storedPlan(ctx, ctl)
 	doc := statusDocument{Operation: op, Progress: progress.Of(op, plan, o.deps.job.now())}
 
 	switch o.Output {
@@ -91,11 +112,27 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 
 	v := view{op: op, now: o.deps.job.now(), plan: plan}
 
-	if p, err := ctl.Diagnose(ctx, op); err == nil && p != nil {
-		v.problem = p.Message
+	if current {
+		if p, err := ctl.Diagnose(ctx, op); err == nil && p != nil {
+			v.problem = p.Message
+		}
 	}
 
 	printOnce(o.Out, v)
+
+	if op.Status.Phase.Finished() {
+		for _, l := range summaryLines(op, plan) {
+			writef(o.Out, "%s\n", l)
+		}
+	}
+
+	if current {
+		if history, err := ctl.Store().History(ctx); err == nil {
+			for _, l := range historyLines(history, op.Spec.ID, ctl.Namespace) {
+				writef(o.Out, "%s\n", l)
+			}
+		}
+	}
 
 	return nil
 }
@@ -113,7 +150,15 @@ type statusDocument struct {
 // state holds none or it cannot be read.
 func storedPlan(ctx context.Context, ctl *job.Control) *api.Plan {
 	raw, err := ctl.Store().Plan(ctx)
-	if err != nil || raw == nil {
+	if err != nil {
+		return nil
+	}
+
+	return decodePlan(raw)
+}
+
+func decodePlan(raw []byte) *api.Plan {
+	if len(raw) == 0 {
 		return nil
 	}
 
@@ -133,6 +178,7 @@ func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
 		Short: "Show the upgrade operation of the namespace: phase, stage, every node's step",
 		Example: `  kubectl ichor status
   kubectl ichor status --watch
+  kubectl ichor status --operation kubernetes-v1-36-3-7kq2x
   kubectl ichor status -o json | jq -r .status.phase
   kubectl ichor status --watch -o json | jq -c '{phase: .status.phase, done: .progress.done, left: .progress.remainingSeconds}'`,
 		Args: cobra.NoArgs,
@@ -150,6 +196,8 @@ func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
 	}
 
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Operation document with its progress; with --watch, json prints one document per change (JSON lines)")
+	cmd.Flags().StringVar(&o.Operation, "operation", "", "Show an operation of the namespace by ID: the current one or one of the last "+
+		fmt.Sprint(job.HistoryKeep)+" ended (status lists them)")
 	cmd.Flags().BoolVarP(&o.Watch, "watch", "w", false, "Follow the operation until it ends (Ctrl-C stops following, not the upgrade)")
 
 	return cmd

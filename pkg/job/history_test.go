@@ -1,0 +1,144 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+func ended(id string) Record {
+	op := testOperation(id, PhaseSucceeded)
+	op.Status.FinishedAt = ptrTime(t0.Add(time.Hour))
+
+	return Record{Operation: op, Plan: json.RawMessage(`{"kind":"Plan"}`)}
+}
+
+func TestHistoryKeepsTheLastFew(t *testing.T) {
+	ctx := context.Background()
+	store := &Store{Client: fake.NewClientset().CoreV1(), Namespace: "ichor-system"}
+
+	for i := 1; i <= HistoryKeep+2; i++ {
+		require.NoError(t, store.Archive(ctx, ended(fmt.Sprintf("op-%d", i))))
+	}
+
+	history, err := store.History(ctx)
+	require.NoError(t, err)
+
+	var ids []string
+	for _, rec := range history {
+		ids = append(ids, rec.Operation.Spec.ID)
+	}
+
+	assert.Equal(t, []string{"op-7", "op-6", "op-5", "op-4", "op-3"}, ids, "newest first, the oldest dropped")
+
+	cm, err := store.Client.ConfigMaps("ichor-system").Get(ctx, HistoryName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Len(t, cm.BinaryData, HistoryKeep)
+}
+
+func TestFindTheCurrentOrAnEndedOperation(t *testing.T) {
+	ctx := context.Background()
+	store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-2", PhaseRunning))).CoreV1(), Namespace: "ichor-system"}
+	require.NoError(t, store.Archive(ctx, ended("op-1")))
+
+	rec, err := store.Find(ctx, "op-2")
+	require.NoError(t, err)
+	assert.Equal(t, PhaseRunning, rec.Operation.Status.Phase)
+	assert.JSONEq(t, `{"kind":"Plan"}`, string(rec.Plan))
+
+	rec, err = store.Find(ctx, "op-1")
+	require.NoError(t, err)
+	assert.Equal(t, PhaseSucceeded, rec.Operation.Status.Phase)
+
+	_, err = store.Find(ctx, "op-0")
+	require.ErrorIs(t, err, ErrNotInHistory)
+	assert.EqualError(t, err, "no such operation op-0 in namespace ichor-system: it knows [op-2 op-1] (the last 5 ended are kept)")
+}
+
+func TestReplacingAnEndedOperationArchivesIt(t *testing.T) {
+	ctx := context.Background()
+	old := testOperation("op-1", PhaseSucceeded)
+	old.Status.AddPause("Kubelets", "worker-1", "drain: budget default/web", t0)
+
+	store := &Store{Client: fake.NewClientset(stateObject(t, old)).CoreV1(), Namespace: "ichor-system"}
+	require.NoError(t, store.Create(ctx, testOperation("op-2", PhasePending), nil, func(*Operation) error { return nil }))
+
+	rec, err := store.Find(ctx, "op-1")
+	require.NoError(t, err)
+	require.Len(t, rec.Operation.Status.Pauses, 1)
+	assert.Equal(t, "worker-1", rec.Operation.Status.Pauses[0].Node)
+	assert.JSONEq(t, `{"kind":"Plan"}`, string(rec.Plan))
+}
+
+// bigRecord is an ended Kubernetes upgrade of nodes nodes: every node
+// visited by four stages, with its timeline, and the plan it ran.
+func bigRecord(t testing.TB, id string, nodes int) Record {
+	t.Helper()
+
+	op := testOperation(id, PhaseSucceeded)
+	plan := api.Plan{APIVersion: api.APIVersion, Kind: api.KindPlan, Upgrade: api.UpgradeKubernetes, Target: "v1.36.3"}
+	names := []string{"APIServers", "ControlPlaneComponents", "KubeProxy", "Kubelets"}
+
+	for _, stage := range names {
+		st := api.Stage{Name: stage, Description: "a stage"}
+
+		for i := range nodes {
+			name := fmt.Sprintf("worker-%04d", i)
+			at := t0.Add(time.Duration(i) * 7 * time.Second)
+			op.Status.SetNode(stage, name, stages.PhaseApplying, "applying", at)
+			op.Status.SetNode(stage, name, stages.PhaseDone, "drained 12 pod(s), node Ready, kubelet v1.36.3, uncordoned", at.Add(31*time.Second))
+			st.Nodes = append(st.Nodes, api.NodeStep{Node: name, Role: api.RoleWorker, Batch: i + 1, ConfigLayout: api.LayoutV1Alpha1, Changes: []api.Change{{
+				Component: "kubelet", From: "ghcr.io/siderolabs/kubelet:v1.35.4", To: "ghcr.io/siderolabs/kubelet:v1.36.3", Path: "machine.kubelet.image",
+			}}})
+		}
+
+		plan.Stages = append(plan.Stages, st)
+	}
+
+	for i := range MaxPauses {
+		op.Status.AddPause("Kubelets", fmt.Sprintf("worker-%04d", i), "drain: pod default/web-0 not evicted after 5m0s (PodDisruptionBudget default/web)", t0)
+	}
+
+	raw, err := json.Marshal(plan)
+	require.NoError(t, err)
+
+	return Record{Operation: op, Plan: raw}
+}
+
+// TestHistoryAtAThousandNodes: five records of 1000-node upgrades fit under
+// the budget, so the ConfigMap's 1 MiB is never reached; the sizes are logged.
+func TestHistoryAtAThousandNodes(t *testing.T) {
+	ctx := context.Background()
+	store := &Store{Client: fake.NewClientset().CoreV1(), Namespace: "ichor-system"}
+
+	for i := range HistoryKeep + 1 {
+		rec := bigRecord(t, fmt.Sprintf("op-%d", i), 1000)
+		require.NoError(t, store.Archive(ctx, rec))
+	}
+
+	cm, err := store.Client.ConfigMaps("ichor-system").Get(ctx, HistoryName, metav1.GetOptions{})
+	require.NoError(t, err)
+
+	total := 0
+	for _, b := range cm.BinaryData {
+		total += len(b)
+	}
+
+	raw, _ := json.Marshal(bigRecord(t, "x", 1000))
+	t.Logf("1000 nodes: a record is %d KiB of JSON, %d KiB compressed; the history holds %d records in %d KiB",
+		len(raw)>>10, total/len(cm.BinaryData)>>10, len(cm.BinaryData), total>>10)
+
+	assert.LessOrEqual(t, total, HistoryBudget)
+	assert.Less(t, total, 1<<20)
+	assert.Len(t, cm.BinaryData, HistoryKeep, "five 1000-node records fit")
+}
