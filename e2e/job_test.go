@@ -253,6 +253,7 @@ func TestJobUpgrade(t *testing.T) {
 	require.Contains(t, r.stdout, "Stage 4/4 Kubelets", "the plan first")
 	require.Contains(t, r.stdout, "Launched operation kubernetes-v1-36-3-")
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.Regexp(t, `(?m)^Overall \d+/14 node steps, \S+ elapsed, about \S+ left$`, r.stdout, "an estimate once batches were measured")
 
 	var self string
 	select {
@@ -265,6 +266,12 @@ func TestJobUpgrade(t *testing.T) {
 
 	op, raw := c.statusDocument(t)
 	assert.Equal(t, "Succeeded", raw["status"].(map[string]any)["phase"])
+
+	prog, ok := raw["progress"].(map[string]any)
+	require.True(t, ok, "status -o json carries the progress")
+	assert.EqualValues(t, 14, prog["total"], "3 + 3 + 3 + 5 node steps")
+	assert.EqualValues(t, 14, prog["done"])
+	assert.Nil(t, prog["remainingSeconds"], "no estimate once ended")
 	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
 	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the drain of the runner's own node evicted it; another pod finished")
 	assert.Equal(t, 4, op.Status.StageIndex)
@@ -475,6 +482,7 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	r.requireExit(t, 0)
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.Regexp(t, `(?m)^Overall \d+/14 node steps, \S+ elapsed, about \S+ left$`, r.stdout, "an estimate once batches were measured")
 
 	second := c.operation(t)
 	require.NotEqual(t, first.Spec.ID, second.Spec.ID)
@@ -557,6 +565,7 @@ func TestJobPauseAndResume(t *testing.T) {
 	r.requireExit(t, 0)
 	require.Contains(t, r.stdout, "Resumed operation "+op.Spec.ID+": job ichor-system/"+job.JobName(op.Spec.ID, 2))
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.Regexp(t, `(?m)^Overall \d+/14 node steps, \S+ elapsed, about \S+ left$`, r.stdout, "an estimate once batches were measured")
 
 	final := c.operation(t)
 	assert.Equal(t, job.PhaseSucceeded, final.Status.Phase)
@@ -749,6 +758,7 @@ func TestJobLocalCredentials(t *testing.T) {
 	r.requireExit(t, 0)
 	require.Contains(t, r.stderr, "warning: --talos-credentials=local copies your talosconfig")
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.Regexp(t, `(?m)^Overall \d+/14 node steps, \S+ elapsed, about \S+ left$`, r.stdout, "an estimate once batches were measured")
 
 	op = c.operation(t)
 	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)

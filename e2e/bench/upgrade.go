@@ -159,6 +159,10 @@ type UpgradeResult struct {
 
 	Gaps GapReport `json:"gaps"`
 
+	// Estimates are status --watch -o json's estimates of the time left at a
+	// quarter, half and three quarters of the upgrade, against the truth.
+	Estimates []EstimateSample `json:"estimates,omitempty"`
+
 	RunnerPods          []RunnerPod    `json:"runnerPods"`
 	RunnerPeakRSSMiB    float64        `json:"runnerPeakRSSMiB"`
 	RunnerCPUSeconds    float64        `json:"runnerCPUSeconds"`
@@ -456,10 +460,27 @@ func upgradeSize(ctx context.Context, o options, n int) (r UpgradeResult) {
 	var output bytes.Buffer
 
 	cmd.Stdout, cmd.Stderr = &output, &output
+
+	// A script following the operation, for the estimates of the time left.
+	var est estimateWatch
+
+	watchCtx, stopWatch := context.WithCancel(upCtx)
+	watched := make(chan struct{})
+
+	go func() {
+		defer close(watched)
+		est.run(watchCtx, o.plugin, cmd.Env, kubeconfig)
+	}()
+
 	began := time.Now()
 	err = cmd.Run()
 	ended := time.Now()
 	r.WallSeconds = round(ended.Sub(began).Seconds())
+
+	stopWatch()
+	<-watched
+
+	r.Estimates = est.samples(began, ended)
 
 	_ = os.WriteFile(filepath.Join(dir, cluster.LogDir, "upgrade.out"), output.Bytes(), 0o644)
 
@@ -1097,6 +1118,7 @@ func upgradeVerdict(results []UpgradeResult) []string {
 				r.Nodes, targetRatio, targetSlack, limit, met(r.WallSeconds <= limit), r.WallSeconds, r.Ratio, r.LowerBound.Seconds),
 			fmt.Sprintf("%d nodes: no gap over %s: %s (longest %.2fs, median %.2fs, over %d gaps)",
 				r.Nodes, targetGap, met(r.Gaps.LongestSeconds <= targetGap.Seconds()), r.Gaps.LongestSeconds, r.Gaps.MedianSeconds, len(r.Gaps.Gaps)),
+			estimateVerdict(r),
 			fmt.Sprintf("%d nodes: runner under %d MiB: %s (peak %.1f MiB over %d pod(s))",
 				r.Nodes, targetRunnerMiB, met(r.RunnerPeakRSSMiB < targetRunnerMiB), r.RunnerPeakRSSMiB, len(r.RunnerPods)))
 	}
