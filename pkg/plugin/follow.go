@@ -280,6 +280,12 @@ func viewChanges(prev, cur view) []string {
 
 	if c.Status.StageIndex > 0 && (p == nil || p.Status.StageIndex != c.Status.StageIndex || p.Status.Stage != c.Status.Stage) {
 		out = append(out, fmt.Sprintf("Stage %d/%d %s", c.Status.StageIndex, c.Status.StageCount, c.Status.Stage))
+
+		// The whole operation's progress, once a stage: a line per step would
+		// drown the steps.
+		if line := cur.progressLine(); line != "" {
+			out = append(out, line)
+		}
 	}
 
 	for _, n := range c.Status.Nodes {
