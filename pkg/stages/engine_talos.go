@@ -35,9 +35,7 @@ type OSTalos interface {
 	// EtcdMembers returns the etcd members as a control plane's own etcd
 	// reports them.
 	EtcdMembers(ctx context.Context, node string) ([]talos.EtcdMember, error)
-	// Upgrade installs the installer image's Talos and reboots the node; it
-	// returns once the reboot is requested.
-	Upgrade(ctx context.Context, node, image string) error
+	installTalos
 }
 
 // Bounds and pace of the Talos OS upgrade besides those in EngineOptions.
@@ -60,9 +58,13 @@ type upgradeMark struct {
 	// BootID is the node's boot ID read just before its Upgrade call; a
 	// different boot ID later means the node rebooted since.
 	BootID string `json:"bootID"`
-	// Called is set once the Upgrade call returned (or lost the node as it
-	// went down): from then on the node is only followed, never called again.
+	// Called is how an older ichor recorded that the Upgrade call returned:
+	// read as Step reboot.
 	Called bool `json:"called,omitempty"`
+	// Step is the step of the upgrade announced last (stepInstall,
+	// stepInstalled, stepReboot): written before its call, so that a run
+	// that finds it asks the node what happened (engine_talos_once.go).
+	Step string `json:"step,omitempty"`
 	// Fallback is the boot ID in which the node came back on its old version
 	// (an A/B fallback) and the operation paused; the next run, a resume,
 	// tries the node's upgrade again.
@@ -170,7 +172,7 @@ func (r *talosRun) run(ctx context.Context) error {
 			switch mark := r.mark(n.Name); {
 			case n.unreachable == nil && n.version == r.target.String():
 				r.e.node(name, n.Name, PhasePending, "on Talos %s: to verify", n.version)
-			case mark.following() && (mark.Called || n.unreachable != nil):
+			case mark.following() && (mark.step() != stepInstall || n.unreachable != nil):
 				r.e.node(name, n.Name, PhasePending, "upgrade to %s under way (boot ID %s recorded): to follow", r.target, shortID(mark.BootID))
 			case n.unreachable != nil:
 				r.e.node(name, n.Name, PhasePending, "Talos API unreachable (%s): read again at its turn", firstLine(n.unreachable))
@@ -434,36 +436,16 @@ func (r *talosRun) visit(ctx context.Context, n *osNode) error {
 	stage, name := r.stage.Name(), n.Name
 	mark := r.mark(name)
 
-	// A node with its boot ID recorded may be down: a short first look.
-	readCtx := ctx
-
 	if mark.following() {
-		var cancel context.CancelFunc
+		// Under way: what the node reports decides the next step, never the
+		// absence of a record.
+		r.e.node(stage, name, PhaseUpgrading, "following the upgrade to %s: announced (%s) in boot %s", r.target, mark.step(), shortID(mark.BootID))
 
-		readCtx, cancel = context.WithTimeout(ctx, talosPollCallTimeout)
-		defer cancel()
+		return r.drive(ctx, n, *mark, outcome{}, "", actFollow, true)
 	}
 
-	version, cfg, err := r.read(readCtx, name, n.InternalIP)
-	if err != nil && ctx.Err() == nil && readCtx.Err() != nil {
-		err = fmt.Errorf("%w (no answer in %s)", errUnreachable, talosPollCallTimeout)
-	}
-
-	if mark.following() && mark.Called && (err != nil || version != r.target.String()) {
-		r.e.node(stage, name, PhaseUpgrading, "following the upgrade to %s: the Upgrade call was made in boot %s", r.target, shortID(mark.BootID))
-
-		return r.follow(ctx, n, *mark, outcome{})
-	}
-
+	version, cfg, err := r.read(ctx, name, n.InternalIP)
 	if err != nil && (talos.IsUnreachable(err) || errors.Is(err, errUnreachable)) {
-		if mark.following() {
-			// Down after its boot ID was recorded: the runner stopped after the
-			// call, before it could note it. This is the reboot.
-			r.e.node(stage, name, PhaseUpgrading, "Talos API unreachable since its boot ID was recorded: following it as a reboot into %s", r.target)
-
-			return r.follow(ctx, n, *mark, outcome{})
-		}
-
 		version, cfg, err = r.readPatiently(ctx, name, n.InternalIP)
 	}
 
@@ -542,41 +524,9 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		return r.undo(ctx, name, fmt.Errorf("node %q: before its upgrade: %w", name, err), actionTalosAccess)
 	}
 
-	mark := upgradeMark{BootID: boot}
-	if err := r.setMark(ctx, name, mark); err != nil {
-		return r.undo(ctx, name, fmt.Errorf("node %q: record its boot ID in the state: %w", name, err), actionResume)
-	}
+	n.cfg = cfg
 
-	r.e.node(stage, name, PhaseUpgrading, "upgrading Talos %s -> %s with %s (boot %s recorded; bound %s)",
-		version, r.target, installer, shortID(boot), r.opts.UpgradeTimeout)
-
-	callCtx, cancel := context.WithTimeout(ctx, r.opts.UpgradeTimeout)
-	err = r.e.Talos.Upgrade(callCtx, ip, installer)
-
-	cancel()
-
-	switch {
-	case err == nil:
-		r.e.node(stage, name, PhaseUpgrading, "Upgrade call done: waiting for the reboot into %s (bound %s)", r.target, r.opts.RebootTimeout)
-	case ctx.Err() != nil:
-		// Stopped mid-call: the mark holds the boot ID, and the next run
-		// either sees the reboot or calls again.
-		return fmt.Errorf("stage %s: node %q: upgrade: %w", stage, name, ctx.Err())
-	case talos.IsUnreachable(err):
-		r.e.node(stage, name, PhaseUpgrading, "lost the node during the Upgrade call (%s): following it as a reboot into %s (bound %s)",
-			firstLine(err), r.target, r.opts.RebootTimeout)
-	default:
-		return r.undo(ctx, name, fmt.Errorf("node %q: upgrade to %s: %w", name, installer, err),
-			"nothing was rebooted: check the installer image is reachable from the node (talosctl -n "+ip+" image pull "+installer+
-				"), then resume")
-	}
-
-	mark.Called = true
-	if err := r.setMark(ctx, name, mark); err != nil && ctx.Err() != nil {
-		return fmt.Errorf("stage %s: node %q: upgrade: %w", stage, name, ctx.Err())
-	}
-
-	return r.follow(ctx, n, mark, outcome{from: version, installer: installer, drained: drained})
+	return r.drive(ctx, n, upgradeMark{BootID: boot, Step: stepInstall}, outcome{from: version, installer: installer, drained: drained}, installer, actInstall, false)
 }
 
 // undo uncordons a node whose upgrade failed before its Upgrade call took
@@ -608,6 +558,7 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 		lastErr  error
 		fellBack string // the boot ID the node came back in, not on the target
 		running  string
+		sameBoot bool
 	)
 
 	err := r.pollUntil(ctx, deadline, r.opts.RebootTimeout, func(ctx context.Context) (bool, string, error) {
@@ -624,6 +575,10 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 			lastErr = err
 
 			return false, "Talos API: " + firstLine(err), nil
+		case boot == mark.BootID && mark.step() != stepReboot:
+			sameBoot = true // up in the boot its install was announced in: no reboot asked
+
+			return true, "", nil
 		case boot == mark.BootID:
 			return false, "waiting for the reboot (boot ID unchanged)", nil
 		}
@@ -659,6 +614,8 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 			fmt.Errorf("node %q: reboot: %w", name, err))
 	case err != nil:
 		return r.e.pause(ctx, stage, name, fmt.Sprintf("node %q: follow its reboot: %v", name, err), actionTalosAccess, err)
+	case sameBoot:
+		return errSameBoot
 	case fellBack != "":
 		mark.Fallback = fellBack
 		if err := r.setMark(ctx, name, mark); err != nil && ctx.Err() != nil {

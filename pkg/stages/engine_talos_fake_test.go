@@ -38,8 +38,16 @@ func (ft *fakeTalos) EtcdMembers(context.Context, string) ([]talos.EtcdMember, e
 	return nil, errors.New("fake talos: no OS side (use fakeOS)")
 }
 
-func (ft *fakeTalos) Upgrade(context.Context, string, string) error {
+func (ft *fakeTalos) Install(context.Context, string, string) (bool, error) {
+	return false, errors.New("fake talos: no OS side (use fakeOS)")
+}
+
+func (ft *fakeTalos) Reboot(context.Context, string) error {
 	return errors.New("fake talos: no OS side (use fakeOS)")
+}
+
+func (ft *fakeTalos) InstallEvidence(context.Context, string) (talos.InstallState, error) {
+	return talos.InstallUnknown, errors.New("fake talos: no OS side (use fakeOS)")
 }
 
 // osFaults are what a fake machine's OS does wrong.
@@ -47,8 +55,14 @@ type osFaults struct {
 	abFallback   bool // an upgrade boots back into the old version
 	neverBoots   bool // a reboot keeps the machine down while set
 	unreachable  bool // the Talos API refuses connections while set
-	upgradeFails bool // the Upgrade call fails (the installer exits non-zero)
-	learner      bool // this control plane is an etcd learner while set
+	upgradeFails bool // the Install call fails (the installer exits non-zero)
+	// installBreaks: the Install call installs, then answers Unavailable
+	// (the stream reset), while set.
+	installBreaks bool
+	// logRolled: machined's log no longer reaches back to the boot's start
+	// (and holds no install) while set.
+	logRolled bool
+	learner   bool // this control plane is an etcd learner while set
 	// learnerAfterBoot keeps this control plane a learner this long after
 	// each boot.
 	learnerAfterBoot time.Duration
@@ -69,6 +83,13 @@ type osMachine struct {
 	up           bool
 	boots        int
 	faults       osFaults
+	// staged is the version installed into the other boot slot in this
+	// boot ("": none); installing is an Install under way.
+	staged     string
+	installing bool
+	installed  talos.InstallState // machined's log of this boot's installs
+	rebooting  bool
+	reboots    int // Reboot calls that took
 }
 
 // fakeOS is the Talos API of a fake cluster with an OS side.
@@ -82,12 +103,12 @@ type fakeOS struct {
 
 	mu       sync.Mutex
 	machines map[string]*osMachine // by name
-	upgrades []string              // "node image" of every Upgrade that took
+	upgrades []string              // "node image" of every Install that took
 	reboots  []string              // "node version" of every boot after an upgrade, in order
 	// unavailable is, at each Upgrade that took, the nodes cordoned by
 	// ichor then (the node itself included).
 	unavailable [][]string
-	// onUpgrade, when set, is called at every Upgrade call before it acts.
+	// onUpgrade, when set, is called at every Install call before it acts.
 	// An error fails the call: before it acts with skip (nothing happened on
 	// the node), else after (a runner stopped mid-call while the node went
 	// on).
@@ -107,7 +128,7 @@ func newFakeOS(t *testing.T, spec clusterSpec) *fakeOS {
 		// configs with WithInstallImage.
 		o.machines[m.name] = &osMachine{
 			name: m.name, controlPlane: m.controlPlane, version: m.talos,
-			bootID: fmt.Sprintf("%08d-boot-%s-0", i, m.name), up: true,
+			bootID: fmt.Sprintf("%08d-boot-%s-0", i, m.name), up: true, installed: talos.InstallNone,
 		}
 	}
 
@@ -226,24 +247,43 @@ func (o *fakeOS) EtcdMembers(ctx context.Context, ip string) ([]talos.EtcdMember
 	return out, nil
 }
 
-// Upgrade stages the installer's version and reboots the machine: it goes
-// down at once, and boots after rebootDelay.
-func (o *fakeOS) Upgrade(ctx context.Context, ip, image string) error {
+// Install stages the installer's version into the other boot slot, as
+// LifecycleService.Upgrade does: the machine runs on until its Reboot. A
+// second Install while one runs is refused as Talos does; every Install that
+// took is counted.
+func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 	if _, ok := ctx.Deadline(); !ok {
-		return errors.New("fake talos: an Upgrade without its own deadline")
+		return false, errors.New("fake talos: an Install without its own deadline")
 	}
 
 	m, err := o.reachable(ctx, ip)
 	if err != nil {
-		return fmt.Errorf("node %q: upgrade: %w", ip, err)
+		return false, fmt.Errorf("node %q: upgrade: %w", ip, err)
 	}
 
 	o.mu.Lock()
-	fails, hook := m.faults.upgradeFails, o.onUpgrade
+	fails, breaks, hook, busy := m.faults.upgradeFails, m.faults.installBreaks, o.onUpgrade, m.installing
+	if !busy {
+		m.installing = true
+	}
 	o.mu.Unlock()
 
+	if busy {
+		return false, fmt.Errorf("node %q: upgrade: %w", ip, status.Error(codes.FailedPrecondition, "another installation/upgrade is already in progress"))
+	}
+
+	defer func() {
+		o.mu.Lock()
+		m.installing = false
+		o.mu.Unlock()
+	}()
+
 	if fails {
-		return fmt.Errorf("node %q: upgrade to %s: the installer exited with code 1", ip, image)
+		o.mu.Lock()
+		m.installed = talos.InstallFailed
+		o.mu.Unlock()
+
+		return false, fmt.Errorf("node %q: upgrade to %s: the installer exited with code 1", ip, image)
 	}
 
 	var after error
@@ -251,19 +291,71 @@ func (o *fakeOS) Upgrade(ctx context.Context, ip, image string) error {
 	if hook != nil {
 		skip, err := hook(ctx, m.name)
 		if skip {
-			return fmt.Errorf("node %q: upgrade to %s: %w", ip, image, err)
+			return false, fmt.Errorf("node %q: upgrade to %s: %w", ip, image, err)
 		}
 
 		after = err
 	}
 
-	staged := render.TagOf(image)
 	cordoned := o.f.cordonedByIchor()
 
 	o.mu.Lock()
 	o.upgrades = append(o.upgrades, m.name+" "+image)
 	o.unavailable = append(o.unavailable, cordoned)
-	lag := m.faults.rebootLag
+	m.staged = render.TagOf(image)
+	m.installed = talos.InstallDone
+	o.mu.Unlock()
+
+	if after == nil && breaks {
+		after = status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer")
+	}
+
+	return false, after
+}
+
+// InstallEvidence is machined's log of the installs of the current boot.
+func (o *fakeOS) InstallEvidence(ctx context.Context, ip string) (talos.InstallState, error) {
+	m, err := o.reachable(ctx, ip)
+	if err != nil {
+		return talos.InstallUnknown, fmt.Errorf("node %q: read machined's log: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	switch {
+	case m.installing:
+		return talos.InstallRunning, nil
+	case m.faults.logRolled && m.installed == talos.InstallNone:
+		return talos.InstallUnknown, nil
+	}
+
+	return m.installed, nil
+}
+
+// Reboot reboots the machine into its staged version: it goes down at once
+// (or after rebootLag, as Talos does while it shuts down) and boots after
+// rebootDelay.
+func (o *fakeOS) Reboot(ctx context.Context, ip string) error {
+	m, err := o.reachable(ctx, ip)
+	if err != nil {
+		return fmt.Errorf("node %q: reboot: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	if m.rebooting {
+		o.mu.Unlock()
+
+		return fmt.Errorf("node %q: reboot: %w", ip, status.Error(codes.FailedPrecondition, "a reboot is already in progress"))
+	}
+
+	staged, lag := m.staged, m.faults.rebootLag
+	if staged == "" {
+		staged = m.version
+	}
+
+	m.rebooting = true
+	m.reboots++
 	o.mu.Unlock()
 
 	o.wg.Add(1)
@@ -273,7 +365,7 @@ func (o *fakeOS) Upgrade(ctx context.Context, ip, image string) error {
 
 		go o.boot(m, staged)
 
-		return after
+		return nil
 	}
 
 	go func() {
@@ -289,7 +381,7 @@ func (o *fakeOS) Upgrade(ctx context.Context, ip, image string) error {
 		o.boot(m, staged)
 	}()
 
-	return after
+	return nil
 }
 
 // goDown takes a machine down for its reboot: its API and its Node's Ready
@@ -337,6 +429,7 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 
 	m.boots++
 	m.bootID = fmt.Sprintf("boot-%s-%d", m.name, m.boots)
+	m.staged, m.installed, m.rebooting = "", talos.InstallNone, false
 	m.bootedAt = time.Now()
 	m.up = true
 	version, notReady := m.version, m.faults.stayNotReady
@@ -418,6 +511,8 @@ func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*EngineOpti
 type mapMemo struct {
 	mu sync.Mutex
 	m  map[string]string
+	// refuse, when set, is what every Set fails with (a state write refused).
+	refuse error
 }
 
 func newMemo() *mapMemo { return &mapMemo{m: map[string]string{}} }
@@ -438,6 +533,10 @@ func (m *mapMemo) Set(ctx context.Context, key, value string) error {
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
+
+	if m.refuse != nil {
+		return fmt.Errorf("write the state: %w", m.refuse)
+	}
 
 	m.m[key] = value
 

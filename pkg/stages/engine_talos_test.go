@@ -116,7 +116,7 @@ func TestTalosUpgrade(t *testing.T) {
 	var mark upgradeMark
 	require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/cp-2/v1.13.9"]), &mark))
 	assert.Equal(t, "00000001-boot-cp-2-0", mark.BootID)
-	assert.True(t, mark.Called)
+	assert.Equal(t, stepReboot, mark.Step)
 
 	// One line per phase, as a status shows them.
 	done := rec.with("TalosOS cp-1 Done:")
@@ -159,14 +159,14 @@ func TestTalosBootIDFlow(t *testing.T) {
 	require.NoError(t, e.Run(context.Background()))
 	requireTalosFinished(t, o, "v1.13.9")
 
-	assert.Equal(t, upgradeMark{BootID: "00000000-boot-cp-1-0"}, atCall["cp-1"], "the boot the node was on, not yet called")
-	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0"}, atCall["worker-1"])
+	assert.Equal(t, upgradeMark{BootID: "00000000-boot-cp-1-0", Step: stepInstall}, atCall["cp-1"], "the install announced in the boot the node was on")
+	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Step: stepInstall}, atCall["worker-1"])
 	assert.NotEmpty(t, rec.with("TalosOS worker-1 Upgrading: waiting for the reboot (boot ID unchanged)"))
 	assert.Empty(t, rec.with("TalosOS cp-1 Upgrading: waiting for the reboot"), "cp-1 went down at once")
 
 	var mark upgradeMark
 	require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/worker-1/v1.13.9"]), &mark))
-	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Called: true}, mark, "called once the call returned")
+	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Step: stepReboot}, mark, "the reboot announced once the install ended")
 }
 
 func TestTalosUpgradeInstallerOverride(t *testing.T) {

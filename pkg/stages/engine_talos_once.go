@@ -1,0 +1,390 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	"google.golang.org/grpc/codes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// One install per node: the Talos upgrade of a node is two calls, Install
+// (the new version into the other boot slot) and Reboot. A second Install
+// in the same boot would flip the boot slots again and write the new version
+// over the running one, losing the A/B fallback; so each call is announced in
+// the node's mark (written to the state before the call) and, when a run
+// finds a mark of an upgrade under way, what happens next is decided from
+// what the node reports: its boot ID, its version and, in the boot the
+// install was announced in, machined's log of the installs of that boot.
+
+// Steps of a node's upgrade, as its mark records them. Each is written
+// before the call it announces; stepInstalled after the Install call ended.
+const (
+	// stepInstall: the Install call is made (or about to be) in boot BootID.
+	stepInstall = "install"
+	// stepInstalled: the Install call ended with exit code 0; the reboot is
+	// next.
+	stepInstalled = "installed"
+	// stepReboot: the node is asked to reboot (or reboots by itself, on a
+	// Talos without the lifecycle service).
+	stepReboot = "reboot"
+)
+
+// step is the mark's step; a mark written by an older ichor has Called
+// alone.
+func (m upgradeMark) step() string {
+	switch {
+	case m.Step != "":
+		return m.Step
+	case m.Called:
+		return stepReboot
+	}
+
+	return stepInstall
+}
+
+// installTalos is the part of OSTalos that installs and reboots.
+type installTalos interface {
+	// Install installs the installer image's Talos into the node's other
+	// boot slot; rebooting is true when the node reboots by itself (a Talos
+	// without the lifecycle service).
+	Install(ctx context.Context, node, image string) (rebooting bool, err error)
+	// Reboot asks the node to reboot.
+	Reboot(ctx context.Context, node string) error
+	// InstallEvidence says what the node's machined log shows of the
+	// installs of its current boot.
+	InstallEvidence(ctx context.Context, node string) (talos.InstallState, error)
+}
+
+// nodeSeen is what a node reports when a run decides its next step.
+type nodeSeen struct {
+	reachable bool
+	bootID    string
+	version   string
+	// evidence is read only in the boot the install was announced in.
+	evidence talos.InstallState
+}
+
+// resumeAction is what a run does next with a node whose upgrade is under
+// way.
+type resumeAction int
+
+const (
+	actInstall resumeAction = iota // install, then reboot
+	actReboot                      // installed in this boot: reboot, never install again
+	actFollow                      // rebooting or rebooted: follow it to the target
+	actVerify                      // on the target: verify
+	actWait                        // an install runs on the node: look again
+	actPause                       // the node cannot tell whether it installed: pause
+)
+
+func (a resumeAction) String() string {
+	return [...]string{"install", "reboot", "follow", "verify", "wait", "pause"}[a]
+}
+
+// decide is what to do with a node whose mark says its upgrade to target is
+// under way, from what the node reports. Never a second install in the boot
+// the mark announced one in, unless the node says none ran or it failed.
+func decide(mark upgradeMark, seen nodeSeen, target string) resumeAction {
+	switch {
+	case !seen.reachable:
+		return actFollow // going down, down, or coming back: the boot ID will say
+	case seen.bootID != mark.BootID:
+		return actFollow // rebooted since: the version says whether into the target
+	case seen.version == target:
+		return actVerify
+	}
+
+	// The same boot as the mark's, on the old version.
+	switch mark.step() {
+	case stepInstalled, stepReboot:
+		// Installed; the reboot never came (or is still shutting down):
+		// asking again is harmless.
+		return actReboot
+	}
+
+	switch seen.evidence {
+	case talos.InstallDone:
+		return actReboot
+	case talos.InstallNone, talos.InstallFailed:
+		return actInstall
+	case talos.InstallRunning:
+		return actWait
+	}
+
+	return actPause
+}
+
+// transientInstallError reports whether err, from an Install call, may have
+// left the node in any state (the connection broke: stream reset, gRPC
+// Unavailable, the endpoint down) rather than saying the install failed.
+func transientInstallError(err error) bool {
+	if talos.IsUnreachable(err) {
+		return true
+	}
+
+	switch client.StatusCode(err) {
+	case codes.Unavailable, codes.Aborted:
+		return true
+	}
+
+	return false
+}
+
+// installAttempts bounds the Install calls tried again after a transient
+// error in one boot (each only when the node says no install ran).
+const installAttempts = 5
+
+// drive takes a node whose upgrade is under way (mark written) to the
+// target: first is what to do before looking at the node (actInstall from a
+// fresh upgrade; otherwise the node is looked at first). It returns once the
+// node is verified, or with a pause.
+func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out outcome, installer string, first resumeAction, look bool) error {
+	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
+	deadline := time.Now().Add(r.opts.UpgradeTimeout + r.opts.RebootTimeout)
+	act := first
+	attempts := 0
+	seenVersion := "?"
+
+	for {
+		if look {
+			seen, err := r.look(ctx, n, mark)
+			if err != nil {
+				return err
+			}
+
+			act = decide(mark, seen, r.target.String())
+			if seen.version != "" {
+				seenVersion = seen.version
+			}
+			if act == actFollow && seen.reachable && mark.step() != stepReboot {
+				mark.Step = stepReboot // rebooted since: there is nothing else to do but follow
+			}
+		}
+
+		look = true
+
+		switch act {
+		case actVerify:
+			return r.verify(ctx, n, time.Now().Add(r.opts.VerifyTimeout), r.opts.VerifyTimeout, out)
+		case actFollow:
+			err := r.follow(ctx, n, mark, out)
+			if !errors.Is(err, errSameBoot) {
+				return err
+			}
+
+			r.e.node(stage, name, PhaseUpgrading, "Talos API answers again in boot %s, the one the install was announced in: looking at what it did", shortID(mark.BootID))
+
+			continue
+		case actReboot:
+			if err := r.ensureDrained(ctx, n); err != nil {
+				return err
+			}
+
+			mark.Step = stepReboot
+			if err := r.writeMark(ctx, name, mark); err != nil {
+				return err
+			}
+
+			r.e.node(stage, name, PhaseUpgrading, "Talos %s installed in boot %s: rebooting into it", r.target, shortID(mark.BootID))
+
+			callCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+			err := r.e.Talos.Reboot(callCtx, ip)
+
+			cancel()
+
+			switch {
+			case ctx.Err() != nil:
+				return fmt.Errorf("stage %s: node %q: reboot: %w", stage, name, ctx.Err())
+			case talos.IsPermissionDenied(err):
+				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionTalosAccess, err)
+			case err != nil:
+				// Going down already, or a reboot under way: the boot ID says.
+				r.e.node(stage, name, PhaseUpgrading, "reboot: %s: following the node", firstLine(err))
+			}
+
+			return r.follow(ctx, n, mark, out)
+		case actWait:
+			if time.Now().After(deadline) {
+				err := fmt.Errorf("node %q: an install started in boot %s and has not ended after %s (machined's log)", name, shortID(mark.BootID), r.opts.UpgradeTimeout+r.opts.RebootTimeout)
+
+				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned",
+					fmt.Sprintf("look at it (talosctl -n %s logs machined | grep upgrade): once it says upgrade completed, resume (kubectl ichor resume) to reboot it", ip), err)
+			}
+
+			r.e.node(stage, name, PhaseUpgrading, "an install runs on the node (machined's log): waiting for it to end")
+
+			if err := sleep(ctx, max(r.poll, time.Second)); err != nil {
+				return fmt.Errorf("stage %s: node %q: %w", stage, name, err)
+			}
+		case actPause:
+			err := fmt.Errorf("node %q: its upgrade was announced in boot %s, which it still runs, and its machined log no longer reaches back to say whether the install ran", name, shortID(mark.BootID))
+
+			return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned",
+				fmt.Sprintf("look at it (talosctl -n %s logs machined; talosctl -n %s dmesg | grep upgrade): if the install completed, reboot it (talosctl -n %s reboot), "+
+					"then resume (kubectl ichor resume); a second install would overwrite the running boot slot", ip, ip, ip), err)
+		case actInstall:
+			attempts++
+			if attempts > installAttempts {
+				err := fmt.Errorf("node %q: %d Install calls in boot %s broke off and the node says none ran", name, installAttempts, shortID(mark.BootID))
+
+				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionTalosAccess, err)
+			}
+
+			if err := r.ensureDrained(ctx, n); err != nil {
+				return err
+			}
+
+			if installer == "" {
+				var err error
+				if installer, err = r.installer(n.Node, n.cfg); err != nil {
+					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), "pass the installer with --image REPOSITORY:TAG", err)
+				}
+			}
+
+			mark.Step = stepInstall
+			if err := r.writeMark(ctx, name, mark); err != nil {
+				return err
+			}
+
+			from := orUnknown(out.from)
+			if from == "unknown" {
+				from = seenVersion
+			}
+
+			r.e.node(stage, name, PhaseUpgrading, "upgrading Talos %s -> %s with %s (install announced in boot %s; bound %s)",
+				from, r.target, installer, shortID(mark.BootID), r.opts.UpgradeTimeout)
+
+			callCtx, cancel := context.WithTimeout(ctx, r.opts.UpgradeTimeout)
+			rebooting, err := r.e.Talos.Install(callCtx, ip, installer)
+
+			cancel()
+
+			switch {
+			case ctx.Err() != nil:
+				// Stopped mid-call: the mark announces the install; the next run
+				// asks the node what it did.
+				return fmt.Errorf("stage %s: node %q: upgrade: %w", stage, name, ctx.Err())
+			case err == nil && rebooting:
+				mark.Step = stepReboot
+				if err := r.writeMark(ctx, name, mark); err != nil {
+					return err
+				}
+
+				r.e.node(stage, name, PhaseUpgrading, "Upgrade call done: waiting for the reboot into %s (bound %s)", r.target, r.opts.RebootTimeout)
+
+				return r.follow(ctx, n, mark, out)
+			case err == nil:
+				mark.Step = stepInstalled
+				if err := r.writeMark(ctx, name, mark); err != nil {
+					return err
+				}
+
+				act, look = actReboot, false
+			case talos.IsInstallInProgress(err):
+				act, look = actWait, false
+			case transientInstallError(err):
+				r.e.node(stage, name, PhaseUpgrading, "the Install call broke off (%s): asking the node what it did", firstLine(err))
+			default:
+				return r.undo(ctx, name, fmt.Errorf("node %q: upgrade to %s: %w", name, installer, err),
+					"nothing was rebooted: check the installer image is reachable from the node (talosctl -n "+ip+" image pull "+installer+
+						"), then resume")
+			}
+		}
+	}
+}
+
+// errSameBoot is follow finding the node up in the boot its install was
+// announced in, with no reboot asked: the run decides again.
+var errSameBoot = errors.New("the node answers in the boot its install was announced in")
+
+// look reads what a node reports for decide: its boot ID (a short look: it
+// may be down), its version, and in the mark's boot machined's log of the
+// installs.
+func (r *talosRun) look(ctx context.Context, n *osNode, mark upgradeMark) (nodeSeen, error) {
+	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
+
+	callCtx, cancel := context.WithTimeout(ctx, talosPollCallTimeout)
+	defer cancel()
+
+	boot, err := r.e.Talos.BootID(callCtx, ip)
+
+	switch {
+	case ctx.Err() != nil:
+		return nodeSeen{}, fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
+	case talos.IsPermissionDenied(err):
+		return nodeSeen{}, r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+	case err != nil:
+		return nodeSeen{}, nil // unreachable, or not answering: follow it
+	}
+
+	version, err := r.e.Talos.Version(callCtx, ip)
+	if err != nil {
+		return nodeSeen{}, nil
+	}
+
+	seen := nodeSeen{reachable: true, bootID: boot, version: version}
+
+	if boot == mark.BootID && version != r.target.String() && mark.step() == stepInstall {
+		ev, err := r.e.Talos.InstallEvidence(callCtx, ip)
+		if err != nil {
+			if talos.IsPermissionDenied(err) {
+				return nodeSeen{}, r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+			}
+
+			return nodeSeen{}, nil // not answering after all: follow it
+		}
+
+		seen.evidence = ev
+		r.e.node(stage, name, PhaseUpgrading, "boot %s, the one its install was announced in; machined's log: %s", shortID(boot), ev)
+	}
+
+	return seen, nil
+}
+
+// ensureDrained cordons and drains a node whose upgrade is under way when
+// ichor's cordon is no longer on it (uncordoned after a pause), before it is
+// installed or rebooted.
+func (r *talosRun) ensureDrained(ctx context.Context, n *osNode) error {
+	if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
+		return nil
+	}
+
+	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name, false)
+
+	return err
+}
+
+// writeMark writes node's mark before the call it announces; a mark that
+// cannot be written pauses (the call is not made), the node staying
+// cordoned.
+func (r *talosRun) writeMark(ctx context.Context, name string, mark upgradeMark) error {
+	err := r.setMark(ctx, name, mark)
+
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("stage %s: node %q: %w", r.stage.Name(), name, ctx.Err())
+	}
+
+	return r.e.pause(ctx, r.stage.Name(), name,
+		fmt.Sprintf("node %q: record the %s step of its upgrade in the state: %v; nothing was called, the node stays cordoned", name, mark.step(), err),
+		"fix what refuses the write to the state ConfigMap (kubectl ichor status; the runner's log), then resume (kubectl ichor resume)",
+		err)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}

@@ -1,0 +1,197 @@
+package stages
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// TestDecide is the resume decision table: every step a mark can record
+// (older ichor's marks included) against every state a node can report.
+func TestDecide(t *testing.T) {
+	const (
+		target = "v1.13.9"
+		old    = "v1.12.4"
+		boot   = "boot-0"
+	)
+
+	marks := map[string]upgradeMark{
+		"install":           {BootID: boot, Step: stepInstall},
+		"installed":         {BootID: boot, Step: stepInstalled},
+		"reboot":            {BootID: boot, Step: stepReboot},
+		"older, called":     {BootID: boot, Called: true},
+		"older, not yet":    {BootID: boot},
+		"install, fellBack": {BootID: boot, Step: stepInstall},
+	}
+
+	type node struct {
+		seen nodeSeen
+		// want by mark step (install marks, installed-or-reboot marks)
+		install, installed resumeAction
+	}
+
+	nodes := map[string]node{
+		"unreachable":                    {nodeSeen{}, actFollow, actFollow},
+		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actFollow, actFollow},
+		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow},
+		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify},
+		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot},
+		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallFailed}, actInstall, actReboot},
+		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallRunning}, actWait, actReboot},
+		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallDone}, actReboot, actReboot},
+		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallUnknown}, actPause, actReboot},
+	}
+
+	for mn, mark := range marks {
+		for nn, n := range nodes {
+			want := n.installed
+			if mark.step() == stepInstall {
+				want = n.install
+			}
+
+			assert.Equal(t, want.String(), decide(mark, n.seen, target).String(), "mark %s, node %s", mn, nn)
+		}
+	}
+}
+
+// TestTalosInstallBreaksOff: the Install call installs, then its stream
+// breaks (Unavailable) while the node stays up: the node's log says it
+// installed, so it is rebooted, never installed again.
+func TestTalosInstallBreaksOff(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.setFaults("cp-2", func(f *osFaults) { f.installBreaks = true })
+	o.setFaults("worker-1", func(f *osFaults) { f.installBreaks = true })
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", newMemo())
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Len(t, o.upgradeNodes(), 5, "one Install per node: %v", o.upgradeNodes())
+	assert.NotEmpty(t, rec.with("TalosOS cp-2 Upgrading: the Install call broke off"))
+	assert.NotEmpty(t, rec.with("TalosOS cp-2 Upgrading: boot", "machined's log: installed, waiting for a reboot"))
+	assert.NotEmpty(t, rec.with("TalosOS cp-2 Upgrading: Talos v1.13.9 installed in boot"))
+}
+
+// TestTalosInstallNeverReached: the Install call breaks off before it
+// reaches the node (nothing installed): it is tried again.
+// unavailable is a gRPC Unavailable status, as a broken stream answers.
+func unavailable(msg string) error { return status.Error(codes.Unavailable, msg) }
+
+func TestTalosInstallNeverReached(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+
+	calls := map[string]int{}
+	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+		calls[node]++
+		if node == "worker-2" && calls[node] == 1 {
+			return true, fmt.Errorf("rpc error: code = Unavailable desc = connection reset")
+		}
+
+		return false, nil
+	}
+	// The hook's error is not a gRPC status: make it one.
+	inner := o.onUpgrade
+	o.onUpgrade = func(ctx context.Context, node string) (bool, error) {
+		skip, err := inner(ctx, node)
+		if err != nil {
+			return skip, unavailable(err.Error())
+		}
+
+		return skip, nil
+	}
+
+	require.NoError(t, o.engine("v1.13.9", newMemo()).Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Len(t, o.upgradeNodes(), 5, "one Install that took per node: %v", o.upgradeNodes())
+	assert.Equal(t, 2, calls["worker-2"], "tried again once the node said nothing ran")
+}
+
+// TestTalosKilledBetweenInstallAndReboot: the runner dies once the install
+// ended, before it recorded it or asked the reboot; the next runner finds
+// the node in the same boot with the install done and only reboots it.
+func TestTalosKilledBetweenInstallAndReboot(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	memo := newMemo()
+	ctx, cancel := context.WithCancel(context.Background())
+
+	defer cancel()
+
+	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+		if node == "cp-2" {
+			cancel()
+		}
+
+		return false, nil
+	}
+
+	require.ErrorIs(t, o.engine("v1.13.9", memo).Run(ctx), context.Canceled)
+	assert.Equal(t, 0, o.state("cp-2").reboots, "not rebooted by the first runner")
+
+	var mark upgradeMark
+	require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/cp-2/v1.13.9"]), &mark))
+	assert.Equal(t, stepInstall, mark.Step, "the install announced, its end never recorded")
+
+	o.onUpgrade = nil
+	rec := &recorder{}
+	e := o.engine("v1.13.9", memo)
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Len(t, o.upgradeNodes(), 5, "one Install per node: %v", o.upgradeNodes())
+	assert.NotEmpty(t, rec.with("TalosOS cp-2 Upgrading: Talos v1.13.9 installed in boot"))
+}
+
+// TestTalosLogRolledPauses: the runner dies mid-install and the node's log no
+// longer says whether it installed: the next run pauses, the node cordoned,
+// rather than install a second time.
+func TestTalosLogRolledPauses(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	memo := newMemo()
+	ctx, cancel := context.WithCancel(context.Background())
+
+	defer cancel()
+
+	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+		if node == "cp-2" {
+			cancel()
+
+			return true, context.Canceled // nothing installed, but the log will not say so
+		}
+
+		return false, nil
+	}
+
+	require.ErrorIs(t, o.engine("v1.13.9", memo).Run(ctx), context.Canceled)
+
+	o.onUpgrade = nil
+	o.setFaults("cp-2", func(f *osFaults) { f.logRolled = true })
+
+	err := o.engine("v1.13.9", memo).Run(context.Background())
+	p := requirePause(t, err, "TalosOS", "cp-2", "no longer reaches back", "the node stays cordoned")
+	assert.Contains(t, p.Action, "talosctl -n")
+	assert.Equal(t, []string{"cp-1"}, o.upgradeNodes(), "no second install")
+	assert.Equal(t, []string{"cp-2"}, o.f.cordonedByIchor())
+}
+
+// TestTalosMarkNotWritten: the state refuses the install's mark: nothing is
+// called, the run pauses naming the node, which stays cordoned.
+func TestTalosMarkNotWritten(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	memo := newMemo()
+	memo.refuse = fmt.Errorf("admission webhook denied the request")
+
+	err := o.engine("v1.13.9", memo).Run(context.Background())
+	requirePause(t, err, "TalosOS", "cp-1", "record the install step of its upgrade in the state", "admission webhook denied", "nothing was called")
+	assert.Empty(t, o.upgradeNodes())
+}
