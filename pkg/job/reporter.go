@@ -24,13 +24,24 @@ type reporter struct {
 	logf    func(format string, args ...any)
 	aborted func()
 
+	// fence, when set, is asked before every write whether the runner still holds the
+	// lock; it returns the time until which a write may land (the lease's expiry), or
+	// an error: errLostLock (nothing more is written, the engine stops) or another one
+	// (the write is tried again).
+	fence func(ctx context.Context) (time.Time, error)
+	// lost stops the engine once the fence says the lock is lost.
+	lost func()
+	// setTimeout bounds a Memo.Set (stateWriteTimeout when zero).
+	setTimeout time.Duration
+
 	writeMu sync.Mutex // one write at a time
 
 	mu      sync.Mutex
 	op      Operation
 	version uint64 // bumped on every change
 	written uint64 // the last version written
-	failed  error  // the operation was aborted or replaced: nothing more is written
+	failed  error  // the operation was aborted or replaced, or the lock lost: nothing more is written
+	lastErr error  // the last write's error, nil once one succeeds
 	notify  chan struct{}
 	kick    chan struct{}
 }
@@ -93,7 +104,13 @@ func (r *reporter) Get(key string) (string, bool) {
 	return v, found
 }
 
-// Set implements stages.Memo: it returns once the value is in the state ConfigMap.
+// stateWriteTimeout bounds a Memo.Set: the engine is told the state could not be written
+// (and pauses with why) rather than wait for ever.
+const stateWriteTimeout = 30 * time.Second
+
+// Set implements stages.Memo: it returns once the value is in the state ConfigMap, or
+// with why it is not after a deadline (a write refused by an admission webhook or
+// policy, the ConfigMap deleted, its size limit, the lock lost).
 func (r *reporter) Set(ctx context.Context, key, value string) error {
 	v := r.change(func(s *OperationStatus) {
 		if s.Memo == nil {
@@ -103,7 +120,28 @@ func (r *reporter) Set(ctx context.Context, key, value string) error {
 		s.Memo[key] = value
 	})
 
-	return r.wait(ctx, v)
+	timeout := r.setTimeout
+	if timeout <= 0 {
+		timeout = stateWriteTimeout
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	err := r.wait(wctx, v)
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		r.mu.Lock()
+		last := r.lastErr
+		r.mu.Unlock()
+
+		if last == nil {
+			last = errors.New("no answer")
+		}
+
+		return fmt.Errorf("the state ConfigMap was not written within %s: %w", timeout, last)
+	}
+
+	return err
 }
 
 func (r *reporter) spec() OperationSpec {
@@ -160,7 +198,7 @@ func (r *reporter) loop(ctx context.Context) {
 		case <-r.kick:
 		}
 
-		if err := r.write(ctx); err != nil && !errors.Is(err, errAborted) && ctx.Err() == nil {
+		if err := r.write(ctx); err != nil && !errors.Is(err, errAborted) && !errors.Is(err, errLostLock) && ctx.Err() == nil {
 			r.logf("write the state: %v (trying again)", err)
 
 			select {
@@ -201,7 +239,39 @@ func (r *reporter) write(ctx context.Context) error {
 	status := r.op.Status.clone()
 	r.mu.Unlock()
 
-	_, err := r.store.Update(ctx, func(o *Operation) error {
+	wctx := ctx
+
+	if r.fence != nil {
+		until, err := r.fence(ctx)
+		if err == nil {
+			var cancel context.CancelFunc
+
+			wctx, cancel = context.WithDeadline(ctx, until)
+			defer cancel()
+		} else if !errors.Is(err, errLostLock) {
+			r.mu.Lock()
+			r.lastErr = err
+			r.mu.Unlock()
+
+			return err
+		}
+
+		if err != nil {
+			r.mu.Lock()
+			r.failed = err
+			close(r.notify)
+			r.notify = make(chan struct{})
+			r.mu.Unlock()
+
+			if r.lost != nil {
+				r.lost()
+			}
+
+			return err
+		}
+	}
+
+	_, err := r.store.Update(wctx, func(o *Operation) error {
 		if o.Spec.ID != id {
 			return fmt.Errorf("%w: operation %s was replaced by %s", errAborted, id, o.Spec.ID)
 		}
@@ -221,9 +291,12 @@ func (r *reporter) write(ctx context.Context) error {
 	switch {
 	case err == nil:
 		r.written = max(r.written, v)
+		r.lastErr = nil
 	case errors.Is(err, errAborted):
 		r.failed = err
 	default:
+		r.lastErr = err
+
 		return err
 	}
 
@@ -243,7 +316,7 @@ func (r *reporter) write(ctx context.Context) error {
 func (r *reporter) flush(ctx context.Context) error {
 	for {
 		err := r.write(ctx)
-		if err == nil || errors.Is(err, errAborted) {
+		if err == nil || errors.Is(err, errAborted) || errors.Is(err, errLostLock) {
 			return err
 		}
 

@@ -89,6 +89,8 @@ type Runner struct {
 
 	// LeaseDuration, RenewDeadline and RetryPeriod override the lock's timings (tests).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// StateWriteTimeout overrides how long a Memo.Set may take (tests).
+	StateWriteTimeout time.Duration
 }
 
 var (
@@ -173,17 +175,21 @@ func (r *Runner) Run(ctx context.Context) error {
 		waitOnce sync.Once
 	)
 
-	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+	var elector *leaderelection.LeaderElector
+
+	elector, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: r.Namespace},
 			Client:     r.Kube.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: r.Identity},
 			Labels:     commonLabels(nil),
 		},
-		LeaseDuration:   lease,
-		RenewDeadline:   renew,
-		RetryPeriod:     retry,
-		ReleaseOnCancel: true,
+		LeaseDuration: lease,
+		RenewDeadline: renew,
+		RetryPeriod:   retry,
+		// Released by releaseOwnLock, on the condition that the Lease still names this
+		// runner: client-go's release writes over a holder it has not noticed yet.
+		ReleaseOnCancel: false,
 		Name:            LockName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
@@ -191,7 +197,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				defer leCancel()
 
 				leading.Store(true)
-				result = r.lead(ctx, lctx, op.Spec.ID)
+				result = r.lead(ctx, lctx, op.Spec.ID, r.fence(lctx, elector))
 			},
 			OnStoppedLeading: func() {},
 		},
@@ -244,7 +250,26 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	<-done
 
+	r.releaseOwnLock(ctx)
+
 	return result
+}
+
+// releaseOwnLock clears the lock once the engine stopped, when the Lease still names
+// this runner (and did not change meanwhile), so that the next runner takes it at once.
+// A runner that lost the Lease leaves it alone.
+func (r *Runner) releaseOwnLock(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RenewDeadline)
+	defer cancel()
+
+	lock, err := ReadLock(rctx, r.Kube, r.Namespace)
+	if err != nil || lock == nil || lock.Holder != r.Identity {
+		return
+	}
+
+	if err := releaseLock(rctx, r.Kube, r.Namespace, lock); err != nil {
+		r.logf("could not release the lock: %v (it expires by itself)", err)
+	}
 }
 
 // wanted returns nil when op is the runner's operation and wants a runner, else the
@@ -288,7 +313,7 @@ func (r *Runner) takeOverFromGone(ctx context.Context) error {
 }
 
 // lead runs while the runner holds the lock; lctx ends when it loses it.
-func (r *Runner) lead(ctx, lctx context.Context, id string) error {
+func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.Context) (time.Time, error)) error {
 	if lctx.Err() != nil {
 		return &ExitError{Code: 1, Err: errLostLock}
 	}
@@ -339,6 +364,7 @@ func (r *Runner) lead(ctx, lctx context.Context, id string) error {
 	events.operation(ctx, "Running", fmt.Sprintf("runner %s took the lock (run %d)", r.Identity, op.Status.Runs), false)
 
 	rep := newReporter(r.store(), op, events, r.now, r.logf, func() { stop(errAborted) })
+	rep.fence, rep.lost, rep.setTimeout = fence, func() { stop(errLostLock) }, r.StateWriteTimeout
 	go rep.loop(engCtx)
 
 	opts := engineOptions(op.Spec, r.Node)
@@ -359,6 +385,37 @@ func (r *Runner) lead(ctx, lctx context.Context, id string) error {
 	}
 
 	return r.finish(ctx, engCtx, rep, events, err)
+}
+
+// fence is the reporter's check before each write to the state: the runner still leads
+// (its elector says so and lctx, which ends when a renewal fails, has not) and the Lease
+// as the apiserver has it names this runner, unexpired. It returns the Lease's expiry:
+// the write is given that deadline, so that it cannot land after another runner could
+// have taken the Lease (one takes an expired Lease only, LeaseDuration after the last
+// renewal it saw). A Lease that cannot be read is an error to try again, not a loss.
+func (r *Runner) fence(lctx context.Context, elector *leaderelection.LeaderElector) func(context.Context) (time.Time, error) {
+	return func(ctx context.Context) (time.Time, error) {
+		if lctx.Err() != nil || (elector != nil && !elector.IsLeader()) {
+			return time.Time{}, errLostLock
+		}
+
+		lock, err := ReadLock(ctx, r.Kube, r.Namespace)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("check the lock before writing the state: %w", err)
+		}
+
+		now := r.now()
+		if lock == nil || lock.Holder != r.Identity || !lock.HeldAt(now) {
+			holder := "nobody"
+			if lock != nil && lock.Holder != "" {
+				holder = lock.Holder
+			}
+
+			return time.Time{}, fmt.Errorf("%w: %s holds %s", errLostLock, holder, describe("lease", r.Namespace, LockName))
+		}
+
+		return time.Now().Add(lock.Renewed.Add(lock.Duration).Sub(now)), nil
+	}
 }
 
 // finish records how the engine ended and returns the runner's exit.
@@ -423,6 +480,19 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		s.AddPause(s.Stage, pause.Node, pause.Reason, r.now())
 	})
 	if ferr != nil {
+		if errors.Is(ferr, errLostLock) {
+			r.logf("lost the lock: the pause (%s) is not written; the holder carries on", pause.Error())
+
+			return &ExitError{Code: 1, Err: errLostLock}
+		}
+
+		// The state cannot be written (a webhook or policy refuses it, it was deleted):
+		// the pause is said where it can be, an Event and the log; the Job's next pod
+		// tries the state again.
+		msg := fmt.Sprintf("%s; the state could not be written (%v): fix what refuses it", pause.Error(), ferr)
+		events.operation(wctx, "PauseNotRecorded", msg, true)
+		r.logf("operation %s: %s", r.Operation, msg)
+
 		return ferr
 	}
 

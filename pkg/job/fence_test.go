@@ -1,0 +1,115 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// TestRunnerFencesMemoOnTheLease: another runner holds the Lease (taken over while this
+// one's elector has not noticed yet); the engine's Memo.Set at that moment writes
+// nothing and fails, and the runner stops as having lost the lock.
+func TestRunnerFencesMemoOnTheLease(t *testing.T) {
+	var (
+		f      *runnerFixture
+		setErr error
+	)
+
+	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+		l := f.lease(t)
+		other, now := "other-pod", metav1.NewMicroTime(time.Now().Add(time.Hour))
+		l.Spec.HolderIdentity, l.Spec.RenewTime = &other, &now
+		_, err := f.client.CoordinationV1().Leases("ichor-system").Update(ctx, l, metav1.UpdateOptions{})
+		require.NoError(t, err)
+
+		// At once, before the elector's next renewal.
+		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
+
+		<-ctx.Done()
+
+		return ctx.Err()
+	})
+	f.runner.LeaseDuration, f.runner.RenewDeadline, f.runner.RetryPeriod = 10*time.Second, 8*time.Second, 4*time.Second
+
+	err := f.runner.Run(context.Background())
+	require.ErrorIs(t, setErr, errLostLock)
+	assert.ErrorIs(t, err, errLostLock)
+	assert.Empty(t, f.state(t).Status.Memo, "nothing written without the lock")
+	assert.Equal(t, "other-pod", leaseHolderOf(f.lease(t)))
+}
+
+// TestRunnerMemoSetHasADeadline: the apiserver refuses every update of the state (an
+// admission webhook's 403): Memo.Set returns with the refusal after its deadline instead
+// of blocking, and the engine's pause, which cannot be written either, is said in an
+// Event.
+func TestRunnerMemoSetHasADeadline(t *testing.T) {
+	var setErr error
+
+	f := newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
+
+		return &stages.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
+	})
+
+	refusing := false
+	f.client.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if !refusing {
+			return false, nil, nil
+		}
+
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, StateName,
+			errors.New(`admission webhook "deny.example.com" denied the request`))
+	})
+
+	f.runner.StateWriteTimeout = 2 * time.Second
+
+	// Refuse once the runner took the operation over (its first write).
+	f.runner.NewEngine = wrapEngine(f.runner.NewEngine, func() { refusing = true })
+
+	start := time.Now()
+	err := f.runner.Run(context.Background())
+	require.Error(t, setErr)
+	assert.Contains(t, setErr.Error(), "the state ConfigMap was not written within")
+	assert.Contains(t, setErr.Error(), "denied the request")
+	assert.Contains(t, setErr.Error(), "within 2s")
+	assert.Less(t, time.Since(start), 30*time.Second)
+	assert.Error(t, err)
+	assert.NotEqual(t, ExitPaused, exitCode(err), "the pause is not in the state: the Job's next pod tries again")
+	assert.Empty(t, f.state(t).Status.Memo)
+
+	evs, lerr := f.client.CoreV1().Events("ichor-system").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, lerr)
+
+	var found bool
+
+	for _, e := range evs.Items {
+		if e.Reason == "PauseNotRecorded" {
+			found = true
+
+			assert.Contains(t, e.Message, "cp-1")
+			assert.Contains(t, e.Message, "the state could not be written")
+		}
+	}
+
+	assert.True(t, found, "an Event says the pause")
+}
+
+// wrapEngine calls before when the runner creates its engine.
+func wrapEngine(next EngineFactory, before func()) EngineFactory {
+	return func(ctx context.Context, cfg EngineConfig) (Engine, func(), error) {
+		before()
+
+		return next(ctx, cfg)
+	}
+}
