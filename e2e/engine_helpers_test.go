@@ -299,7 +299,7 @@ func invariantBreaks(evs []events.Event) []string {
 	var broken []string
 
 	for i, e := range evs {
-		if e.Component == events.Talos {
+		if e.Component == events.Talos || e.Component == events.TalosInstall {
 			continue
 		}
 

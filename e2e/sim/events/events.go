@@ -20,6 +20,10 @@ const (
 	KubeProxy         = "kube-proxy"
 	Kubelet           = "kubelet"
 	Talos             = "talos"
+	// TalosInstall is an install of a Talos version into a machine's other
+	// boot slot (LifecycleService.Upgrade or MachineService.Upgrade), at its
+	// start: one line per install.
+	TalosInstall = "talos-install"
 )
 
 // Event is one line of events.jsonl.

@@ -12,6 +12,8 @@
 //	    unreachable: true            # the Talos API refuses connections while this is set
 //	    abFallback: true             # a Talos upgrade boots back into the old version
 //	    neverBoots: true             # a Talos upgrade reboots and never comes back
+//	    upgradeUnavailable: true     # LifecycleService.Upgrade installs, then answers Unavailable (the stream reset), no reboot
+//	    installHangs: true           # LifecycleService.Upgrade installs, then sends nothing until the caller gives up
 package faults
 
 import (
@@ -33,6 +35,8 @@ type Node struct {
 	Unreachable           bool     `json:"unreachable,omitempty"`
 	ABFallback            bool     `json:"abFallback,omitempty"`
 	NeverBoots            bool     `json:"neverBoots,omitempty"`
+	UpgradeUnavailable    bool     `json:"upgradeUnavailable,omitempty"`
+	InstallHangs          bool     `json:"installHangs,omitempty"`
 }
 
 // NeverReadyComponent reports whether component never gets Ready on this node.

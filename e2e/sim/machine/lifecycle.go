@@ -11,6 +11,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 )
 
 // talosTag matches the tag of a Talos installer image.
@@ -74,10 +76,27 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
+	// One install at a time, as Talos' lifecycle service locks.
+	m.mu.Lock()
+	if m.installing {
+		m.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "another installation/upgrade is already in progress")
+	}
+	m.installing = true
+	running := m.st.TalosVersion
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.installing = false
+		m.mu.Unlock()
+	}()
+	m.logInstall(running, "start", image)
+	m.opts.Events.Start(m.opts.Name, events.TalosInstall, version)
 	if err := progress(fmt.Sprintf("pulling installer image %s", image)); err != nil {
 		return err
 	}
 	if err := m.Pull(ctx, image); err != nil {
+		m.logInstall(running, "failed", image)
 		return err
 	}
 	if err := progress(fmt.Sprintf("installing Talos %s into the inactive boot slot", version)); err != nil {
@@ -96,8 +115,49 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 		return m.errDown()
 	}
 	m.log.Info("upgrade staged", "version", version, "image", image)
+	m.logInstall(running, "done", image)
 	m.notify()
 	return progress(fmt.Sprintf("Talos %s installed: it boots on the next reboot", version))
+}
+
+// logInstall writes an install's start or end to machined's log as the
+// running Talos does: 1.13 with log.Printf, 1.14 as structured lines.
+func (m *Machine) logInstall(running, what, image string) {
+	structured := talosMinor(running) >= 14
+	var line string
+	switch {
+	case what == "start" && structured:
+		line = fmt.Sprintf(`starting upgrade {"installer_image": %q, "disk": "/dev/sda"}`, image)
+	case what == "start":
+		line = fmt.Sprintf("starting upgrade: installer_image=%s, disk=/dev/sda", image)
+	case what == "done" && structured:
+		line = `upgrade completed {"exit_code": 0}`
+	case what == "done":
+		line = "upgrade completed successfully: exit_code=0"
+	case structured:
+		line = `upgrade failed {"exit_code": 1}`
+	default:
+		line = "upgrade failed: exit_code=1"
+	}
+	m.logMachined(line)
+}
+
+// logMachined appends a line to machined's log of this boot.
+func (m *Machine) logMachined(line string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.machinedLog = append(m.machinedLog, fmt.Sprintf("[talos] %s %s", time.Now().UTC().Format("2006/01/02 15:04:05"), line))
+}
+
+// MachinedLog returns machined's log of the current boot, one line per
+// message, as talosctl logs machined reads it.
+func (m *Machine) MachinedLog() ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.st.Up {
+		return nil, m.errDown()
+	}
+	return []byte(strings.Join(m.machinedLog, "\n") + "\n"), nil
 }
 
 // Upgrade is the deprecated MachineService.Upgrade: it checks the request,

@@ -160,6 +160,10 @@ type Machine struct {
 	nextSub          uint64
 	stage            runtime.MachineStage
 	kubelet          KubeletView // what the kubelet last showed
+	// machinedLog is machined's log of the current boot (talosctl logs
+	// machined); installing is a LifecycleService.Upgrade under way.
+	machinedLog []string
+	installing  bool
 
 	ctx    context.Context //nolint:containedctx // lifetime of background work
 	cancel context.CancelFunc
@@ -319,6 +323,9 @@ func (m *Machine) notify() {
 
 func (m *Machine) faults() faults.Node { return m.opts.Faults.For(m.opts.Name) }
 
+// Faults returns the machine's current faults (for the API's own).
+func (m *Machine) Faults() faults.Node { return m.faults() }
+
 // errDown is what a call to a machine that is rebooting gets.
 func (m *Machine) errDown() error {
 	return status.Errorf(codes.Unavailable, "node %s is not reachable: rebooting", m.opts.Name)
@@ -341,7 +348,9 @@ func (m *Machine) boot(ctx context.Context) error {
 	version, active, persistent := m.st.TalosVersion, m.st.Config, m.persistent
 	m.st.BootID = newUUID()
 	m.kubelet = KubeletView{}
+	m.machinedLog = nil
 	m.mu.Unlock()
+	m.logMachined("machined logger initialized")
 	st, err := newBootState(ctx, talosMinor(version))
 	if err != nil {
 		return err

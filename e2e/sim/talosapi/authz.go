@@ -27,6 +27,7 @@ func rules() map[string]role.Set {
 		"/machine.MachineService/EtcdMemberList":     role.MakeSet(role.Admin, role.Operator, role.Reader, role.EtcdBackup),
 		"/machine.MachineService/ImagePull":          role.MakeSet(role.Admin, role.Operator),
 		"/machine.MachineService/Kubeconfig":         role.MakeSet(role.Admin),
+		"/machine.MachineService/Logs":               read,
 		"/machine.MachineService/Read":               role.MakeSet(role.Admin),
 		"/machine.MachineService/Reboot":             role.MakeSet(role.Admin, role.Operator),
 		"/machine.MachineService/ServiceList":        read,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	goruntime "runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -246,6 +247,34 @@ func (ms *machineService) Read(req *machineapi.ReadRequest, srv grpc.ServerStrea
 	b, err := t.m.ReadFile(req.GetPath())
 	if err != nil {
 		return err
+	}
+	return srv.Send(&common.Data{Bytes: b})
+}
+
+// Logs streams a service's log from the system namespace; only machined's
+// is kept (its log of the current boot: the lifecycle service's installs).
+// Follow is not served.
+func (ms *machineService) Logs(req *machineapi.LogsRequest, srv grpc.ServerStreamingServer[common.Data]) error {
+	t, err := ms.s.single(srv.Context(), ms.self)
+	if err != nil {
+		return err
+	}
+	if req.GetNamespace() != "system" || req.GetId() != "machined" {
+		return status.Errorf(codes.NotFound, "log %q not found", req.GetId())
+	}
+	if req.GetFollow() {
+		return status.Error(codes.Unimplemented, "the simulated machined does not follow logs")
+	}
+	b, err := t.m.MachinedLog()
+	if err != nil {
+		return err
+	}
+	if n := int(req.GetTailLines()); n >= 0 {
+		lines := strings.SplitAfter(strings.TrimSuffix(string(b), "\n"), "\n")
+		if n < len(lines) {
+			lines = lines[len(lines)-n:]
+		}
+		b = []byte(strings.Join(lines, "") + "\n")
 	}
 	return srv.Send(&common.Data{Bytes: b})
 }

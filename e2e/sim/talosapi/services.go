@@ -76,6 +76,16 @@ func (ls *lifecycleService) Upgrade(req *machineapi.LifecycleServiceUpgradeReque
 	}); err != nil {
 		return err
 	}
+	switch f := t.m.Faults(); {
+	case f.InstallHangs:
+		// Installed; the stream goes quiet until the caller gives up (a
+		// runner killed between the install and the reboot).
+		<-srv.Context().Done()
+		return status.FromContextError(srv.Context().Err()).Err()
+	case f.UpgradeUnavailable:
+		// Installed; the answer is lost on the way (the node stays up).
+		return status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer")
+	}
 	return send(&machineapi.LifecycleServiceInstallProgress{Response: &machineapi.LifecycleServiceInstallProgress_ExitCode{ExitCode: 0}})
 }
 

@@ -36,6 +36,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 	simmachine "github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
+	ichortalos "github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 const newAPIServerImage = "registry.k8s.io/kube-apiserver:v1.36.3"
@@ -312,6 +313,12 @@ func TestTalosAPI(t *testing.T) {
 		}
 		assert.Equal(t, int32(0), exit)
 
+		// machined's log says the install ran and ended, as talosctl logs
+		// machined reads it: what tells a staged upgrade on Talos.
+		evidence, err := ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, cl, nctx)))
+		require.NoError(t, err)
+		assert.Equal(t, ichortalos.InstallDone.String(), evidence.String())
+
 		// Talk to the control plane through the worker's endpoint so the
 		// client survives the control plane's listener going away.
 		wcl := c.clientVia(t, c.wIP)
@@ -347,7 +354,24 @@ func TestTalosAPI(t *testing.T) {
 			return err == nil && resp.GetMessages()[0].GetVersion().GetTag() == "v1.13.9"
 		}, 10*time.Second, 50*time.Millisecond)
 		assert.NotEqual(t, before, readBootID(t, wcl, wctx))
+
+		evidence, err = ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, wcl, wctx)))
+		require.NoError(t, err)
+		assert.Equal(t, ichortalos.InstallNone.String(), evidence.String(), "a new boot, a new log")
 	})
+}
+
+// machinedLog reads machined's log as talosctl logs machined does.
+func machinedLog(t *testing.T, cl *client.Client, ctx context.Context) string { //nolint:revive // test helper
+	t.Helper()
+	stream, err := cl.Logs(ctx, "system", common.ContainerDriver_CONTAINERD, "machined", false, -1)
+	require.NoError(t, err)
+	r, err := client.ReadStream(stream)
+	require.NoError(t, err)
+	defer r.Close() //nolint:errcheck
+	b, err := io.ReadAll(r)
+	require.NoError(t, err)
+	return string(b)
 }
 
 // clientVia returns an admin client whose only endpoint is ip.
