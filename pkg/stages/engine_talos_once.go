@@ -94,10 +94,10 @@ func decide(mark upgradeMark, seen nodeSeen, target string) resumeAction {
 	switch {
 	case !seen.reachable:
 		return actFollow // going down, down, or coming back: the boot ID will say
-	case seen.bootID != mark.BootID:
-		return actFollow // rebooted since: the version says whether into the target
 	case seen.version == target:
-		return actVerify
+		return actVerify // rebooted into it already
+	case seen.bootID != mark.BootID:
+		return actFollow // rebooted since, on the old version: follow says it fell back
 	}
 
 	// The same boot as the mark's, on the old version.

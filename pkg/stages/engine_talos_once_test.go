@@ -40,7 +40,7 @@ func TestDecide(t *testing.T) {
 
 	nodes := map[string]node{
 		"unreachable":                    {nodeSeen{}, actFollow, actFollow},
-		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actFollow, actFollow},
+		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actVerify, actVerify},
 		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow},
 		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify},
 		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot},
