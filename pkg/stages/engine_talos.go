@@ -441,7 +441,7 @@ func (r *talosRun) visit(ctx context.Context, n *osNode) error {
 		// absence of a record.
 		r.e.node(stage, name, PhaseUpgrading, "following the upgrade to %s: announced (%s) in boot %s", r.target, mark.step(), shortID(mark.BootID))
 
-		return r.drive(ctx, n, *mark, outcome{}, "", actFollow, true)
+		return r.drive(ctx, n, *mark, outcome{}, "", actFollow)
 	}
 
 	version, cfg, err := r.read(ctx, name, n.InternalIP)
@@ -526,7 +526,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 
 	n.cfg = cfg
 
-	return r.drive(ctx, n, upgradeMark{BootID: boot, Step: stepInstall}, outcome{from: version, installer: installer, drained: drained}, installer, actInstall, false)
+	return r.drive(ctx, n, upgradeMark{BootID: boot, Step: stepInstall}, outcome{from: version, installer: installer, drained: drained}, installer, actInstall)
 }
 
 // undo uncordons a node whose upgrade failed before its Upgrade call took

@@ -140,16 +140,23 @@ func transientInstallError(err error) bool {
 // error in one boot (each only when the node says no install ran).
 const installAttempts = 5
 
-// drive takes a node whose upgrade is under way (mark written) to the
-// target: first is what to do before looking at the node (actInstall from a
-// fresh upgrade; otherwise the node is looked at first). It returns once the
-// node is verified, or with a pause.
-func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out outcome, installer string, first resumeAction, look bool) error {
+// drive takes a node whose upgrade is under way to the target, deciding
+// each step from what the node reports: first is actInstall for a fresh
+// upgrade (mark not yet written), else actFollow. It returns once the node
+// is verified, or with a pause.
+func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out outcome, installer string, first resumeAction) error {
 	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
 	deadline := time.Now().Add(r.opts.UpgradeTimeout + r.opts.RebootTimeout)
 	act := first
 	attempts := 0
 	seenVersion := "?"
+
+	// A fresh upgrade asks the node too: an install may have ended in this boot
+	// with no record of it (the state replaced, an operation aborted between its
+	// install and its reboot). Only a log that no longer reaches back is not
+	// taken as a reason to pause: nothing recorded started an install.
+	fresh := first == actInstall
+	look := true
 
 	for {
 		if look {
@@ -159,6 +166,11 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			}
 
 			act = decide(mark, seen, r.target.String())
+			if fresh && act == actPause {
+				act = actInstall
+			}
+
+			fresh = false
 			if seen.version != "" {
 				seenVersion = seen.version
 			}

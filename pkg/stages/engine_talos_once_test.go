@@ -195,3 +195,26 @@ func TestTalosMarkNotWritten(t *testing.T) {
 	requirePause(t, err, "TalosOS", "cp-1", "record the install step of its upgrade in the state", "admission webhook denied", "nothing was called")
 	assert.Empty(t, o.upgradeNodes())
 }
+
+// TestTalosInstalledWithoutRecord: a node already holds the target installed in
+// its current boot (an earlier operation aborted between its install and its
+// reboot) and the state has no mark of it: the node says so, and it is only
+// rebooted, never installed twice.
+func TestTalosInstalledWithoutRecord(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+
+	m := o.machine("worker-1")
+	o.mu.Lock()
+	m.staged, m.installed = "v1.13.9", talos.InstallDone
+	o.mu.Unlock()
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", newMemo())
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	assert.NotContains(t, o.upgradeNodes(), "worker-1", "no second install")
+	assert.Len(t, o.upgradeNodes(), 4)
+	assert.Equal(t, "v1.13.9", o.state("worker-1").version)
+	assert.NotEmpty(t, rec.with("TalosOS worker-1 Upgrading: Talos v1.13.9 installed in boot"))
+}
