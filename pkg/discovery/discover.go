@@ -28,6 +28,12 @@ type TalosReader interface {
 	MachineConfig(ctx context.Context, node string) (config.Provider, error)
 }
 
+// InstalledReader reads what a node's Talos was installed with; *talos.Client satisfies it.
+type InstalledReader interface {
+	// Installed returns the node's platform, SecureBoot state and system extensions.
+	Installed(ctx context.Context, node string) (talos.Installed, error)
+}
+
 // DefaultConcurrency bounds the Talos calls in flight when Discoverer.Concurrency is 0.
 // Each node costs two calls, proxied by the endpoint's apid, so discovery waits about
 // 2 x nodes x latency / DefaultConcurrency: with 10, a 1000-node cluster at 10 ms a call
@@ -43,6 +49,9 @@ type Discoverer struct {
 	Endpoint string
 	// Talos reads each Talos node; nil skips the Talos part (every Node.Talos stays nil).
 	Talos TalosReader
+	// Installed, when set, also reads each Talos node's system extensions and
+	// schematic (Node.Talos.Installed), which a Talos upgrade must keep.
+	Installed InstalledReader
 	// Concurrency bounds the Talos calls in flight; 0 means DefaultConcurrency.
 	Concurrency int
 	// Images extracts component images from a machine config; nil means render.Images.
@@ -165,8 +174,19 @@ func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 			return talosError(n.Name, ip, "machine config", err)
 		}
 
+		t := talosFromConfig(version, cfg, images)
+
+		if d.Installed != nil {
+			installed, err := d.Installed.Installed(ctx, ip)
+			if err != nil {
+				return talosError(n.Name, ip, "system extensions", err)
+			}
+
+			t.Installed = &installed
+		}
+
 		// Each call writes only its own node.
-		n.Talos = talosFromConfig(version, cfg, images)
+		n.Talos = t
 
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // Component names a Kubernetes component that Talos runs on a node.
@@ -134,6 +135,10 @@ type Talos struct {
 	// UnattendedInstallConfig document's installer.image on a config that has
 	// one (Talos 1.14), else machine.install.image.
 	InstallImage string
+	// Installed is what the node's Talos was installed with (platform,
+	// SecureBoot, system extensions and schematic); nil when not read
+	// (Discoverer.Installed unset).
+	Installed *talos.Installed
 	// KubeProxyEnabled is false when kube-proxy is disabled
 	// (cluster.proxy.disabled, or KubeProxyConfig enabled: false).
 	KubeProxyEnabled bool

@@ -50,6 +50,9 @@ type planOptions struct {
 
 	target stages.Version
 	stats  *requestStats
+	// installed makes discovery read each node's system extensions and
+	// schematic too (a Talos upgrade keeps them).
+	installed bool
 }
 
 func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
@@ -118,6 +121,15 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 	}
 
 	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint, Talos: talos}
+
+	if o.installed {
+		r, ok := talos.(discovery.InstalledReader)
+		if !ok {
+			return nil, nil, errors.New("this Talos client cannot read the nodes' system extensions")
+		}
+
+		d.Installed = r
+	}
 
 	snap, err := d.Discover(ctx)
 	if err != nil {
@@ -281,6 +293,8 @@ func (o *PlanTalosOptions) Validate() error {
 
 // Run discovers the cluster, plans the Talos upgrade, runs the checks and prints the plan.
 func (o *PlanTalosOptions) Run(ctx context.Context) error {
+	o.installed = true
+
 	snap, kube, err := o.discover(ctx)
 	if err != nil {
 		return err

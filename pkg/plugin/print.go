@@ -221,6 +221,10 @@ func changes(list []api.Change) string {
 		from, to := c.From, c.To
 
 		if c.Component == "installer" {
+			if c.Reason != "" {
+				to += " (" + c.Reason + ")"
+			}
+
 			parts = append(parts, "installer "+to)
 
 			continue

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // requestStats counts the requests a command makes to the Kubernetes API (every HTTP
@@ -196,6 +198,18 @@ func (c *countingTalos) MachineConfig(ctx context.Context, node string) (config.
 	c.stats.talosCall("MachineConfig", node)
 
 	return c.TalosReader.MachineConfig(ctx, node)
+}
+
+// Installed counts and forwards the call when the wrapped reader can make it.
+func (c *countingTalos) Installed(ctx context.Context, node string) (talos.Installed, error) {
+	c.stats.talosCall("Installed", node)
+
+	r, ok := c.TalosReader.(discovery.InstalledReader)
+	if !ok {
+		return talos.Installed{}, errors.New("this Talos client cannot read system extensions")
+	}
+
+	return r.Installed(ctx, node)
 }
 
 // Close closes the wrapped reader when it is an io.Closer.

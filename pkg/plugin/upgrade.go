@@ -344,6 +344,8 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 		return err
 	}
 
+	o.installed = true
+
 	plan, err := o.plan(ctx, ctl, func(snap *discovery.Snapshot) (*api.Plan, error) {
 		return stages.PlanTalos(snap, o.target, o.Image, stages.Options{MaxUnavailable: o.MaxUnavailable})
 	}, checks.Talos())

@@ -36,6 +36,10 @@ type OSTalos interface {
 	// reports them.
 	EtcdMembers(ctx context.Context, node string) ([]talos.EtcdMember, error)
 	installTalos
+	// Installed returns what the node's Talos was installed with: platform,
+	// SecureBoot, system extensions and Image Factory schematic (the
+	// ExtensionStatus resources), which its installer must keep.
+	Installed(ctx context.Context, node string) (talos.Installed, error)
 }
 
 // Bounds and pace of the Talos OS upgrade besides those in EngineOptions.
@@ -179,7 +183,7 @@ func (r *talosRun) run(ctx context.Context) error {
 			default:
 				pending = append(pending, n)
 
-				installer, _ := r.installer(n.Node, n.cfg)
+				installer, _ := r.installer(ctx, n.Node, n.cfg)
 				r.e.node(name, n.Name, PhasePending, "to upgrade: Talos %s -> %s with %s", n.version, r.target, orUnknown(installer))
 			}
 		}
@@ -357,7 +361,7 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 			pathNodes = append(pathNodes, n.Name)
 		}
 
-		if _, err := r.installer(n.Node, n.cfg); err != nil {
+		if _, err := r.installer(ctx, n.Node, n.cfg); err != nil {
 			installers = append(installers, err.Error())
 			installerNodes = append(installerNodes, n.Name)
 		}
@@ -476,7 +480,7 @@ type outcome struct {
 func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg config.Provider) error {
 	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
 
-	installer, err := r.installer(n.Node, cfg)
+	installer, err := r.installer(ctx, n.Node, cfg)
 	if err != nil {
 		return r.e.pause(ctx, stage, name, "checks: "+err.Error(), "pass the installer with --image REPOSITORY:TAG", err)
 	}
@@ -873,15 +877,6 @@ func (r *talosRun) readPatiently(ctx context.Context, name, ip string) (string, 
 	}
 
 	return version, cfg, err
-}
-
-// installer returns the installer image of a node with active config cfg.
-func (r *talosRun) installer(n discovery.Node, cfg config.Provider) (string, error) {
-	if cfg != nil {
-		n.Talos = &discovery.Talos{InstallImage: discovery.InstallImage(cfg)}
-	}
-
-	return r.stage.Installer(n)
 }
 
 // etcdProblem says what is wrong with etcd as control plane ip sees it, ""

@@ -50,6 +50,10 @@ func (ft *fakeTalos) InstallEvidence(context.Context, string) (talos.InstallStat
 	return talos.InstallUnknown, errors.New("fake talos: no OS side (use fakeOS)")
 }
 
+func (ft *fakeTalos) Installed(context.Context, string) (talos.Installed, error) {
+	return talos.Installed{}, errors.New("fake talos: no OS side (use fakeOS)")
+}
+
 // osFaults are what a fake machine's OS does wrong.
 type osFaults struct {
 	abFallback   bool // an upgrade boots back into the old version
@@ -90,6 +94,9 @@ type osMachine struct {
 	installed  talos.InstallState // machined's log of this boot's installs
 	rebooting  bool
 	reboots    int // Reboot calls that took
+	// runs is what Installed reports (platform metal, no extensions
+	// unless a test sets them).
+	runs talos.Installed
 }
 
 // fakeOS is the Talos API of a fake cluster with an OS side.
@@ -129,6 +136,7 @@ func newFakeOS(t *testing.T, spec clusterSpec) *fakeOS {
 		o.machines[m.name] = &osMachine{
 			name: m.name, controlPlane: m.controlPlane, version: m.talos,
 			bootID: fmt.Sprintf("%08d-boot-%s-0", i, m.name), up: true, installed: talos.InstallNone,
+			runs: talos.Installed{Platform: "metal"},
 		}
 	}
 
@@ -245,6 +253,18 @@ func (o *fakeOS) EtcdMembers(ctx context.Context, ip string) ([]talos.EtcdMember
 	}
 
 	return out, nil
+}
+
+func (o *fakeOS) Installed(ctx context.Context, ip string) (talos.Installed, error) {
+	m, err := o.reachable(ctx, ip)
+	if err != nil {
+		return talos.Installed{}, fmt.Errorf("node %q: list extensions: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	return m.runs, nil
 }
 
 // Install stages the installer's version into the other boot slot, as

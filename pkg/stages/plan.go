@@ -103,7 +103,8 @@ func (a imagesAfter) apply(node string, changes []api.Change) {
 }
 
 // PlanTalos returns the plan of a Talos OS upgrade to target with the TalosOS stage.
-// image overrides every node's installer; "" keeps each node's installer repository.
+// image overrides every node's installer; "" chooses each node's from what it runs
+// (ChooseInstaller).
 func PlanTalos(snap *discovery.Snapshot, target Version, image string, opts Options) (*api.Plan, error) {
 	stage := TalosOS{Target: target, Image: image}
 
@@ -122,6 +123,12 @@ func PlanTalos(snap *discovery.Snapshot, target Version, image string, opts Opti
 	steps, err := nodeSteps(order, opts.Self, true, stage.Changes)
 	if err != nil {
 		return nil, err
+	}
+
+	for i := range steps {
+		if n, ok := snap.Node(steps[i].Node); ok {
+			steps[i].Installed = InstalledOf(n)
+		}
 	}
 
 	plan.Stages = []api.Stage{{Name: stage.Name(), Description: stage.Description(), Nodes: steps}}

@@ -5,7 +5,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
-	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // TalosOS is the single stage of a Talos OS upgrade: each node, control planes one at a
@@ -14,8 +14,9 @@ import (
 type TalosOS struct {
 	// Target is the Talos version to install.
 	Target Version
-	// Image overrides the installer image for every node; "" keeps each node's installer
-	// repository (so a factory schematic is kept) with the tag set to Target.
+	// Image overrides the installer image for every node; "" chooses each
+	// node's installer from what it runs (ChooseInstaller): the factory
+	// installer of its schematic, or its configured installer, tag Target.
 	Image string
 }
 
@@ -27,22 +28,19 @@ func (TalosOS) Description() string {
 	return "cordon, drain, Talos upgrade with the installer image, reboot, node Ready on the new version (and etcd healthy on control planes), uncordon"
 }
 
-// Installer returns the installer image node n is upgraded with.
-func (t TalosOS) Installer(n discovery.Node) (string, error) {
-	if t.Image != "" {
-		return t.Image, nil
+// Installer returns the installer node n is upgraded with (ChooseInstaller
+// over what discovery read of it).
+func (t TalosOS) Installer(n discovery.Node) (Installer, error) {
+	var (
+		configured string
+		installed  *talos.Installed
+	)
+
+	if n.Talos != nil {
+		configured, installed = n.Talos.InstallImage, n.Talos.Installed
 	}
 
-	if n.Talos == nil || n.Talos.InstallImage == "" {
-		return "", fmt.Errorf("node %q: its machine config has no machine.install.image: pass the installer with --image REPO:TAG", n.Name)
-	}
-
-	image, err := render.WithTag(n.Talos.InstallImage, t.Target.String())
-	if err != nil {
-		return "", fmt.Errorf("node %q: installer image: %w", n.Name, err)
-	}
-
-	return image, nil
+	return ChooseInstaller(n.Name, configured, installed, t.Image, t.Target)
 }
 
 // Changes returns what the stage changes on node n: the Talos version and the installer.
@@ -58,8 +56,31 @@ func (t TalosOS) Changes(n discovery.Node) ([]api.Change, error) {
 
 	return []api.Change{
 		{Component: "talos", From: n.Talos.Version, To: t.Target.String()},
-		{Component: "installer", From: n.Talos.InstallImage, To: installer},
+		{Component: "installer", From: n.Talos.InstallImage, To: installer.Image, Reason: installer.Reason()},
 	}, nil
+}
+
+// InstalledOf is what node n runs that its installer must keep, for the plan;
+// nil when it was not read.
+func InstalledOf(n discovery.Node) *api.Installed {
+	if n.Talos == nil || n.Talos.Installed == nil {
+		return nil
+	}
+
+	in := n.Talos.Installed
+	out := &api.Installed{Platform: in.Platform, SecureBoot: in.SecureBoot}
+
+	if s, ok := in.Schematic(); ok {
+		out.Schematic = s.Version
+	}
+
+	for _, e := range in.Extensions {
+		if e.Name != "schematic" {
+			out.Extensions = append(out.Extensions, e.String())
+		}
+	}
+
+	return out
 }
 
 // Done reports whether node n already runs the target Talos version.

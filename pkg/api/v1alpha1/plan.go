@@ -129,6 +129,21 @@ type NodeStep struct {
 	ConfigLayout string `json:"configLayout,omitempty"`
 	// Changes are the images (or versions) this stage changes; empty means verify only.
 	Changes []Change `json:"changes"`
+	// Installed is what the node's Talos runs that its installer must keep
+	// (a Talos OS upgrade plan only).
+	Installed *Installed `json:"installed,omitempty"`
+}
+
+// Installed is what a node's Talos was installed with, as Talos reports it.
+type Installed struct {
+	// Platform is the Talos platform ("metal", "aws", ...).
+	Platform string `json:"platform,omitempty"`
+	// SecureBoot is true when the node booted with UEFI SecureBoot.
+	SecureBoot bool `json:"secureBoot,omitempty"`
+	// Schematic is the Image Factory schematic ID the node runs, "" when none.
+	Schematic string `json:"schematic,omitempty"`
+	// Extensions are the system extensions the node runs ("name version").
+	Extensions []string `json:"extensions,omitempty"`
 }
 
 // Change is one thing a stage changes on a node.
@@ -143,6 +158,9 @@ type Change struct {
 	// "cluster.apiServer.image" (v1alpha1) or "KubeAPIServerConfig: image"
 	// (the component's document of Talos 1.14); the change is made there.
 	Path string `json:"path,omitempty"`
+	// Reason says why this value, when it is not plain: for the installer,
+	// where it comes from (--image, the node's config, the node's schematic).
+	Reason string `json:"reason,omitempty"`
 }
 
 // The config layouts of NodeStep.ConfigLayout.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // Endpoint is the API server URL fake clusters are discovered through.
@@ -69,6 +70,9 @@ type NodeSpec struct {
 	Labels map[string]string
 	// Taints are the Node's taints.
 	Taints []corev1.Taint
+	// Installed is what its Talos reports it was installed with; nil: the
+	// metal platform, no system extensions.
+	Installed *talos.Installed
 }
 
 // New returns an empty cluster with the kube-proxy DaemonSet.
@@ -318,11 +322,19 @@ func (n *NodeSpec) Config() config.Provider {
 
 // Talos returns a fake Talos reader serving every node by its IP.
 func (c *Cluster) Talos() *FakeTalos {
-	f := &FakeTalos{Versions: map[string]string{}, Configs: map[string]config.Provider{}, Errors: map[string]error{}}
+	f := &FakeTalos{
+		Versions: map[string]string{}, Configs: map[string]config.Provider{}, Errors: map[string]error{},
+		Installs: map[string]talos.Installed{},
+	}
 
 	for _, n := range c.nodes {
 		f.Versions[n.IP] = n.Talos
 		f.Configs[n.IP] = n.Config()
+		f.Installs[n.IP] = talos.Installed{Platform: "metal"}
+
+		if n.Installed != nil {
+			f.Installs[n.IP] = *n.Installed
+		}
 	}
 
 	return f
@@ -337,7 +349,8 @@ func (c *Cluster) Clientset() *fake.Clientset {
 func (c *Cluster) Snapshot(t testing.TB) *discovery.Snapshot {
 	t.Helper()
 
-	d := &discovery.Discoverer{Kube: c.Clientset(), Endpoint: Endpoint, Talos: c.Talos()}
+	fake := c.Talos()
+	d := &discovery.Discoverer{Kube: c.Clientset(), Endpoint: Endpoint, Talos: fake, Installed: fake}
 
 	snap, err := d.Discover(context.Background())
 	if err != nil {
@@ -370,6 +383,22 @@ type FakeTalos struct {
 	Configs map[string]config.Provider
 	// Errors, when set for an IP, are returned by every call for it.
 	Errors map[string]error
+	// Installs are what each node's Talos was installed with, by IP.
+	Installs map[string]talos.Installed
+}
+
+// Installed implements discovery.InstalledReader.
+func (f *FakeTalos) Installed(_ context.Context, node string) (talos.Installed, error) {
+	if err := f.Errors[node]; err != nil {
+		return talos.Installed{}, err
+	}
+
+	in, found := f.Installs[node]
+	if !found {
+		return talos.Installed{}, fmt.Errorf("fake talos: unknown node %s", node)
+	}
+
+	return in, nil
 }
 
 // Version implements discovery.TalosReader.

@@ -1,0 +1,42 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+)
+
+// installer returns the installer image a node with active config cfg is
+// upgraded with: --image, or the one ChooseInstaller derives from what the
+// node runs, read from its Talos now (its extensions and schematic are
+// what it booted with: read again at each decision, never remembered).
+func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.Provider) (string, error) {
+	configured := ""
+	if cfg != nil {
+		configured = discovery.InstallImage(cfg)
+	} else if n.Talos != nil {
+		configured = n.Talos.InstallImage
+	}
+
+	if r.stage.Image != "" {
+		return r.stage.Image, nil
+	}
+
+	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	installed, err := r.e.Talos.Installed(readCtx, n.InternalIP)
+	if err != nil {
+		return "", fmt.Errorf("node %q: read its system extensions: %w", n.Name, err)
+	}
+
+	choice, err := ChooseInstaller(n.Name, configured, &installed, "", r.target)
+	if err != nil {
+		return "", err
+	}
+
+	return choice.Image, nil
+}
