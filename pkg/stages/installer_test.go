@@ -50,14 +50,14 @@ func TestChooseInstaller(t *testing.T) {
 			want:      "registry.local:5000/siderolabs/installer:v1.14.1", source: stages.InstallerConfigured,
 		},
 		{
-			name: "schematic with extensions, plain installer configured: the factory installer of the schematic",
+			name:       "schematic with extensions, plain installer configured: the factory installer of the schematic",
 			configured: plain, installed: &talos.Installed{Platform: "metal", Extensions: []talos.Extension{iscsi, drbd, factoryExt(schematicA)}},
-			want:   "factory.talos.dev/metal-installer/" + schematicA + ":v1.14.1", source: stages.InstallerSchematic,
+			want: "factory.talos.dev/metal-installer/" + schematicA + ":v1.14.1", source: stages.InstallerSchematic,
 		},
 		{
-			name: "schematic on aws with SecureBoot: that platform's secureboot installer",
+			name:       "schematic on aws with SecureBoot: that platform's secureboot installer",
 			configured: plain, installed: &talos.Installed{Platform: "aws", SecureBoot: true, Extensions: []talos.Extension{factoryExt(schematicA), iscsi}},
-			want:   "factory.talos.dev/aws-installer-secureboot/" + schematicA + ":v1.14.1", source: stages.InstallerSchematic,
+			want: "factory.talos.dev/aws-installer-secureboot/" + schematicA + ":v1.14.1", source: stages.InstallerSchematic,
 		},
 		{
 			name: "self-hosted factory: its host from the extension's author", configured: plain,
@@ -67,21 +67,21 @@ func TestChooseInstaller(t *testing.T) {
 			want: "factory.example.com/metal-installer/" + schematicA + ":v1.14.1", source: stages.InstallerSchematic,
 		},
 		{
-			name: "the configured legacy factory installer of the same schematic: kept, tag moved",
+			name:       "the configured legacy factory installer of the same schematic: kept, tag moved",
 			configured: "factory.talos.dev/installer/" + schematicA + ":v1.13.9",
 			installed:  &talos.Installed{Platform: "metal", Extensions: []talos.Extension{iscsi, factoryExt(schematicA)}},
 			want:       "factory.talos.dev/installer/" + schematicA + ":v1.14.1", source: stages.InstallerConfigured,
 		},
 		{
-			name: "a mirror of the factory installer of the same schematic: kept",
+			name:       "a mirror of the factory installer of the same schematic: kept",
 			configured: "registry.local/factory/metal-installer-secureboot/" + schematicA + ":v1.13.9",
 			installed:  &talos.Installed{Platform: "metal", SecureBoot: true, Extensions: []talos.Extension{factoryExt(schematicA)}},
 			want:       "registry.local/factory/metal-installer-secureboot/" + schematicA + ":v1.14.1", source: stages.InstallerConfigured,
 		},
 		{
-			name: "the default schematic, no extension: still its factory installer (kernel args, overlay)",
+			name:       "the default schematic, no extension: still its factory installer (kernel args, overlay)",
 			configured: plain, installed: &talos.Installed{Platform: "metal", Extensions: []talos.Extension{factoryExt(schematicB)}},
-			want:   "factory.talos.dev/metal-installer/" + schematicB + ":v1.14.1", source: stages.InstallerSchematic,
+			want: "factory.talos.dev/metal-installer/" + schematicB + ":v1.14.1", source: stages.InstallerSchematic,
 		},
 		{
 			name: "--image wins over everything", configured: plain, explicit: "my.registry/installer:v1.14.1",
