@@ -86,6 +86,28 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 		o.Images[repo] = abs
 		return nil
 	})
+	fs.Func("extensions", "NODE=NAME[@VERSION],...: system extensions machine NODE was installed with (repeatable)", func(v string) error {
+		node, list, ok := strings.Cut(v, "=")
+		if !ok || node == "" || list == "" {
+			return fmt.Errorf("want NODE=NAME[@VERSION],..., got %q", v)
+		}
+		if o.Extensions == nil {
+			o.Extensions = map[string][]string{}
+		}
+		o.Extensions[node] = append(o.Extensions[node], strings.Split(list, ",")...)
+		return nil
+	})
+	fs.Func("schematic", "NODE=ID: the Image Factory schematic machine NODE was installed from (repeatable)", func(v string) error {
+		node, id, ok := strings.Cut(v, "=")
+		if !ok || node == "" || id == "" {
+			return fmt.Errorf("want NODE=SCHEMATIC-ID, got %q", v)
+		}
+		if o.Schematics == nil {
+			o.Schematics = map[string]string{}
+		}
+		o.Schematics[node] = id
+		return nil
+	})
 	fs.DurationVar(&o.Latency.StaticPodRestart, "static-pod-restart", o.Latency.StaticPodRestart, "how long a static pod takes to restart on a new image")
 	fs.DurationVar(&o.Latency.Ready, "ready-latency", o.Latency.Ready, "how long a started container takes to become Ready")
 	fs.DurationVar(&o.Latency.KubeletRestart, "kubelet-restart", o.Latency.KubeletRestart, "how long a node is NotReady while its kubelet restarts")

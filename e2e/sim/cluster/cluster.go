@@ -114,6 +114,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			IP:                 spec.IP,
 			ControlPlane:       spec.ControlPlane,
 			TalosVersion:       opts.TalosVersion,
+			Extensions:         opts.machineExtensions(spec.Name),
 			Config:             spec.Config,
 			AdminKubeconfig:    adminKubeconfig,
 			Events:             ev,

@@ -14,6 +14,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/config"
+
+	simmachine "github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 )
 
 // Options describe a local cluster.
@@ -48,6 +50,13 @@ type Options struct {
 	// that image's root filesystem: the containers of a pod whose image is in
 	// this map run as local processes (see package kubelet).
 	Images map[string]string
+	// Extensions are, by node name, the system extensions ("name" or
+	// "name@version") a machine was installed with.
+	Extensions map[string][]string
+	// Schematics are, by node name, the Image Factory schematic ID a machine
+	// was installed from (its virtual "schematic" extension, built by
+	// https://factory.talos.dev).
+	Schematics map[string]string
 	// Latency is how long simulated things take.
 	Latency Latency
 }
@@ -145,6 +154,9 @@ func (o *Options) Validate() error {
 	if o.BinDir == "" {
 		return errors.New("--bin-dir is required: the directory with etcd and the kube-* binaries (make cluster-bins)")
 	}
+	if err := o.validateExtensions(); err != nil {
+		return err
+	}
 	if o.Latency == (Latency{}) {
 		o.Latency = DefaultLatency()
 	}
@@ -214,4 +226,50 @@ func free(addr netip.Addr, port int) bool {
 	}
 	_ = l.Close()
 	return true
+}
+
+// validateExtensions checks --extensions and --schematic name machines of
+// the cluster and real-looking schematic IDs.
+func (o *Options) validateExtensions() error {
+	known := map[string]bool{}
+	for i := range o.ControlPlanes {
+		known[fmt.Sprintf("cp-%d", i+1)] = true
+	}
+	for i := range o.Workers {
+		known[fmt.Sprintf("worker-%d", i+1)] = true
+	}
+	for node := range o.Extensions {
+		if !known[node] {
+			return fmt.Errorf("--extensions %s=...: no machine %s in this cluster (cp-1.., worker-1..)", node, node)
+		}
+	}
+	for node, id := range o.Schematics {
+		if !known[node] {
+			return fmt.Errorf("--schematic %s=...: no machine %s in this cluster (cp-1.., worker-1..)", node, node)
+		}
+		if !schematicIDRE.MatchString(id) {
+			return fmt.Errorf("--schematic %s=%s: want a schematic ID (64 hex digits, the SHA-256 Image Factory names it by)", node, id)
+		}
+	}
+	return nil
+}
+
+var schematicIDRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// machineExtensions are the extensions a machine boots with: its
+// --extensions (by Sidero Labs, version v1.0.0 unless given), then the
+// virtual schematic extension of its --schematic.
+func (o *Options) machineExtensions(node string) []simmachine.Extension {
+	var out []simmachine.Extension
+	for _, e := range o.Extensions[node] {
+		name, version, ok := strings.Cut(e, "@")
+		if !ok {
+			version = "v1.0.0"
+		}
+		out = append(out, simmachine.Extension{Name: name, Version: version, Author: "Sidero Labs"})
+	}
+	if id := o.Schematics[node]; id != "" {
+		out = append(out, simmachine.Extension{Name: simmachine.SchematicExtensionName, Version: id, Author: "Image Factory (https://factory.talos.dev)"})
+	}
+	return out
 }

@@ -108,6 +108,7 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 	if up {
 		m.st.StagedVersion = version
 		m.st.InstallerImage = image
+		m.st.StagedExtensions = installerExtensions(image, m.st.Extensions)
 	}
 	m.mu.Unlock()
 	m.opMu.Unlock()
@@ -253,8 +254,10 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 			m.log.Info("upgrade boot failed, falling back to the previous boot slot (fault)", "version", m.st.TalosVersion, "staged", staged)
 		} else {
 			m.st.TalosVersion = staged
+			m.st.Extensions = m.st.StagedExtensions
 		}
 		m.st.StagedVersion = ""
+		m.st.StagedExtensions = nil
 	}
 	next, configStaged := m.persistent, m.st.ConfigStaged
 	m.rebooting = false

@@ -53,6 +53,12 @@ type Options struct {
 	// Config is the machine config: multi-document YAML generated with
 	// machinery's generate package.
 	Config []byte
+	// Extensions are the system extensions the machine was installed with
+	// (Image Factory's virtual "schematic" one among them when installed
+	// from a schematic), served as Talos serves them (ExtensionStatus
+	// resources). An upgrade replaces them with what its installer carries
+	// (see installerExtensions).
+	Extensions []Extension
 	// AdminKubeconfig is returned by the Kubeconfig call (control planes).
 	AdminKubeconfig []byte
 	// Events records every boot; may be nil.
@@ -130,6 +136,10 @@ type State struct {
 	// ConfigStaged tells whether a config applied in STAGED mode waits for the
 	// next reboot.
 	ConfigStaged bool
+	// Extensions are the system extensions of the running boot.
+	Extensions []Extension
+	// StagedExtensions are those the staged version boots with.
+	StagedExtensions []Extension
 }
 
 // Machine is one simulated Talos machine. It is safe for concurrent use.
@@ -227,6 +237,7 @@ func New(opts Options) (*Machine, error) {
 			Config:        cfg,
 			ConfigVersion: 1,
 			StaticPods:    map[string]StaticPod{},
+			Extensions:    opts.Extensions,
 		},
 	}
 	opts.Discovery.join(m)
@@ -345,7 +356,7 @@ func (m *Machine) isUp() bool {
 // start of Talos at the running version.
 func (m *Machine) boot(ctx context.Context) error {
 	m.mu.Lock()
-	version, active, persistent := m.st.TalosVersion, m.st.Config, m.persistent
+	version, active, persistent, exts := m.st.TalosVersion, m.st.Config, m.persistent, m.st.Extensions
 	m.st.BootID = newUUID()
 	m.kubelet = KubeletView{}
 	m.machinedLog = nil
@@ -363,6 +374,9 @@ func (m *Machine) boot(ctx context.Context) error {
 		return nil
 	}); err != nil {
 		return fmt.Errorf("version: %w", err)
+	}
+	if err := m.publishExtensions(ctx, version, exts); err != nil {
+		return err
 	}
 	if err := m.syncConfig(ctx, active, persistent); err != nil {
 		return fmt.Errorf("render resources: %w", err)
