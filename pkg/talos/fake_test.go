@@ -33,6 +33,7 @@ type fakeNode struct {
 	legacyPull       bool  // MachineService.ImagePull implemented
 	lifecycleService bool  // LifecycleService.Upgrade implemented
 	exitCode         int32 // LifecycleService.Upgrade's exit code
+	platform         string // Version's platform name ("" none)
 
 	mu    sync.Mutex
 	calls []string
@@ -55,7 +56,12 @@ func (f *fakeNode) recorded() []string {
 }
 
 func (f *fakeNode) Version(context.Context, *emptypb.Empty) (*machine.VersionResponse, error) {
-	return &machine.VersionResponse{Messages: []*machine.Version{{Version: &machine.VersionInfo{Tag: "v1.13.9"}}}}, nil
+	v := &machine.Version{Version: &machine.VersionInfo{Tag: "v1.13.9"}}
+	if f.platform != "" {
+		v.Platform = &machine.PlatformInfo{Name: f.platform, Mode: f.platform}
+	}
+
+	return &machine.VersionResponse{Messages: []*machine.Version{v}}, nil
 }
 
 func (f *fakeNode) ApplyConfiguration(_ context.Context, req *machine.ApplyConfigurationRequest) (*machine.ApplyConfigurationResponse, error) {
