@@ -29,10 +29,10 @@ import (
 type fakeNode struct {
 	machine.UnimplementedMachineServiceServer
 
-	imageService     bool  // ImageService.Pull implemented
-	legacyPull       bool  // MachineService.ImagePull implemented
-	lifecycleService bool  // LifecycleService.Upgrade implemented
-	exitCode         int32 // LifecycleService.Upgrade's exit code
+	imageService     bool   // ImageService.Pull implemented
+	legacyPull       bool   // MachineService.ImagePull implemented
+	lifecycleService bool   // LifecycleService.Upgrade implemented
+	exitCode         int32  // LifecycleService.Upgrade's exit code
 	platform         string // Version's platform name ("" none)
 
 	mu    sync.Mutex
