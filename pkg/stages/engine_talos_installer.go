@@ -14,15 +14,15 @@ import (
 // node runs, read from its Talos now (its extensions and schematic are
 // what it booted with: read again at each decision, never remembered).
 func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.Provider) (string, error) {
+	if r.stage.Image != "" {
+		return r.stage.Image, nil
+	}
+
 	configured := ""
 	if cfg != nil {
 		configured = discovery.InstallImage(cfg)
 	} else if n.Talos != nil {
 		configured = n.Talos.InstallImage
-	}
-
-	if r.stage.Image != "" {
-		return r.stage.Image, nil
 	}
 
 	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)

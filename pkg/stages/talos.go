@@ -3,6 +3,8 @@ package stages
 import (
 	"fmt"
 
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
@@ -75,7 +77,7 @@ func InstalledOf(n discovery.Node) *api.Installed {
 	}
 
 	for _, e := range in.Extensions {
-		if e.Name != "schematic" {
+		if e.Name != constants.ImageFactorySchematicExtensionName {
 			out.Extensions = append(out.Extensions, e.String())
 		}
 	}
