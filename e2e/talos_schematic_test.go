@@ -39,21 +39,30 @@ func extensionsOf(t *testing.T, tc *countingTalos, c *Cluster, node string) []st
 func TestTalosUpgradeKeepsSchematic(t *testing.T) {
 	t.Parallel()
 
-	c := startJobCluster(t, "--talos", talosFrom,
+	for _, tc := range []struct{ from, to string }{{talosFrom, talosTo}, {"v1.13.9", "v1.14.1"}} {
+		t.Run(tc.from+" to "+tc.to, func(t *testing.T) {
+			t.Parallel()
+			keepsSchematic(t, tc.from, tc.to)
+		})
+	}
+}
+
+func keepsSchematic(t *testing.T, from, to string) {
+	c := startJobCluster(t, "--talos", from,
 		"--extensions", "worker-1=iscsi-tools@v0.2.0,drbd@9.2.14", "--schematic", "worker-1="+e2eSchematic)
 	tc := openTalos(t, c)
 
 	before := extensionsOf(t, tc, c, "worker-1")
 	require.Equal(t, []string{"iscsi-tools v0.2.0", "drbd 9.2.14", "schematic " + e2eSchematic}, before)
 
-	factory := "factory.talos.dev/metal-installer/" + e2eSchematic + ":" + talosTo
+	factory := "factory.talos.dev/metal-installer/" + e2eSchematic + ":" + to
 
-	r := c.ichor(t, 2*time.Minute, "plan", "talos", "--to", talosTo)
+	r := c.ichor(t, 2*time.Minute, "plan", "talos", "--to", to)
 	r.requireExit(t, 0)
 	require.Contains(t, lineWith(r.stdout, "worker-1"), "installer "+factory+" (the node's schematic 5a8a2c5d1c6e (keeps iscsi-tools, drbd); its config names another installer)")
-	require.Contains(t, lineWith(r.stdout, "worker-2"), "installer ghcr.io/siderolabs/installer:"+talosTo)
+	require.Contains(t, lineWith(r.stdout, "worker-2"), "installer ghcr.io/siderolabs/installer:"+to)
 
-	j := c.ichor(t, 2*time.Minute, "plan", "talos", "--to", talosTo, "-o", "json")
+	j := c.ichor(t, 2*time.Minute, "plan", "talos", "--to", to, "-o", "json")
 	j.requireExit(t, 0)
 
 	var worker1 *api.NodeStep
@@ -62,34 +71,34 @@ func TestTalosUpgradeKeepsSchematic(t *testing.T) {
 		if n.Node == "worker-1" {
 			worker1 = &n
 		} else {
-			require.Equal(t, "ghcr.io/siderolabs/installer:"+talosTo, n.Changes[1].To, n.Node)
+			require.Equal(t, "ghcr.io/siderolabs/installer:"+to, n.Changes[1].To, n.Node)
 		}
 	}
 
 	require.NotNil(t, worker1)
 	assert.Equal(t, api.Change{
-		Component: "installer", From: "ghcr.io/siderolabs/installer:" + talosFrom, To: factory,
+		Component: "installer", From: "ghcr.io/siderolabs/installer:" + from, To: factory,
 		Reason: "the node's schematic 5a8a2c5d1c6e (keeps iscsi-tools, drbd); its config names another installer",
 	}, worker1.Changes[1])
 	assert.Equal(t, &api.Installed{Platform: "metal", Schematic: e2eSchematic, Extensions: []string{"iscsi-tools v0.2.0", "drbd 9.2.14"}}, worker1.Installed)
 
 	start := time.Now()
 
-	r = c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talosTo, "--yes", "--detach")
+	r = c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", to, "--yes", "--detach")
 	r.requireExit(t, 0)
 
 	r = c.ichor(t, 10*time.Minute, "status", "--watch")
 	r.requireExit(t, 0)
-	t.Logf("upgraded Talos on 3+2 from %s to %s in %s", talosFrom, talosTo, time.Since(start).Round(time.Millisecond))
+	t.Logf("upgraded Talos on 3+2 from %s to %s in %s", from, to, time.Since(start).Round(time.Millisecond))
 
-	requireTalosAt(t, c, tc, talosTo)
+	requireTalosAt(t, c, tc, to)
 	requireNothingCordoned(t, c)
 
 	assert.Equal(t, before, extensionsOf(t, tc, c, "worker-1"), "worker-1 kept its schematic and extensions")
 
 	r = c.ichor(t, time.Minute, "logs")
 	r.requireExit(t, 0)
-	assert.Contains(t, r.stdout, "worker-1 Done: Talos "+talosFrom+" -> "+talosTo+" with "+factory)
+	assert.Contains(t, r.stdout, "worker-1 Done: Talos "+from+" -> "+to+" with "+factory)
 }
 
 // A node that runs system extensions without an Image Factory schematic: the
