@@ -27,4 +27,11 @@
 // on the old version is an A/B fallback and pauses. The node is done once Ready on the
 // new osImage (and, on a control plane, etcd all voters again), and uncordoned. The
 // boot ID is all it keeps: a new runner resumes a node from it and the node's state.
+//
+// The installer of each node (installer.go) is chosen from what the node runs, not
+// from its config alone: a node moved to an Image Factory schematic usually still
+// names the plain installer, which would drop its system extensions. ChooseInstaller
+// keeps the schematic (its factory installer at the target), keeps a configured
+// installer that already is that schematic's, and refuses, naming the --image to
+// pass, what it cannot derive; the plan and the engine use the same rule.
 package stages

@@ -24,6 +24,13 @@
 // status errors with the codes a real node gives, so the API layer passes
 // them through unchanged.
 //
+// A machine may be installed with system extensions and from an Image
+// Factory schematic (extensions.go): it lists them as ExtensionStatus
+// resources (the schematic as Image Factory's virtual extension, and as the
+// ImageFactorySchematic resource from 1.14), and an upgrade boots with what
+// its installer carries: the factory installer of the machine's schematic
+// keeps them, any other installer drops them, as on Talos.
+//
 // Faults (package faults) are read on every operation, so a test can switch
 // them while the machine runs; every boot is written to the events log
 // (component events.Talos, with the running version).
