@@ -390,7 +390,7 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 			"move Kubernetes into the range the target supports first (kubectl ichor plan kubernetes --to ...)")
 	case len(installers) > 0:
 		return r.refuse(ctx, installerNodes, "installer: "+summarize(installers),
-			"pass the installer with --image REPOSITORY:TAG")
+			installerAction(r.target))
 	case len(notReady) > 0:
 		return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", "),
 			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
@@ -482,7 +482,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 
 	installer, err := r.installer(ctx, n.Node, cfg)
 	if err != nil {
-		return r.e.pause(ctx, stage, name, "checks: "+err.Error(), "pass the installer with --image REPOSITORY:TAG", err)
+		return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction(r.target), err)
 	}
 
 	if err := upgradePath(r.target, version); err != nil {

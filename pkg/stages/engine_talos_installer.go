@@ -40,3 +40,10 @@ func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.P
 
 	return choice.Image, nil
 }
+
+// installerAction is what to do when a node's installer cannot be derived
+// while the operation runs: resume takes no --image, so the operation is
+// ended and started again with one.
+func installerAction(target Version) string {
+	return fmt.Sprintf("kubectl ichor abort, then kubectl ichor upgrade talos --to %s --image <installer that keeps the node's extensions>:%s", target, target)
+}

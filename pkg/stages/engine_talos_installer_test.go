@@ -45,4 +45,8 @@ func TestTalosUpgradeRefusesExtensionsWithoutSchematic(t *testing.T) {
 		`checks: installer: node "worker-2" runs system extensions (nvidia-open-gpu-kernel-modules) but no Image Factory schematic: the installer that keeps them cannot be derived: pass it with --image REPOSITORY:v1.13.9`)
 	assert.Empty(t, o.upgradeNodes())
 	assert.Empty(t, o.f.cordonedByIchor())
+
+	var pause *PauseError
+	require.ErrorAs(t, err, &pause)
+	assert.Equal(t, "kubectl ichor abort, then kubectl ichor upgrade talos --to v1.13.9 --image <installer that keeps the node's extensions>:v1.13.9", pause.Action)
 }
