@@ -255,7 +255,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			if installer == "" {
 				var err error
 				if installer, err = r.installer(ctx, n.Node, n.cfg); err != nil {
-					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), "pass the installer with --image REPOSITORY:TAG", err)
+					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction(r.target), err)
 				}
 			}
 
