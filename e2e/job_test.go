@@ -159,7 +159,7 @@ func requireNothingCordoned(t *testing.T, c *Cluster) {
 func lockHolder(t *testing.T, c *Cluster) string {
 	t.Helper()
 
-	l, err := c.Client.CoordinationV1().Leases(jobNamespace).Get(context.Background(), job.LockName, metav1.GetOptions{})
+	l, err := c.Client.CoordinationV1().Leases(job.LockNamespace).Get(context.Background(), job.LockName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return ""
 	}
@@ -418,7 +418,7 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 
 	r := c.ichor(t, time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	r.requireExit(t, 1)
-	r.requireOneLineError(t, "holds the lock lease ichor-system/ichor-lock (holder: pod "+lockHolder(t, c)+")")
+	r.requireOneLineError(t, "holds the lock lease kube-system/ichor-lock (holder: pod "+lockHolder(t, c)+")")
 	require.Contains(t, r.stderr, "operation "+first.Spec.ID+" (Running, launched ")
 	require.Empty(t, r.stdout, "refused before planning")
 
@@ -471,12 +471,12 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 	})
 
 	// A lock whose holder is gone does not stop the next upgrade: its runner takes it.
-	lease, err := c.Client.CoordinationV1().Leases(jobNamespace).Get(ctx, job.LockName, metav1.GetOptions{})
+	lease, err := c.Client.CoordinationV1().Leases(job.LockNamespace).Get(ctx, job.LockName, metav1.GetOptions{})
 	require.NoError(t, err)
 
-	ghost, now := "ichor-kubernetes-v1-36-3-ghost-1-xxxxx", metav1.NewMicroTime(time.Now())
+	ghost, now := jobNamespace+"/ichor-kubernetes-v1-36-3-ghost-1-xxxxx", metav1.NewMicroTime(time.Now())
 	lease.Spec.HolderIdentity, lease.Spec.RenewTime = &ghost, &now
-	_, err = c.Client.CoordinationV1().Leases(jobNamespace).Update(ctx, lease, metav1.UpdateOptions{})
+	_, err = c.Client.CoordinationV1().Leases(job.LockNamespace).Update(ctx, lease, metav1.UpdateOptions{})
 	require.NoError(t, err)
 
 	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
@@ -763,6 +763,74 @@ func TestJobLocalCredentials(t *testing.T) {
 
 	_, err := c.Client.CoreV1().Secrets(jobNamespace).Get(ctx, job.LocalTalosconfigName, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "the copied talosconfig is deleted once the operation ends: %v", err)
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// TestJobOneOperationPerCluster runs an upgrade in the default namespace and refuses a
+// second one in another namespace, naming the first's lock holder (the lock is the
+// cluster's, in kube-system, whatever -n says); once the first is aborted, the second
+// runs in its own namespace through the same lock and finishes.
+func TestJobOneOperationPerCluster(t *testing.T) {
+	t.Parallel()
+
+	c := startJobCluster(t)
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	r := c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--detach")
+	r.requireExit(t, 0)
+
+	first := c.operation(t)
+
+	eventually(t, 2*time.Minute, "the first operation holding the lock", func(ctx context.Context) error {
+		if h := lockHolder(t, c); !strings.HasPrefix(h, jobNamespace+"/") {
+			return fmt.Errorf("holder %q", h)
+		}
+
+		return nil
+	})
+
+	holder := lockHolder(t, c)
+
+	r = c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "-n", "upgrades", "--talos-credentials", "local")
+	r.requireExit(t, 1)
+	r.requireOneLineError(t, "error: operation "+first.Spec.ID+" in namespace ichor-system (Running, launched ")
+	require.Contains(t, r.stderr, "holds the lock lease kube-system/ichor-lock (holder: pod "+holder+"): one operation per cluster")
+	require.Empty(t, r.stdout, "refused before planning")
+
+	_, err := (&job.Control{Kube: c.Client, Namespace: "upgrades"}).Get(context.Background())
+	require.ErrorIs(t, err, job.ErrNoOperation, "nothing was launched in namespace upgrades")
+
+	r = c.ichor(t, 3*time.Minute, "abort")
+	r.requireExit(t, 0)
+	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
+
+	eventually(t, time.Minute, "every node Ready", func(ctx context.Context) error {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+
+		for _, n := range nodes.Items {
+			if !nodeReady(&n) {
+				return fmt.Errorf("%s not Ready", n.Name)
+			}
+		}
+
+		return nil
+	})
+
+	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "-n", "upgrades", "--talos-credentials", "local")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+
+	op, err := (&job.Control{Kube: c.Client, Namespace: "upgrades"}).Get(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
+
+	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)
 	assert.Empty(t, invariantBreaks(c.Events(t)))
 }

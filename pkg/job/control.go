@@ -77,10 +77,12 @@ func (c *Control) Get(ctx context.Context) (*Operation, error) {
 	return op, err
 }
 
-// CheckFree returns nil when a new operation may start: none is in progress, in this
-// namespace or (as far as the operator may list ConfigMaps) in another one, since one
-// operation at a time may change a cluster. Otherwise a *BusyError names the operation,
-// its age and the lock's holder.
+// CheckFree returns nil when a new operation may start: none is in progress in this
+// namespace nor in another one, since one operation at a time may change a cluster: the
+// lock (in LockNamespace) held by a live runner of any namespace refuses, and so does an
+// operation in progress in any namespace. Otherwise a *BusyError names the operation,
+// its age and the lock's holder. An error reading the lock or listing the operations is
+// returned: it is no proof that the cluster is free.
 func (c *Control) CheckFree(ctx context.Context) error {
 	op, err := c.Get(ctx)
 
@@ -94,18 +96,47 @@ func (c *Control) CheckFree(ctx context.Context) error {
 		}
 	}
 
+	if err := c.checkLockHolder(ctx); err != nil {
+		return err
+	}
+
 	return c.checkOtherNamespaces(ctx)
 }
 
+// checkLockHolder refuses when a live runner of another namespace holds the lock.
+func (c *Control) checkLockHolder(ctx context.Context) error {
+	holder, lock, err := liveHolder(ctx, c.Kube, c.now())
+	if err != nil {
+		return fmt.Errorf("%w: one operation per cluster, so a new one starts only once the lock is known to be free", err)
+	}
+
+	ns := lock.HolderNamespace()
+	if holder == "" || ns == c.Namespace {
+		return nil
+	}
+
+	other := *c
+	other.Namespace = ns
+
+	busy := &BusyError{Namespace: ns, Holder: holder, Elsewhere: true}
+
+	if op, err := other.Get(ctx); err == nil {
+		busy.Operation, busy.Phase, busy.Age, busy.Job = op.Spec.ID, op.Status.Phase, op.Age(c.now()), op.Status.Job
+	}
+
+	return busy
+}
+
 // checkOtherNamespaces refuses when an operation is in progress in another namespace.
-// An operator who may not list ConfigMaps across namespaces is not refused for it.
+// An error listing the operations (ConfigMaps across namespaces) is returned.
 func (c *Control) checkOtherNamespaces(ctx context.Context) error {
 	list, err := c.Kube.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		LabelSelector: labels.Set{LabelManagedBy: AppName}.String(),
 		FieldSelector: "metadata.name=" + StateName,
 	})
 	if err != nil {
-		return nil //nolint:nilerr // best effort: the namespace's own lock still holds
+		return fmt.Errorf("list the operations of every namespace (configmaps named %s): %w; one operation per cluster, "+
+			"so a new one starts only with that list: run it with credentials that may list configmaps in all namespaces", StateName, err)
 	}
 
 	for i := range list.Items {
@@ -123,6 +154,11 @@ func (c *Control) checkOtherNamespaces(ctx context.Context) error {
 		other.Namespace = cm.Namespace
 
 		if err := other.Busy(ctx, op); err != nil {
+			var busy *BusyError
+			if errors.As(err, &busy) {
+				busy.Elsewhere = true
+			}
+
 			return err
 		}
 	}
@@ -141,12 +177,12 @@ func (c *Control) Busy(ctx context.Context, op *Operation) error {
 	now := c.now()
 	busy := &BusyError{Namespace: c.Namespace, Operation: op.Spec.ID, Phase: op.Status.Phase, Age: op.Age(now), Job: op.Status.Job, Reason: op.Status.Reason}
 
-	holder, _, err := liveHolder(ctx, c.Kube, c.Namespace, now)
+	holder, lock, err := liveHolder(ctx, c.Kube, now)
 	if err != nil {
 		return err
 	}
 
-	if holder != "" {
+	if holder != "" && lock.HolderNamespace() == c.Namespace {
 		busy.Holder = holder
 
 		return busy
@@ -402,14 +438,20 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 		return nil, fmt.Errorf("operation %s was aborted: start a new one with kubectl ichor upgrade%s", op.Spec.ID, n)
 	}
 
-	holder, _, err := liveHolder(ctx, c.Kube, c.Namespace, c.now())
+	holder, lock, err := liveHolder(ctx, c.Kube, c.now())
 	if err != nil {
 		return nil, err
 	}
 
-	if holder != "" {
+	if holder != "" && lock.HolderNamespace() == c.Namespace {
 		return nil, fmt.Errorf("operation %s is running (pod %s holds the lock): nothing to resume; follow it with kubectl ichor status --watch%s",
 			op.Spec.ID, holder, n)
+	}
+
+	if holder != "" {
+		return nil, fmt.Errorf("operation %s cannot resume: pod %s holds the lock %s for an operation in namespace %s (one operation per cluster): "+
+			"wait for it to end (kubectl ichor status -n %s), then run kubectl ichor resume%s again",
+			op.Spec.ID, holder, describe("lease", LockNamespace, LockName), lock.HolderNamespace(), lock.HolderNamespace(), n)
 	}
 
 	if op.Status.Phase != PhasePaused {
@@ -596,8 +638,8 @@ func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 		return nil, err
 	}
 
-	if lock != nil && lock.Holder != "" {
-		if err := releaseLock(ctx, c.Kube, c.Namespace, lock); err != nil {
+	if lock != nil && lock.Holder != "" && lock.HolderNamespace() == c.Namespace {
+		if err := releaseLock(ctx, c.Kube, lock); err != nil {
 			return nil, err
 		}
 
@@ -668,11 +710,15 @@ func (c *Control) waitStopped(ctx context.Context, selector string) (*Lock, erro
 		if err == nil && running == "" {
 			var lock *Lock
 
-			lock, err = ReadLock(wctx, c.Kube, c.Namespace)
+			lock, err = ReadLock(wctx, c.Kube)
 			if err == nil {
-				var holder string
+				var (
+					holder string
+					live   *Lock
+				)
 
-				if holder, _, err = liveHolder(wctx, c.Kube, c.Namespace, c.now()); err == nil && holder == "" {
+				// A runner of another namespace holding the lock is not this one.
+				if holder, live, err = liveHolder(wctx, c.Kube, c.now()); err == nil && (holder == "" || live.HolderNamespace() != c.Namespace) {
 					return lock, nil
 				}
 

@@ -70,7 +70,7 @@ func heldLease(holder string, renewed time.Time) *coordinationv1.Lease {
 	r := metav1.NewMicroTime(renewed)
 
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "ichor-system"},
+		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &r, AcquireTime: &r, LeaseDurationSeconds: &duration},
 	}
 }
@@ -112,9 +112,9 @@ func TestBusy(t *testing.T) {
 	}{
 		{
 			name: "a live holder", op: running,
-			objs: []runtime.Object{heldLease("pod-a", now.Add(-3*time.Second)), runnerPod("pod-a", running.Status.Job, corev1.PodRunning)},
-			want: "operation op-1 (Running, launched 5m0s ago) holds the lock lease ichor-system/ichor-lock (holder: pod pod-a): " +
-				"follow it with kubectl ichor status --watch, or stop it with kubectl ichor abort",
+			objs: []runtime.Object{heldLease("ichor-system/pod-a", now.Add(-3*time.Second)), runnerPod("pod-a", running.Status.Job, corev1.PodRunning)},
+			want: "operation op-1 (Running, launched 5m0s ago) holds the lock lease kube-system/ichor-lock (holder: pod ichor-system/pod-a): " +
+				"one operation per cluster; follow it with kubectl ichor status --watch, or stop it with kubectl ichor abort",
 		},
 		{
 			name: "paused", op: paused,
@@ -133,13 +133,13 @@ func TestBusy(t *testing.T) {
 		{
 			name: "the holder is gone and its Job failed", op: running,
 			objs: []runtime.Object{
-				heldLease("pod-a", now.Add(-3*time.Second)), runnerPod("pod-a", running.Status.Job, corev1.PodFailed),
+				heldLease("ichor-system/pod-a", now.Add(-3*time.Second)), runnerPod("pod-a", running.Status.Job, corev1.PodFailed),
 				runnerJob(running.Status.Job, batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue}),
 			},
 		},
 		{
 			name: "the lock expired and the Job is gone", op: running,
-			objs: []runtime.Object{heldLease("pod-a", now.Add(-time.Minute)), runnerPod("pod-a", running.Status.Job, corev1.PodRunning)},
+			objs: []runtime.Object{heldLease("ichor-system/pod-a", now.Add(-time.Minute)), runnerPod("pod-a", running.Status.Job, corev1.PodRunning)},
 		},
 		{name: "succeeded", op: testOperation("op-1", PhaseSucceeded)},
 		{name: "aborted", op: testOperation("op-1", PhaseAborted)},
@@ -313,7 +313,7 @@ func TestAbort(t *testing.T) {
 	byHand := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-2"}, Spec: corev1.NodeSpec{Unschedulable: true}}
 
 	f := newControl(t, t0.Add(time.Minute), stateObject(t, op), cordoned, byHand,
-		runnerJob(op.Status.Job), runnerPod("pod-a", op.Status.Job, corev1.PodRunning), heldLease("pod-a", t0.Add(50*time.Second)),
+		runnerJob(op.Status.Job), runnerPod("pod-a", op.Status.Job, corev1.PodRunning), heldLease("ichor-system/pod-a", t0.Add(50*time.Second)),
 		LocalTalosconfig("ichor-system", "op-1", []byte("x")))
 
 	res, err := f.ctl.Abort(ctx)
@@ -340,7 +340,7 @@ func TestAbort(t *testing.T) {
 	_, err = f.kube.CoreV1().Secrets("ichor-system").Get(ctx, LocalTalosconfigName, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "the copied talosconfig is deleted")
 
-	l, err := f.kube.CoordinationV1().Leases("ichor-system").Get(ctx, LockName, metav1.GetOptions{})
+	l, err := f.kube.CoordinationV1().Leases(LockNamespace).Get(ctx, LockName, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Empty(t, *l.Spec.HolderIdentity)
 
@@ -419,8 +419,8 @@ func TestResume(t *testing.T) {
 	}{
 		{
 			name: "a live runner", op: testOperation("op-1", PhaseRunning),
-			objs: []runtime.Object{heldLease("pod-a", t0), runnerPod("pod-a", "ichor-op-1-1", corev1.PodRunning)},
-			want: "operation op-1 is running (pod pod-a holds the lock): nothing to resume; follow it with kubectl ichor status --watch",
+			objs: []runtime.Object{heldLease("ichor-system/pod-a", t0), runnerPod("pod-a", "ichor-op-1-1", corev1.PodRunning)},
+			want: "operation op-1 is running (pod ichor-system/pod-a holds the lock): nothing to resume; follow it with kubectl ichor status --watch",
 		},
 		{
 			name: "a pod still starting", op: testOperation("op-1", PhasePending),
@@ -511,10 +511,64 @@ func TestCheckFreeLooksAtOtherNamespaces(t *testing.T) {
 
 	var busy *BusyError
 	require.ErrorAs(t, err, &busy)
-	assert.Equal(t, "operation op-9 (Paused, launched 1m0s ago) is paused: continue it with kubectl ichor resume -n upgrades, "+
+	assert.Equal(t, "operation op-9 in namespace upgrades (Paused, launched 1m0s ago) is paused: continue it with kubectl ichor resume -n upgrades, "+
 		"or stop it with kubectl ichor abort -n upgrades", err.Error())
 
 	done, err := EncodeState("upgrades", testOperation("op-9", PhaseSucceeded), nil)
 	require.NoError(t, err)
 	require.NoError(t, newControl(t, now, done).ctl.CheckFree(context.Background()))
+}
+
+// The lock is the cluster's, in kube-system: a runner of another namespace that holds it
+// refuses a new operation here, naming it, even when the operations of other namespaces
+// cannot be read.
+func TestCheckFreeRefusesWhileAnotherNamespaceHoldsTheLock(t *testing.T) {
+	now := t0.Add(5 * time.Minute)
+	other := testOperation("op-9", PhaseRunning)
+
+	elsewhere, err := EncodeState("upgrades", other, nil)
+	require.NoError(t, err)
+
+	holderPod := runnerPod("pod-b", other.Status.Job, corev1.PodRunning)
+	holderPod.Namespace = "upgrades"
+
+	f := newControl(t, now, heldLease("upgrades/pod-b", now.Add(-3*time.Second)), holderPod, elsewhere)
+
+	err = f.ctl.CheckFree(context.Background())
+
+	var busy *BusyError
+	require.ErrorAs(t, err, &busy)
+	assert.Equal(t, "operation op-9 in namespace upgrades (Running, launched 5m0s ago) holds the lock lease kube-system/ichor-lock "+
+		"(holder: pod upgrades/pod-b): one operation per cluster; follow it with kubectl ichor status --watch -n upgrades, "+
+		"or stop it with kubectl ichor abort -n upgrades", err.Error())
+
+	// Its own operation's Busy is not this namespace's: abort here neither waits for nor
+	// releases it.
+	mine := testOperation("op-1", PhasePaused)
+	g := newControl(t, now, heldLease("upgrades/pod-b", now.Add(-3*time.Second)), holderPod, stateObject(t, mine))
+	g.ctl.StopTimeout = 200 * time.Millisecond
+
+	res, err := g.ctl.Abort(context.Background())
+	require.NoError(t, err)
+	assert.False(t, res.Released)
+
+	l, err := g.kube.CoordinationV1().Leases(LockNamespace).Get(context.Background(), LockName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "upgrades/pod-b", *l.Spec.HolderIdentity)
+}
+
+// An error listing the operations of other namespaces is no proof that none runs.
+func TestCheckFreeFailsWhenTheOperationsCannotBeListed(t *testing.T) {
+	f := newControl(t, t0)
+	f.kube.PrependReactor("list", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "", errors.New("no"))
+	})
+
+	err := f.ctl.CheckFree(context.Background())
+	require.Error(t, err)
+
+	var busy *BusyError
+	assert.False(t, errors.As(err, &busy))
+	assert.Contains(t, err.Error(), "list the operations of every namespace (configmaps named ichor-state): ")
+	assert.Contains(t, err.Error(), "run it with credentials that may list configmaps in all namespaces")
 }

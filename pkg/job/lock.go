@@ -26,13 +26,19 @@ const (
 // DefaultNamespace is the product's namespace when -n is not given.
 const DefaultNamespace = "ichor-system"
 
+// LockNamespace is where the lock lives whatever the product's namespace (-n) is: one
+// operation per cluster, since two operations in two namespaces could otherwise, say,
+// reboot two control planes together. Its holder is "<namespace>/<pod>" of the runner.
+const LockNamespace = metav1.NamespaceSystem
+
 // launchGrace is how long a Pending operation without a Job or a lock holder counts as
 // being launched (rather than abandoned).
 const launchGrace = 2 * time.Minute
 
 // Lock is the Lease as read.
 type Lock struct {
-	// Holder is the runner pod that holds (or last held) the lock; "" when released.
+	// Holder is the runner pod that holds (or last held) the lock, as
+	// "<namespace>/<pod>"; "" when released.
 	Holder string
 	// Renewed is the holder's last renewal; Duration how long it is valid for.
 	Renewed  time.Time
@@ -48,15 +54,39 @@ func (l *Lock) HeldAt(now time.Time) bool {
 	return l != nil && l.Holder != "" && now.Before(l.Renewed.Add(l.Duration))
 }
 
-// ReadLock reads the lock of namespace; nil when there is none.
-func ReadLock(ctx context.Context, client kubernetes.Interface, namespace string) (*Lock, error) {
-	lease, err := client.CoordinationV1().Leases(namespace).Get(ctx, LockName, metav1.GetOptions{})
+// HolderIdentity is the lock's holder identity of the runner pod pod of namespace.
+func HolderIdentity(namespace, pod string) string { return namespace + "/" + pod }
+
+// splitHolder returns the namespace and the pod of a holder identity; namespace is ""
+// when holder does not name one.
+func splitHolder(holder string) (namespace, pod string) {
+	if ns, name, ok := strings.Cut(holder, "/"); ok {
+		return ns, name
+	}
+
+	return "", holder
+}
+
+// HolderNamespace is the product's namespace of the lock's holder ("" when none).
+func (l *Lock) HolderNamespace() string {
+	if l == nil {
+		return ""
+	}
+
+	ns, _ := splitHolder(l.Holder)
+
+	return ns
+}
+
+// ReadLock reads the cluster's lock; nil when there is none.
+func ReadLock(ctx context.Context, client kubernetes.Interface) (*Lock, error) {
+	lease, err := client.CoordinationV1().Leases(LockNamespace).Get(ctx, LockName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
 
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", describe("lease", namespace, LockName), err)
+		return nil, fmt.Errorf("read %s: %w", describe("lease", LockNamespace, LockName), err)
 	}
 
 	return lockOf(lease), nil
@@ -84,29 +114,36 @@ func lockOf(lease *coordinationv1.Lease) *Lock {
 	return l
 }
 
-// holderGone reports whether the lock's holder, a pod of namespace, has stopped for good:
-// its pod is gone or has ended (its containers stopped), so it changes nothing any more.
-func holderGone(ctx context.Context, client kubernetes.Interface, namespace, holder string) (bool, error) {
-	pod, err := client.CoreV1().Pods(namespace).Get(ctx, holder, metav1.GetOptions{})
+// holderGone reports whether the lock's holder ("<namespace>/<pod>") has stopped for
+// good: its pod is gone or has ended (its containers stopped), so it changes nothing any
+// more. A holder that names no namespace is not known to be gone.
+func holderGone(ctx context.Context, client kubernetes.Interface, holder string) (bool, error) {
+	namespace, name := splitHolder(holder)
+	if namespace == "" {
+		return false, nil
+	}
+
+	pod, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
 
 	if err != nil {
-		return false, fmt.Errorf("read the lock holder's %s: %w", describe("pod", namespace, holder), err)
+		return false, fmt.Errorf("read the lock holder's %s: %w", describe("pod", namespace, name), err)
 	}
 
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
 }
 
-// liveHolder returns the lock's holder when it holds the lock and runs, "" otherwise.
-func liveHolder(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time) (string, *Lock, error) {
-	lock, err := ReadLock(ctx, client, namespace)
+// liveHolder returns the lock's holder ("<namespace>/<pod>") when it holds the lock and
+// runs, "" otherwise.
+func liveHolder(ctx context.Context, client kubernetes.Interface, now time.Time) (string, *Lock, error) {
+	lock, err := ReadLock(ctx, client)
 	if err != nil || !lock.HeldAt(now) {
 		return "", lock, err
 	}
 
-	gone, err := holderGone(ctx, client, namespace, lock.Holder)
+	gone, err := holderGone(ctx, client, lock.Holder)
 	if err != nil {
 		return "", lock, err
 	}
@@ -120,11 +157,12 @@ func liveHolder(ctx context.Context, client kubernetes.Interface, namespace stri
 
 // releaseLock clears the lock's holder, on the condition that the Lease did not change
 // since lock was read, so that a runner waiting for it takes it at once.
-func releaseLock(ctx context.Context, client kubernetes.Interface, namespace string, lock *Lock) error {
+func releaseLock(ctx context.Context, client kubernetes.Interface, lock *Lock) error {
 	if lock == nil || lock.Holder == "" {
 		return nil
 	}
 
+	namespace := LockNamespace
 	leases := client.CoordinationV1().Leases(namespace)
 
 	lease, err := leases.Get(ctx, LockName, metav1.GetOptions{})
@@ -165,12 +203,15 @@ type BusyError struct {
 	Operation string
 	Phase     Phase
 	Age       time.Duration
-	// Holder is the runner pod holding the lock ("" when none does).
+	// Holder is the runner pod holding the lock, "<namespace>/<pod>" ("" when none does).
 	Holder string
 	// Job is the operation's current Job.
 	Job string
 	// Reason is why a Paused operation paused.
 	Reason string
+	// Elsewhere is true when the operation is in another namespace than the one asked
+	// about.
+	Elsewhere bool
 }
 
 // Error implements error, on one line, saying what to do.
@@ -178,10 +219,18 @@ func (e *BusyError) Error() string {
 	n := nsFlag(e.Namespace)
 	what := fmt.Sprintf("operation %s (%s, launched %s ago)", e.Operation, e.Phase, e.Age)
 
+	if e.Elsewhere {
+		what = fmt.Sprintf("operation %s in namespace %s (%s, launched %s ago)", e.Operation, e.Namespace, e.Phase, e.Age)
+	}
+
+	if e.Operation == "" {
+		what = "an operation in namespace " + e.Namespace
+	}
+
 	switch {
 	case e.Holder != "":
-		return fmt.Sprintf("%s holds the lock %s (holder: pod %s): follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
-			what, describe("lease", e.Namespace, LockName), e.Holder, n, n)
+		return fmt.Sprintf("%s holds the lock %s (holder: pod %s): one operation per cluster; follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
+			what, describe("lease", LockNamespace, LockName), e.Holder, n, n)
 	case e.Phase == PhasePaused:
 		reason := ""
 		if e.Reason != "" {

@@ -94,22 +94,23 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 	}
 }
 
-// ManifestsRoleRules are the runner's permissions in kube-system: re-applying the
-// namespaced objects of Talos' bootstrap manifests (kube-proxy, CoreDNS, Flannel, the
-// in-cluster kubeconfig, the kubelet bootstrap token) with server-side apply.
+// ManifestsRoleRules are the runner's permissions in kube-system: the cluster's lock
+// (LockNamespace), and re-applying the namespaced objects of Talos' bootstrap manifests
+// (kube-proxy, CoreDNS, Flannel, the in-cluster kubeconfig, the kubelet bootstrap token)
+// with server-side apply.
 func ManifestsRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{LockName}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps", "secrets", "serviceaccounts", "services"}, Verbs: []string{"create", "patch"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets", "deployments"}, Verbs: []string{"create", "patch"}},
 	}
 }
 
-// RoleRules are the runner's permissions in its own namespace: the lock, the state and
-// the deletion of a copied talosconfig once the operation ends.
+// RoleRules are the runner's permissions in its own namespace: the state and the
+// deletion of a copied talosconfig once the operation ends.
 func RoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{LockName}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: []string{StateName}},
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"delete"}, ResourceNames: []string{LocalTalosconfigName}},
 	}

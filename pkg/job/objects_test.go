@@ -122,17 +122,16 @@ func TestRBACIsExact(t *testing.T) {
 	}, flat(ClusterRoleRules()))
 
 	assert.Equal(t, []string{
-		"create configmaps", "create daemonsets.apps", "create deployments.apps", "create secrets", "create serviceaccounts", "create services",
+		"create configmaps", "create daemonsets.apps", "create deployments.apps", "create leases.coordination.k8s.io", "create secrets", "create serviceaccounts", "create services",
+		"get leases.coordination.k8s.io ichor-lock",
 		"patch configmaps", "patch daemonsets.apps", "patch deployments.apps", "patch secrets", "patch serviceaccounts", "patch services",
+		"update leases.coordination.k8s.io ichor-lock",
 	}, flat(ManifestsRoleRules()))
 
 	assert.Equal(t, []string{
-		"create leases.coordination.k8s.io",
 		"delete secrets ichor-talosconfig",
 		"get configmaps ichor-state",
-		"get leases.coordination.k8s.io ichor-lock",
 		"update configmaps ichor-state",
-		"update leases.coordination.k8s.io ichor-lock",
 	}, flat(RoleRules()))
 
 	for _, rules := range [][]rbacv1.PolicyRule{ClusterRoleRules(), ManifestsRoleRules(), RoleRules()} {

@@ -154,7 +154,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 
 	r.logf("operation %s: %s upgrade to %s; runner %s on node %s waiting for the lock %s",
-		op.Spec.ID, op.Spec.Upgrade, op.Spec.Target, r.Identity, r.Node, describe("lease", r.Namespace, LockName))
+		op.Spec.ID, op.Spec.Upgrade, op.Spec.Target, r.Identity, r.Node, describe("lease", LockNamespace, LockName))
 
 	if err := r.takeOverFromGone(ctx); err != nil {
 		r.logf("could not check the lock's holder: %v", err)
@@ -179,9 +179,9 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	elector, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: r.Namespace},
+			LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
 			Client:     r.Kube.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: r.Identity},
+			LockConfig: resourcelock.ResourceLockConfig{Identity: HolderIdentity(r.Namespace, r.Identity)},
 			Labels:     commonLabels(nil),
 		},
 		LeaseDuration: lease,
@@ -203,7 +203,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("lock %s: %w", describe("lease", r.Namespace, LockName), err)
+		return fmt.Errorf("lock %s: %w", describe("lease", LockNamespace, LockName), err)
 	}
 
 	// While it waits for the lock, the runner gives up when ctx ends or when the
@@ -293,17 +293,21 @@ func (r *Runner) wanted(op *Operation) error {
 // that this runner need not wait for the lease to expire. A holder that still runs, or
 // whose fate is unknown, keeps it until it expires.
 func (r *Runner) takeOverFromGone(ctx context.Context) error {
-	lock, err := ReadLock(ctx, r.Kube, r.Namespace)
-	if err != nil || lock == nil || lock.Holder == "" || lock.Holder == r.Identity {
+	lock, err := ReadLock(ctx, r.Kube)
+	if err != nil || lock == nil || lock.Holder == "" || lock.Holder == HolderIdentity(r.Namespace, r.Identity) {
 		return err
 	}
 
-	gone, err := holderGone(ctx, r.Kube, r.Namespace, lock.Holder)
+	gone, err := holderGone(ctx, r.Kube, lock.Holder)
 	if err != nil || !gone {
+		if err == nil {
+			r.logf("the lock is held by %s: waiting for it (one operation per cluster)", lock.Holder)
+		}
+
 		return err
 	}
 
-	if err := releaseLock(ctx, r.Kube, r.Namespace, lock); err != nil {
+	if err := releaseLock(ctx, r.Kube, lock); err != nil {
 		return err
 	}
 

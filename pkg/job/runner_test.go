@@ -90,7 +90,7 @@ func (f *runnerFixture) state(t *testing.T) *Operation {
 func (f *runnerFixture) lease(t *testing.T) *coordinationv1.Lease {
 	t.Helper()
 
-	l, err := f.client.CoordinationV1().Leases("ichor-system").Get(context.Background(), LockName, metav1.GetOptions{})
+	l, err := f.client.CoordinationV1().Leases(LockNamespace).Get(context.Background(), LockName, metav1.GetOptions{})
 	require.NoError(t, err)
 
 	return l
@@ -287,7 +287,7 @@ func TestRunnerLosesTheLock(t *testing.T) {
 		l := f.lease(t)
 		other, now := "other-pod", metav1.NewMicroTime(time.Now().Add(time.Hour))
 		l.Spec.HolderIdentity, l.Spec.RenewTime = &other, &now
-		_, err := f.client.CoordinationV1().Leases("ichor-system").Update(ctx, l, metav1.UpdateOptions{})
+		_, err := f.client.CoordinationV1().Leases(LockNamespace).Update(ctx, l, metav1.UpdateOptions{})
 		require.NoError(t, err)
 
 		<-ctx.Done()
@@ -309,9 +309,9 @@ func TestRunnerLosesTheLock(t *testing.T) {
 }
 
 func TestRunnerTakesOverFromAGoneHolder(t *testing.T) {
-	holder, now, duration := "old-pod", metav1.NewMicroTime(time.Now()), int32(3600)
+	holder, now, duration := "ichor-system/old-pod", metav1.NewMicroTime(time.Now()), int32(3600)
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "ichor-system"},
+		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &now, AcquireTime: &now, LeaseDurationSeconds: &duration},
 	}
 	oldPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "old-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodFailed}}
@@ -324,17 +324,19 @@ func TestRunnerTakesOverFromAGoneHolder(t *testing.T) {
 
 	require.NoError(t, f.runner.Run(ctx))
 	assert.True(t, ran)
-	assert.Contains(t, f.out.String(), "the lock's holder old-pod is gone: lock released")
+	assert.Contains(t, f.out.String(), "the lock's holder ichor-system/old-pod is gone: lock released")
 	assert.Equal(t, 1, f.state(t).Status.Runs)
 }
 
+// The lock is the cluster's: a live runner of an operation in another namespace keeps
+// this one waiting.
 func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
-	holder, now, duration := "live-pod", metav1.NewMicroTime(time.Now().Add(time.Hour)), int32(3600)
+	holder, now, duration := "upgrades/live-pod", metav1.NewMicroTime(time.Now().Add(time.Hour)), int32(3600)
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "ichor-system"},
+		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &now, LeaseDurationSeconds: &duration},
 	}
-	livePod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "live-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	livePod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "live-pod", Namespace: "upgrades"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 
 	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error {
 		t.Error("the engine must not run without the lock")
@@ -356,7 +358,8 @@ func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
 	err := f.runner.Run(context.Background())
 	assert.Equal(t, ExitFinal, exitCode(err), "%v", err)
 	assert.Contains(t, err.Error(), "was aborted")
-	assert.Equal(t, "live-pod", leaseHolderOf(f.lease(t)))
+	assert.Equal(t, "upgrades/live-pod", leaseHolderOf(f.lease(t)))
+	assert.Contains(t, f.out.String(), "the lock is held by upgrades/live-pod: waiting for it (one operation per cluster)")
 }
 
 func TestRunnerRefuses(t *testing.T) {

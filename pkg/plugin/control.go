@@ -141,7 +141,7 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 	}
 
 	if res.Released {
-		writef(o.Out, "  released the lock %s/%s\n", ctl.Namespace, job.LockName)
+		writef(o.Out, "  released the lock %s/%s\n", job.LockNamespace, job.LockName)
 	}
 
 	if res.StateErr == nil {

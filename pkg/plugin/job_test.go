@@ -439,19 +439,20 @@ func TestUpgradeLaunchesTheJob(t *testing.T) {
 }
 
 func TestUpgradeRefusedNamesTheHolder(t *testing.T) {
-	holder, renewed, duration := "ichor-kubernetes-v1-36-3-abcde-1-x7k2p", metav1.NewMicroTime(now0.Add(5*time.Minute)), int32(15)
+	pod0 := "ichor-kubernetes-v1-36-3-abcde-1-x7k2p"
+	holder, renewed, duration := job.DefaultNamespace+"/"+pod0, metav1.NewMicroTime(now0.Add(5*time.Minute)), int32(15)
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: job.LockName, Namespace: job.DefaultNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: job.LockName, Namespace: job.LockNamespace},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renewed, LeaseDurationSeconds: &duration},
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: holder, Namespace: job.DefaultNamespace}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod0, Namespace: job.DefaultNamespace}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 
 	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), nil), lease, pod)
 
 	stdout, stderr, code := runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	assert.Equal(t, ExitError, code)
-	assert.Equal(t, "error: operation kubernetes-v1-36-3-abcde (Running, launched 5m0s ago) holds the lock lease ichor-system/ichor-lock "+
-		"(holder: pod ichor-kubernetes-v1-36-3-abcde-1-x7k2p): follow it with kubectl ichor status --watch, or stop it with kubectl ichor abort\n", stderr)
+	assert.Equal(t, "error: operation kubernetes-v1-36-3-abcde (Running, launched 5m0s ago) holds the lock lease kube-system/ichor-lock "+
+		"(holder: pod ichor-system/ichor-kubernetes-v1-36-3-abcde-1-x7k2p): one operation per cluster; follow it with kubectl ichor status --watch, or stop it with kubectl ichor abort\n", stderr)
 	assert.Empty(t, stdout, "refused before anything is read or shown")
 }
 
