@@ -523,8 +523,12 @@ func TestObserve(t *testing.T) {
 	proxy.Labels = map[string]string{discovery.ComponentLabel: "kube-proxy"}
 	proxy.Spec.Containers = []corev1.Container{{Name: "kube-proxy", Image: "registry.k8s.io/kube-proxy:v1.36.3"}}
 
+	cp1, cp2 := node("cp-1", "v1.35.4", true), node("cp-2", "v1.35.4", true)
+	cp1.Labels = map[string]string{discovery.ControlPlaneLabel: ""}
+	cp2.Labels = map[string]string{discovery.ControlPlaneLabel: ""}
+
 	cs := fake.NewClientset(
-		node("cp-1", "v1.35.4", true), node("worker-1", "v1.35.4", true),
+		cp1, cp2, node("worker-1", "v1.35.4", true),
 		staticPod("cp-1", discovery.APIServer, "v1.36.3", true), done, proxy,
 		ownedPod("kube-system", "coredns", "worker-1", "ReplicaSet"),
 	)
@@ -532,9 +536,12 @@ func TestObserve(t *testing.T) {
 	running, err := Observe(t.Context(), cs)
 	require.NoError(t, err)
 	assert.Equal(t, []Running{
-		{Node: "cp-1", Component: discovery.APIServer, Version: "v1.36.3", Source: "pod kube-system/kube-apiserver-cp-1"},
+		{Node: "cp-1", Component: discovery.APIServer, Version: "v1.36.3", Image: "registry.k8s.io/kube-apiserver:v1.36.3", Source: "pod kube-system/kube-apiserver-cp-1"},
 		{Node: "cp-1", Component: discovery.Kubelet, Version: "v1.35.4", Source: "Node cp-1"},
-		{Node: "worker-1", Component: discovery.KubeProxy, Version: "v1.36.3", Source: "pod kube-system/kube-proxy-abc"},
+		// A control plane without an apiserver mirror pod: its version is unknown, not left out.
+		{Node: "cp-2", Component: discovery.APIServer, Source: "no kube-apiserver mirror pod in kube-system on control plane cp-2"},
+		{Node: "cp-2", Component: discovery.Kubelet, Version: "v1.35.4", Source: "Node cp-2"},
+		{Node: "worker-1", Component: discovery.KubeProxy, Version: "v1.36.3", Image: "registry.k8s.io/kube-proxy:v1.36.3", Source: "pod kube-system/kube-proxy-abc"},
 		{Node: "worker-1", Component: discovery.Kubelet, Version: "v1.35.4", Source: "Node worker-1"},
 	}, running)
 }

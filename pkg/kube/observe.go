@@ -24,6 +24,8 @@ type Running struct {
 	// Version is its version: the tag of its image, or the Node's
 	// kubeletVersion for a kubelet.
 	Version string
+	// Image is the image it was read from ("" for a kubelet, or when none was seen).
+	Image string
 	// Source names what it was read from ("pod kube-system/kube-proxy-x7k2p",
 	// "Node cp-1").
 	Source string
@@ -90,6 +92,8 @@ func (c *Cache) Running() []Running {
 func running(nodes []*corev1.Node, pods []*corev1.Pod) []Running {
 	var out []Running
 
+	apiservers := map[string]bool{}
+
 	for _, n := range nodes {
 		out = append(out, Running{
 			Node: n.Name, Component: discovery.Kubelet, Version: n.Status.NodeInfo.KubeletVersion, Source: "Node " + n.Name,
@@ -102,12 +106,32 @@ func running(nodes []*corev1.Node, pods []*corev1.Pod) []Running {
 		}
 
 		comp := discovery.Component(p.Labels[discovery.ComponentLabel])
+		if comp == discovery.APIServer {
+			apiservers[p.Spec.NodeName] = true
+		}
+
+		image := ContainerImage(p.Spec, string(comp))
 
 		out = append(out, Running{
 			Node:      p.Spec.NodeName,
 			Component: comp,
-			Version:   render.TagOf(ContainerImage(p.Spec, string(comp))),
+			Version:   render.TagOf(image),
+			Image:     image,
 			Source:    "pod " + p.Namespace + "/" + p.Name,
+		})
+	}
+
+	// A control plane without a running apiserver mirror pod has an apiserver whose
+	// version is unknown: it is said, not left out, so that the invariant is not judged
+	// without it.
+	for _, n := range nodes {
+		if _, cp := n.Labels[discovery.ControlPlaneLabel]; !cp || apiservers[n.Name] {
+			continue
+		}
+
+		out = append(out, Running{
+			Node: n.Name, Component: discovery.APIServer,
+			Source: fmt.Sprintf("no %s mirror pod in %s on control plane %s", discovery.APIServer, discovery.StaticPodNamespace, n.Name),
 		})
 	}
 

@@ -229,52 +229,99 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 	return nil
 }
 
-// checkInvariant reads what the cluster runs and pauses if any
-// controller-manager, scheduler, kube-proxy or kubelet is newer than any
-// apiserver.
+// checkInvariant reads what the cluster runs at a stage's start: it pauses when an
+// apiserver's version cannot be read (the invariant is never judged blind), and takes
+// what it reads as the stage's baseline. Skew already there (a worker whose kubelet is
+// newer than the apiservers) is reported, not refused: the rule is that no apply makes
+// the invariant worse, so the upgrade that fixes it can run.
 func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error {
 	running, err := kube.Observe(ctx, r.e.Kube)
 	if err != nil {
 		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
 	}
 
-	return r.invariantHolds(ctx, stage, node, running)
-}
+	inv := JudgeInvariant(running)
+	if err := r.unknownApiservers(ctx, stage, node, inv); err != nil {
+		return err
+	}
 
-// recheckInvariant is checkInvariant on what the watches last saw, with no
-// request: for the check once a node is verified, which follows the fresh
-// one after its apply (a read of the whole cluster at every step of every
-// node would grow with the square of the cluster).
-func (r *kubeRun) recheckInvariant(ctx context.Context, stage, node string) error {
-	return r.invariantHolds(ctx, stage, node, r.cache.Running())
-}
+	r.base = inv
 
-func (r *kubeRun) invariantHolds(ctx context.Context, stage, node string, running []kube.Running) error {
-	if v := invariantViolations(running); len(v) > 0 {
-		reason := "invariant broken: " + summarize(v)
-
-		return r.pause(ctx, stage, node, reason,
-			"no controller-manager, scheduler, kube-proxy or kubelet may be newer than an apiserver: bring it back to the apiservers' version (or the apiservers forward) before resuming",
-			errors.New(reason))
+	if lines := inv.SkewLines(); len(lines) > 0 {
+		r.e.step(stage, "invariant", "skew already there, kept from growing: %s", summarize(lines))
 	}
 
 	return nil
 }
 
-// predictApply pauses before an apply that would break the invariant: what
-// the cluster runs (as the watches last saw it), with the node's components
-// replaced by the render's (such as a held control plane whose apiserver
-// stays behind).
-func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
-	running := r.cache.Running()
+// unknownApiservers pauses when an apiserver's version cannot be read.
+func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv Invariant) error {
+	if len(inv.Unknown) == 0 {
+		return nil
+	}
 
+	if node == "" && len(inv.Unknown) == 1 {
+		node = inv.Unknown[0].Node
+	}
+
+	reason := "invariant check: apiserver version unknown: " + summarize(inv.UnknownLines())
+
+	return r.pause(ctx, stage, node, reason, UnknownAction(inv), errors.New(reason))
+}
+
+// checkApplied reads what the cluster runs right after node's apply of res and pauses
+// when the invariant is worse than at the stage's start. The node's own components
+// whose version cannot be read yet (a static pod restarting) count at the render's.
+func (r *kubeRun) checkApplied(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
+	running, err := kube.Observe(ctx, r.e.Kube)
+	if err != nil {
+		return r.pause(ctx, stage, sn.Name, "invariant check: "+err.Error(), actionResume, err)
+	}
+
+	return r.notWorse(ctx, stage, sn.Name, withRender(running, sn.Name, res, false), brokenAction)
+}
+
+// recheckInvariant is the check once a node is verified, on what the watches last
+// saw, with no request: it follows the fresh one after its apply (a read of the whole
+// cluster at every step of every node would grow with the square of the cluster).
+func (r *kubeRun) recheckInvariant(ctx context.Context, stage, node string) error {
+	return r.notWorse(ctx, stage, node, r.cache.Running(), brokenAction)
+}
+
+// notWorse pauses when running cannot be judged, or is worse than the stage's start.
+func (r *kubeRun) notWorse(ctx context.Context, stage, node string, running []kube.Running, action string) error {
+	inv := JudgeInvariant(running)
+	if err := r.unknownApiservers(ctx, stage, node, inv); err != nil {
+		return err
+	}
+
+	if v := inv.WorseThan(r.base); len(v) > 0 {
+		reason := "invariant broken: " + summarize(v)
+
+		return r.pause(ctx, stage, node, reason, action, errors.New(reason))
+	}
+
+	return nil
+}
+
+const brokenAction = "it became newer than an apiserver during the stage, by something other than ichor: bring it back to what it ran " +
+	"(or every apiserver to that version), then resume"
+
+// withRender is running with node's components replaced by the render's: every one
+// (predict) or only those whose version cannot be read or are not seen (after an
+// apply, a static pod restarting). kube-proxy follows the DaemonSet, not the node's
+// config.
+func withRender(running []kube.Running, node string, res *render.Result, all bool) []kube.Running {
 	images := render.Images(res.Config)
 	after := running[:0:0]
 	seen := map[discovery.Component]bool{}
 
 	for _, run := range running {
-		if image, ok := images[run.Component]; ok && run.Node == sn.Name && run.Component != discovery.KubeProxy {
-			run.Version = render.TagOf(image)
+		if image, ok := images[run.Component]; ok && run.Node == node && run.Component != discovery.KubeProxy {
+			if _, err := ParseVersion(run.Version); all || err != nil {
+				run.Version, run.Source = render.TagOf(image), "the render"
+			}
+
 			seen[run.Component] = true
 		}
 
@@ -283,11 +330,24 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 
 	for _, c := range []discovery.Component{discovery.APIServer, discovery.ControllerManager, discovery.Scheduler, discovery.Kubelet} {
 		if image, ok := images[c]; ok && !seen[c] {
-			after = append(after, kube.Running{Node: sn.Name, Component: c, Version: render.TagOf(image), Source: "the render"})
+			after = append(after, kube.Running{Node: node, Component: c, Version: render.TagOf(image), Source: "the render"})
 		}
 	}
 
-	if v := invariantViolations(after); len(v) > 0 {
+	return after
+}
+
+// predictApply pauses before an apply that would make the invariant worse than at the
+// stage's start: what the cluster runs (as the watches last saw it), with the node's
+// components replaced by the render's (such as a held control plane whose apiserver
+// stays behind).
+func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
+	after := JudgeInvariant(withRender(r.cache.Running(), sn.Name, res, true))
+	if err := r.unknownApiservers(ctx, stage, sn.Name, after); err != nil {
+		return err
+	}
+
+	if v := after.WorseThan(r.base); len(v) > 0 {
 		reason := "applying " + describeChanges(res.Changed) + " would break the invariant: " + summarize(v)
 
 		return r.pause(ctx, stage, sn.Name, reason, heldAction, errors.New(reason))
@@ -296,13 +356,19 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 	return nil
 }
 
-// predictKubeProxy pauses before a manifest sync would run kube-proxy at the
-// target while some apiserver is older (as the watches last saw them).
+// predictKubeProxy pauses before a manifest sync would run kube-proxy at the target
+// while some apiserver is older (as the watches last saw them), unless that skew was
+// there at the stage's start already.
 func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) error {
 	running := append(r.cache.Running(),
 		kube.Running{Node: "every node", Component: discovery.KubeProxy, Version: r.target.String(), Source: "the bootstrap manifests"})
 
-	if v := invariantViolations(running); len(v) > 0 {
+	after := JudgeInvariant(running)
+	if err := r.unknownApiservers(ctx, stage, node, after); err != nil {
+		return err
+	}
+
+	if v := after.WorseThan(r.base); len(v) > 0 {
 		reason := "syncing the bootstrap manifests would break the invariant: " + summarize(v)
 
 		return r.pause(ctx, stage, node, reason, heldAction, errors.New(reason))
@@ -312,52 +378,3 @@ func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) erro
 }
 
 const heldAction = "an apiserver is behind (a held control plane?): move every apiserver to the target first (remove the hold), then resume"
-
-// invariantViolations returns one line for every controller-manager,
-// scheduler, kube-proxy or kubelet newer than the oldest apiserver. Versions
-// that do not parse are not judged.
-func invariantViolations(running []kube.Running) []string {
-	var (
-		oldest *Version
-		at     kube.Running
-	)
-
-	for _, run := range running {
-		if run.Component != discovery.APIServer {
-			continue
-		}
-
-		v, err := ParseVersion(run.Version)
-		if err != nil {
-			continue
-		}
-
-		if oldest == nil || v.Compare(*oldest) < 0 {
-			oldest, at = &v, run
-		}
-	}
-
-	if oldest == nil {
-		return nil
-	}
-
-	var out []string
-
-	for _, run := range running {
-		switch run.Component {
-		case discovery.ControllerManager, discovery.Scheduler, discovery.KubeProxy, discovery.Kubelet:
-		default:
-			continue
-		}
-
-		v, err := ParseVersion(run.Version)
-		if err != nil || v.Compare(*oldest) <= 0 {
-			continue
-		}
-
-		out = append(out, fmt.Sprintf("%s %s on %s (%s) is newer than %s %s on %s",
-			run.Component, run.Version, run.Node, run.Source, at.Component, at.Version, at.Node))
-	}
-
-	return out
-}

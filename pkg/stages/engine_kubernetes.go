@@ -37,6 +37,8 @@ type kubeRun struct {
 	target  Version
 	cache   *kube.Cache
 	applier *kube.ManifestApplier
+	// base is the invariant as judged at the stage's start: no apply may make it worse.
+	base Invariant
 }
 
 // stageNode is a node a stage visits, as read at the stage's start.
@@ -149,6 +151,8 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 		if err := r.prePull(ctx, s, snap, pending); err != nil {
 			return err
 		}
+	} else if err := r.checkInvariant(ctx, name, ""); err != nil {
+		return err
 	}
 
 	var synced bool
@@ -331,6 +335,27 @@ func (r *kubeRun) skipReason(s KubernetesStage, snap *discovery.Snapshot, visit 
 	return "kube-proxy is disabled in the control planes' machine config (cluster.proxy.disabled)"
 }
 
+// earlierStage returns the first stage before s whose render changes node n's active
+// config cfg, nil when every earlier stage is done on it.
+func (r *kubeRun) earlierStage(s KubernetesStage, n discovery.Node, cfg config.Provider) (KubernetesStage, error) {
+	for _, st := range KubernetesStages() {
+		if st.Name() == s.Name() {
+			return nil, nil
+		}
+
+		res, err := r.render(st, n, cfg)
+		if err != nil {
+			return nil, err
+		}
+
+		if len(res.Changed) > 0 {
+			return st, nil
+		}
+	}
+
+	return nil, nil
+}
+
 // render returns the stage's config for node n (its kubelet version read
 // from its Node) from its active config cfg.
 func (r *kubeRun) render(s KubernetesStage, n discovery.Node, cfg config.Provider) (*render.Result, error) {
@@ -400,6 +425,24 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 	current := sn.Node
 	current.KubeletVersion = node.Status.NodeInfo.KubeletVersion
 
+	// One stage's worth of change per apply: a node an earlier stage did not visit (a
+	// hold removed mid-upgrade, a control plane added) takes the earlier stages first,
+	// from APIServers, one apply each, then this one.
+	earlier, err := r.earlierStage(s, current, cfg)
+	if err != nil {
+		return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
+	}
+
+	if earlier != nil {
+		r.e.node(stage, name, PhasePending, "behind the cluster: takes stage %s first", earlier.Name())
+
+		if _, err := r.visit(ctx, earlier, &stageNode{Node: sn.Node}); err != nil {
+			return false, err
+		}
+
+		return r.visit(ctx, s, &stageNode{Node: sn.Node})
+	}
+
 	// The pins come from the Node: render again unless the config and the
 	// kubelet version are those the stage's start rendered from.
 	res := sn.planned
@@ -435,7 +478,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 			return false, err
 		}
 
-		if err := r.checkInvariant(ctx, stage, name); err != nil {
+		if err := r.checkApplied(ctx, stage, sn, res); err != nil {
 			return false, err
 		}
 	}
@@ -709,7 +752,12 @@ func (r *kubeRun) rollout(ctx context.Context, stage string) error {
 			discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.KubeProxyDaemonSet), fmt.Errorf("stage %s: %s", stage, reason))
 	}
 
-	if err := r.checkInvariant(ctx, stage, ""); err != nil {
+	running, err := kube.Observe(ctx, r.e.Kube)
+	if err != nil {
+		return r.pause(ctx, stage, "", "invariant check: "+err.Error(), actionResume, err)
+	}
+
+	if err := r.notWorse(ctx, stage, "", running, brokenAction); err != nil {
 		return err
 	}
 

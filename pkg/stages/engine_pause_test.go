@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -221,13 +223,64 @@ func TestEngineHeldControlPlaneKeepsItsPlace(t *testing.T) {
 }
 
 func TestEngineInvariant(t *testing.T) {
-	t.Run("broken before the stage", func(t *testing.T) {
+	// Skew already there (a worker whose kubelet is newer than the apiservers) is
+	// reported, not refused: no apply makes it worse, and the upgrade fixes it.
+	t.Run("skew before the upgrade", func(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
 		f.takeConfig(f.machine("worker-1"), kubeletAt(t, f.machine("worker-1"), "v1.36.3"))
 
-		err := f.engine("v1.36.3").Run(context.Background())
-		requirePause(t, err, "APIServers", "", "invariant broken", "kubelet v1.36.3 on worker-1 (Node worker-1) is newer than kube-apiserver v1.35.4 on cp-1")
-		assert.Empty(t, f.realApplies())
+		rec := &recorder{}
+		e := f.engine("v1.36.3")
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		assert.NotEmpty(t, rec.with("APIServers", "skew already there, kept from growing",
+			"kubelet v1.36.3 on worker-1 (Node worker-1) is newer than kube-apiserver v1.35.4 on cp-1"))
+
+		for _, m := range f.machines {
+			for c, image := range render.Images(m.active) {
+				assert.Equal(t, "v1.36.3", render.TagOf(image), "%s %s", m.name, c)
+			}
+		}
+
+		// The only skew ever seen is the one that was there before.
+		for _, broken := range f.invariantHistory() {
+			assert.Contains(t, broken, "kubelet v1.36.3 on worker-1 (event) is newer than kube-apiserver v1.35.4 on cp-1")
+		}
+	})
+
+	t.Run("an apiserver whose version cannot be read", func(t *testing.T) {
+		for name, change := range map[string]func(*corev1.Pod){
+			"digest only": func(p *corev1.Pod) {
+				p.Spec.Containers[0].Image = "registry.k8s.io/kube-apiserver@sha256:" + strings.Repeat("ab", 32)
+			},
+			"suffixed tag": func(p *corev1.Pod) { p.Spec.Containers[0].Image = "registry.k8s.io/kube-apiserver:v1.35.4-custom" },
+		} {
+			t.Run(name, func(t *testing.T) {
+				f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+				pods := f.cs.CoreV1().Pods("kube-system")
+
+				pod, err := pods.Get(context.Background(), "kube-apiserver-cp-2", metav1.GetOptions{})
+				require.NoError(t, err)
+				change(pod)
+				_, err = pods.Update(context.Background(), pod, metav1.UpdateOptions{})
+				require.NoError(t, err)
+
+				err = f.engine("v1.36.3").Run(context.Background())
+				p := requirePause(t, err, "APIServers", "cp-2", "apiserver version unknown: kube-apiserver on cp-2: image ", "has no vMAJOR.MINOR.PATCH tag (pod kube-system/kube-apiserver-cp-2)")
+				assert.Contains(t, p.Action, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH")
+				assert.Empty(t, f.realApplies(), "never skipped: nothing applied")
+			})
+		}
+
+		t.Run("no mirror pod", func(t *testing.T) {
+			f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+			require.NoError(t, f.cs.CoreV1().Pods("kube-system").Delete(context.Background(), "kube-apiserver-cp-3", metav1.DeleteOptions{}))
+
+			err := f.engine("v1.36.3").Run(context.Background())
+			requirePause(t, err, "APIServers", "cp-3", "apiserver version unknown: kube-apiserver on cp-3: no version (no kube-apiserver mirror pod in kube-system on control plane cp-3)")
+			assert.Empty(t, f.realApplies())
+		})
 	})
 
 	t.Run("broken behind the engine's back during a stage", func(t *testing.T) {
@@ -504,4 +557,52 @@ func TestEngineSurvivesEvictingItself(t *testing.T) {
 	kubelets := rec.with("Kubelets ", "Pending")
 	require.NotEmpty(t, kubelets)
 	assert.Contains(t, rec.with("Kubelets worker-")[0], "worker-2", "the node ichor cordoned is finished first")
+}
+
+// A control plane whose hold is removed while the cluster is further on takes the
+// stages it missed one apply each, from APIServers: never several stages' worth at once.
+func TestEngineNodeBehindTakesOneStageAtATime(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+	ctx := context.Background()
+
+	for name, order := range map[string]string{"cp-3": "1", "cp-1": "2", "cp-2": "3"} {
+		n, err := f.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+
+		n.Labels[discovery.OrderLabel] = order
+		if name == "cp-3" {
+			n.Annotations[discovery.HoldAnnotation] = "RMA"
+		}
+
+		_, err = f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+
+	var once sync.Once
+
+	// The hold goes once the APIServers stage is past cp-3: cp-3 is first in the next
+	// stage, its apiserver still behind.
+	f.beforeApply = func(ctx context.Context, m *fakeMachine) {
+		if m.name != "cp-2" {
+			return
+		}
+
+		once.Do(func() {
+			n, err := f.cs.CoreV1().Nodes().Get(ctx, "cp-3", metav1.GetOptions{})
+			require.NoError(t, err)
+
+			delete(n.Annotations, discovery.HoldAnnotation)
+			_, err = f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+			require.NoError(t, err)
+		})
+	}
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+
+	require.NoError(t, e.Run(ctx))
+	assert.NotEmpty(t, rec.with("ControlPlaneComponents cp-3", "behind the cluster: takes stage APIServers first"))
+	assert.Equal(t, 4, appliesOn(f, "cp-3"), "APIServers, ControlPlaneComponents, KubeProxy, Kubelets: one apply each")
+	requireFinished(t, f, "v1.36.3")
 }
