@@ -78,7 +78,7 @@ func TestPlan(t *testing.T) {
 		require.Contains(t, out, "Images, repositories kept: registry.k8s.io/* (cp-1, cp-2, cp-3), ghcr.io/siderolabs/* (5 nodes)")
 
 		checks := tableChecks(out)
-		for _, name := range []string{"version skew", "talos pairing", "nodes ready", "talos nodes", "endpoint", "held nodes", "talos access for job"} {
+		for _, name := range []string{"version skew", "invariant", "talos pairing", "nodes ready", "talos nodes", "endpoint", "held nodes", "talos access for job"} {
 			require.Equal(t, api.ResultOK, checks[name].result, "check %q: %s", name, checks[name].detail)
 		}
 		require.Contains(t, checks["version skew"].detail, "one minor (1.35 -> 1.36), no node behind")

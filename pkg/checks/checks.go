@@ -41,7 +41,7 @@ type Check interface {
 // Kubernetes returns the checks of a Kubernetes upgrade, in the order they are shown.
 func Kubernetes() []Check {
 	return []Check{
-		VersionSkew{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
+		VersionSkew{}, Invariant{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
 		Drains{}, HeldNodes{}, TalosAccess{},
 	}
 }

@@ -47,6 +47,25 @@ func TestChecks(t *testing.T) {
 		detail  []string
 		action  string
 	}{
+		// invariant
+		{name: "invariant holds", check: checks.Invariant{}, result: api.ResultOK, detail: []string{"nothing newer than the oldest apiserver (v1.35.4 on cp-1)"}},
+		{
+			name: "invariant: skew already there is a warning", check: checks.Invariant{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("worker-2").Versions = map[discovery.Component]string{discovery.Kubelet: "v1.36.3"}
+				c.Node("worker-2").Hold = discoverytest.Ptr("newer")
+			},
+			result: api.ResultWarn, detail: []string{"skew already there: kubelet v1.36.3 on worker-2 (Node worker-2) is newer than kube-apiserver v1.35.4 on cp-1"},
+			action: "the upgrade keeps it from growing and moves the apiservers first",
+		},
+		{
+			name: "invariant: an apiserver version that cannot be read refuses", check: checks.Invariant{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("cp-2").Versions = map[discovery.Component]string{discovery.APIServer: "v1.35.4-custom"}
+			},
+			result: api.ResultRefused, detail: []string{"apiserver version unknown: kube-apiserver on cp-2: image ", "v1.35.4-custom", "has no vMAJOR.MINOR.PATCH tag"},
+			action: "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH",
+		},
 		// version skew
 		{name: "skew one minor", check: checks.VersionSkew{}, result: api.ResultOK, detail: []string{"one minor (1.35 -> 1.36), no node behind"}},
 		{name: "skew patch", check: checks.VersionSkew{}, target: stages.MustParseVersion("v1.35.6"), result: api.ResultOK, detail: []string{"patch upgrade within 1.35"}},
