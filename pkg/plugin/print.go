@@ -234,7 +234,12 @@ func changes(list []api.Change) string {
 			from, to = render.TagOf(from), render.TagOf(to)
 		}
 
-		parts = append(parts, fmt.Sprintf("%s %s -> %s", c.Component, from, to))
+		part := fmt.Sprintf("%s %s -> %s", c.Component, from, to)
+		if c.DroppedDigest != "" {
+			part += fmt.Sprintf(" (digest %s dropped: pin the new one if you need it)", c.DroppedDigest)
+		}
+
+		parts = append(parts, part)
 	}
 
 	return strings.Join(parts, ", ")

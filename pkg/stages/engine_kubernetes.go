@@ -781,7 +781,12 @@ func verifyAction(node string) string {
 func describeChanges(changes []render.Change) string {
 	parts := make([]string, 0, len(changes))
 	for _, c := range changes {
-		parts = append(parts, fmt.Sprintf("%s %s -> %s", c.Component, orUnknownTag(render.TagOf(c.From)), render.TagOf(c.To)))
+		part := fmt.Sprintf("%s %s -> %s", c.Component, orUnknownTag(render.TagOf(c.From)), render.TagOf(c.To))
+		if c.DroppedDigest != "" {
+			part += fmt.Sprintf(" (digest %s dropped)", c.DroppedDigest)
+		}
+
+		parts = append(parts, part)
 	}
 
 	return strings.Join(parts, ", ")

@@ -191,7 +191,9 @@ func KubernetesChanges(s KubernetesStage, n discovery.Node, target Version) ([]a
 			return nil, fmt.Errorf("node %q: stage %s: %s: %w", n.Name, s.Name(), c, err)
 		}
 
-		changes = append(changes, api.Change{Component: string(c), From: image, To: to, Path: c.PathIn(n.Talos.Layouts[c])})
+		changes = append(changes, api.Change{
+			Component: string(c), From: image, To: to, Path: c.PathIn(n.Talos.Layouts[c]), DroppedDigest: render.DigestOf(image),
+		})
 	}
 
 	return changes, nil

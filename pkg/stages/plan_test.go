@@ -1,6 +1,7 @@
 package stages_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -194,4 +195,19 @@ func TestPlanTalos(t *testing.T) {
 	plan, err = stages.PlanTalos(snap, stages.MustParseVersion("v1.13.9"), "my.registry/installer:v1.13.9", stages.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, "my.registry/installer:v1.13.9", plan.Stages[0].Nodes[1].Changes[1].To)
+}
+
+// A digest the user pinned cannot follow a new tag: the plan says it is dropped.
+func TestPlanKubernetesSaysADroppedDigest(t *testing.T) {
+	c := discoverytest.ThreePlusTwo()
+	n, _ := c.Snapshot(t).Node("cp-1")
+
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	n.Talos.Images[discovery.APIServer] = "registry.k8s.io/kube-apiserver:v1.35.4@" + digest
+
+	changes, err := stages.KubernetesChanges(stages.APIServers{}, n, stages.MustParseVersion("v1.36.3"))
+	require.NoError(t, err)
+	require.Len(t, changes, 1)
+	assert.Equal(t, "registry.k8s.io/kube-apiserver:v1.36.3", changes[0].To)
+	assert.Equal(t, digest, changes[0].DroppedDigest)
 }

@@ -161,6 +161,9 @@ type Change struct {
 	// Reason says why this value, when it is not plain: for the installer,
 	// where it comes from (--image, the node's config, the node's schematic).
 	Reason string `json:"reason,omitempty"`
+	// DroppedDigest is the digest From was pinned to that To no longer carries (a new
+	// tag cannot keep the old digest): said so the user can pin the new one.
+	DroppedDigest string `json:"droppedDigest,omitempty"`
 }
 
 // The config layouts of NodeStep.ConfigLayout.
