@@ -530,6 +530,7 @@ func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
 		Target:         spec.Target,
 		Image:          spec.InstallerImage,
 		MaxUnavailable: spec.MaxUnavailable,
+		ManifestsForce: spec.ManifestsForce,
 		Self:           node,
 		ApplyTimeout:   Timeout(spec.Timeouts.Apply),
 		VerifyTimeout:  Timeout(spec.Timeouts.Verify),

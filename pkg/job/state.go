@@ -87,6 +87,9 @@ type OperationSpec struct {
 	InstallerImage string `json:"installerImage,omitempty"`
 	// MaxUnavailable is how many workers move at once.
 	MaxUnavailable int `json:"maxUnavailable"`
+	// ManifestsForce lists the bootstrap manifest objects whose fields owned by another
+	// field manager the sync takes over ("all" for every one).
+	ManifestsForce []string `json:"manifestsForce,omitempty"`
 	// Image is the runner's image.
 	Image string `json:"image"`
 	// Credentials say where the runner's Talos credentials come from.

@@ -597,3 +597,91 @@ func TestRetry(t *testing.T) {
 		require.True(t, apierrors.IsServiceUnavailable(err))
 	})
 }
+
+// Sync dry-runs every object first; an object whose Namespace the set itself creates is
+// judged at the real apply; a conflict skips its object; a refusal stops everything
+// before the first real apply.
+func TestManifestSync(t *testing.T) {
+	cs := fake.NewClientset()
+	cs.Resources = []*metav1.APIResourceList{
+		{GroupVersion: "v1", APIResources: []metav1.APIResource{
+			{Name: "namespaces", Kind: "Namespace"},
+			{Name: "configmaps", Namespaced: true, Kind: "ConfigMap"},
+		}},
+	}
+
+	obj := func(kind, ns, name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("v1")
+		u.SetKind(kind)
+		u.SetNamespace(ns)
+		u.SetName(name)
+
+		return u
+	}
+
+	objs := []*unstructured.Unstructured{
+		obj("ConfigMap", "kube-system", "coredns"), obj("ConfigMap", "cni", "cni-config"),
+		obj("ConfigMap", "kube-system", "helm-owned"), obj("Namespace", "", "cni"),
+	}
+
+	run := func(t *testing.T, forbidden string, opts SyncOptions) ([]string, *SyncResult, error) {
+		t.Helper()
+
+		dyn := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+
+		var calls []string
+
+		dyn.PrependReactor("patch", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			p := action.(k8stesting.PatchActionImpl)
+			dry := len(p.PatchOptions.DryRun) > 0
+			calls = append(calls, fmt.Sprintf("dry=%t %s/%s force=%t", dry, p.GetNamespace(), p.GetName(), *p.PatchOptions.Force))
+
+			gr := schema.GroupResource{Resource: p.GetResource().Resource}
+
+			switch {
+			case p.GetName() == forbidden:
+				return true, nil, apierrors.NewForbidden(gr, p.GetName(), errors.New("no"))
+			case p.GetNamespace() == "cni" && dry:
+				return true, nil, apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, "cni")
+			case p.GetName() == "helm-owned" && !*p.PatchOptions.Force:
+				return true, nil, apierrors.NewApplyConflict(nil, `Apply failed with 1 conflict: conflict with "helm": .data.x`)
+			}
+
+			return true, &unstructured.Unstructured{}, nil
+		})
+
+		res, err := NewManifestApplier(dyn, cs.Discovery()).Sync(t.Context(), objs, opts)
+
+		return calls, res, err
+	}
+
+	t.Run("a conflict is skipped", func(t *testing.T) {
+		calls, res, err := run(t, "", SyncOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"Namespace cni", "ConfigMap kube-system/coredns", "ConfigMap cni/cni-config"}, res.Applied)
+		assert.Equal(t, []Skipped{{Object: "ConfigMap kube-system/helm-owned", Conflict: `Apply failed with 1 conflict: conflict with "helm": .data.x`}}, res.Skipped)
+		assert.Equal(t, []string{
+			"dry=true /cni force=false", "dry=true kube-system/coredns force=false", "dry=true cni/cni-config force=false", "dry=true kube-system/helm-owned force=false",
+			"dry=false /cni force=false", "dry=false kube-system/coredns force=false", "dry=false cni/cni-config force=false",
+		}, calls)
+	})
+
+	t.Run("forced, it is taken over", func(t *testing.T) {
+		_, res, err := run(t, "", SyncOptions{Force: []string{"ConfigMap kube-system/helm-owned"}})
+		require.NoError(t, err)
+		assert.Contains(t, res.Applied, "ConfigMap kube-system/helm-owned")
+		assert.Empty(t, res.Skipped)
+	})
+
+	t.Run("a refusal applies nothing", func(t *testing.T) {
+		calls, res, err := run(t, "coredns", SyncOptions{Force: []string{ForceAll}})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "dry-run apply ConfigMap kube-system/coredns: ")
+		assert.Empty(t, res.Applied)
+
+		for _, c := range calls {
+			assert.Contains(t, c, "dry=true")
+		}
+	})
+}

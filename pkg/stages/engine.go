@@ -73,6 +73,10 @@ type EngineOptions struct {
 	// evicts it only once every other pod of the node is gone (see
 	// kube.Drainer.Last). Empty outside a pod.
 	SelfPod string
+	// ManifestsForce lists the bootstrap manifest objects ("Kind namespace/name") whose
+	// fields owned by another field manager the sync takes over; "all" for every one.
+	// The others are skipped and said.
+	ManifestsForce []string
 
 	// Bounds. Zero values take the defaults below.
 	ApplyTimeout   time.Duration // one ApplyConfiguration call (a control-plane apply blocks while static pods restart)
@@ -81,6 +85,7 @@ type EngineOptions struct {
 	UpgradeTimeout time.Duration // one Talos Upgrade call (pulls and installs)
 	RebootTimeout  time.Duration // a Talos node coming back after its reboot
 	PullTimeout    time.Duration // pre-pulling a stage's images
+	RenderTimeout  time.Duration // Talos re-rendering the bootstrap manifests for the target after an apply
 	Concurrency    int           // parallel Talos calls (pre-pull, discovery)
 }
 
@@ -92,6 +97,7 @@ const (
 	DefaultUpgradeTimeout = 10 * time.Minute
 	DefaultRebootTimeout  = 20 * time.Minute
 	DefaultPullTimeout    = 10 * time.Minute
+	DefaultRenderTimeout  = 2 * time.Minute
 	DefaultConcurrency    = 32
 )
 

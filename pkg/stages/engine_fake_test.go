@@ -101,7 +101,17 @@ type fakeCluster struct {
 	pulls     []string // "node ns ref"
 	evictions []string // "node ns/name"
 	applied   []string // manifests: "fieldManager force Kind ns/name"
-	cordonMax int      // most nodes cordoned by ichor at once, seen at apply time
+	dryRuns   int      // manifests dry-run
+	// manifestOwners are objects ("Kind ns/name") with fields another field manager
+	// owns that an apply would take over: a non-forced apply conflicts.
+	manifestOwners map[string]string
+	// manifestForbidden are objects ("Kind ns/name") the runner may not write.
+	manifestForbidden map[string]bool
+	// staleManifests is how many reads of the manifests still show kube-proxy at
+	// staleImage (Talos re-renders them asynchronously); -1 for every read.
+	staleManifests int
+	staleImage     string
+	cordonMax      int // most nodes cordoned by ichor at once, seen at apply time
 
 	// rolloutStuck keeps the kube-proxy DaemonSet from ever becoming
 	// available after a sync.
@@ -466,6 +476,30 @@ func (f *fakeCluster) applyManifest(action k8stesting.Action) (bool, runtime.Obj
 	}
 
 	force := patch.PatchOptions.Force != nil && *patch.PatchOptions.Force
+	key := fmt.Sprintf("%s %s/%s", obj.GetKind(), patch.GetNamespace(), obj.GetName())
+	gr := schema.GroupResource{Group: patch.GetResource().Group, Resource: patch.GetResource().Resource}
+
+	f.mu.Lock()
+	owner, owned := f.manifestOwners[key]
+	forbidden := f.manifestForbidden[key]
+	f.mu.Unlock()
+
+	switch {
+	case forbidden:
+		return true, nil, apierrors.NewForbidden(gr, obj.GetName(), errors.New("the runner may not patch it"))
+	case owned && !force:
+		return true, nil, apierrors.NewApplyConflict([]metav1.StatusCause{{
+			Type: metav1.CauseTypeFieldManagerConflict, Message: fmt.Sprintf("conflict with %q: .spec.template", owner), Field: ".spec.template",
+		}}, fmt.Sprintf("Apply failed with 1 conflict: conflict with %q: .spec.template", owner))
+	}
+
+	if len(patch.PatchOptions.DryRun) > 0 {
+		f.mu.Lock()
+		f.dryRuns++
+		f.mu.Unlock()
+
+		return true, obj, nil
+	}
 
 	f.mu.Lock()
 	f.applied = append(f.applied, fmt.Sprintf("%s %t %s %s/%s", patch.PatchOptions.FieldManager, force, obj.GetKind(), patch.GetNamespace(), obj.GetName()))
@@ -727,6 +761,13 @@ func (ft *fakeTalos) Manifests(_ context.Context, ip string) ([]*unstructured.Un
 
 	f.mu.Lock()
 	image := m.active.K8sProxyConfig().Image()
+
+	if f.staleManifests != 0 {
+		image = f.staleImage
+		if f.staleManifests > 0 {
+			f.staleManifests--
+		}
+	}
 	f.mu.Unlock()
 
 	docs := []string{

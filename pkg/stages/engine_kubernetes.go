@@ -12,6 +12,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
@@ -711,26 +712,110 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 		return false, err
 	}
 
-	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-	defer cancel()
-
-	objs, err := r.e.Talos.Manifests(readCtx, sn.InternalIP)
+	objs, err := r.renderedManifests(ctx, stage, sn)
 	if err != nil {
-		err = fmt.Errorf("node %q: read bootstrap manifests: %w", sn.Name, err)
-
-		return false, r.pause(ctx, stage, sn.Name, err.Error(), actionTalosAccess, err)
+		return false, err
 	}
 
-	n, err := r.applier.Apply(ctx, objs)
+	res2, err := r.applier.Sync(ctx, objs, kube.SyncOptions{Force: r.opts.ManifestsForce})
 	if err != nil {
-		err = fmt.Errorf("node %q: sync bootstrap manifests (%d of %d applied): %w", sn.Name, n, len(objs), err)
+		reason := fmt.Sprintf("node %q: sync bootstrap manifests (%d of %d applied, nothing after): %v", sn.Name, len(res2.Applied), len(objs), err)
+		action := "the object named is refused (the runner may not write it, or the apiserver rejects it): apply it yourself, " +
+			"or fix the manifest in the machine config (talosctl -n <node> get manifests), then resume"
 
-		return false, r.pause(ctx, stage, sn.Name, err.Error(), actionResume, err)
+		return false, r.pause(ctx, stage, sn.Name, reason, action, errors.New(reason))
 	}
 
-	r.e.step(stage, "manifests", "applied %d bootstrap manifest object(s) from %s (field manager %s)", n, sn.Name, kube.FieldManager)
+	for _, sk := range res2.Skipped {
+		r.e.node(stage, sn.Name, PhaseVerifying, "bootstrap manifests: skipped %s: another field manager owns fields the sync would take over (%s); "+
+			"to take them over, upgrade with --manifests-force %q", sk.Object, sk.Conflict, sk.Object)
+	}
+
+	msg := fmt.Sprintf("applied %d bootstrap manifest object(s) from %s (field manager %s, nothing pruned)", len(res2.Applied), sn.Name, kube.FieldManager)
+	if len(res2.Skipped) > 0 {
+		names := make([]string, 0, len(res2.Skipped))
+		for _, sk := range res2.Skipped {
+			names = append(names, sk.Object)
+		}
+
+		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), summarize(names))
+	}
+
+	r.e.step(stage, "manifests", "%s", msg)
 
 	return true, nil
+}
+
+// renderedManifests reads node's bootstrap manifests once Talos has re-rendered them
+// for the target (it does so asynchronously after the apply): the kube-proxy
+// DaemonSet's image at the target, waiting at most RenderTimeout.
+func (r *kubeRun) renderedManifests(ctx context.Context, stage string, sn *stageNode) ([]*unstructured.Unstructured, error) {
+	wctx, cancel := context.WithTimeout(ctx, r.opts.RenderTimeout)
+	defer cancel()
+
+	var (
+		seen string
+		last error
+	)
+
+	for {
+		readCtx, cancelRead := context.WithTimeout(wctx, talosReadTimeout)
+		objs, err := r.e.Talos.Manifests(readCtx, sn.InternalIP)
+
+		cancelRead()
+
+		if err == nil {
+			seen = kubeProxyImage(objs)
+			if render.TagOf(seen) == r.target.String() {
+				return objs, nil
+			}
+		}
+
+		last = err
+
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("read bootstrap manifests: %w", ctx.Err())
+			}
+
+			if last != nil {
+				err := fmt.Errorf("node %q: read bootstrap manifests: %w", sn.Name, last)
+
+				return nil, r.pause(ctx, stage, sn.Name, err.Error(), actionTalosAccess, err)
+			}
+
+			err := fmt.Errorf("node %q: Talos has not re-rendered the bootstrap manifests for %s after %s (kube-proxy image %s)",
+				sn.Name, r.target, r.opts.RenderTimeout, orUnknownTag(seen))
+
+			return nil, r.pause(ctx, stage, sn.Name, err.Error(),
+				fmt.Sprintf("check the node's manifests (talosctl -n %s get manifests) and its controller logs (talosctl -n %s logs controller-runtime), then resume",
+					sn.InternalIP, sn.InternalIP), err)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// kubeProxyImage is the kube-proxy container's image of the kube-proxy DaemonSet among
+// objs, "" when there is none.
+func kubeProxyImage(objs []*unstructured.Unstructured) string {
+	for _, obj := range objs {
+		if obj.GetKind() != "DaemonSet" || obj.GetName() != discovery.KubeProxyDaemonSet || obj.GetNamespace() != discovery.StaticPodNamespace {
+			continue
+		}
+
+		containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			m, _ := c.(map[string]any)
+			if m["name"] == discovery.KubeProxyDaemonSet {
+				image, _ := m["image"].(string)
+
+				return image
+			}
+		}
+	}
+
+	return ""
 }
 
 // rollout waits for the kube-proxy DaemonSet to run the target everywhere.

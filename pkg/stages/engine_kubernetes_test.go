@@ -158,8 +158,10 @@ func TestEngineUpgradesInStages(t *testing.T) {
 
 			// The bootstrap manifests were applied by each control plane of the
 			// KubeProxy stage, as Talos would, and kube-proxy rolled out.
-			assert.Contains(t, f.applied, "talos true DaemonSet kube-system/kube-proxy")
-			assert.Contains(t, f.applied, "talos true ClusterRoleBinding /kube-proxy")
+			// Not forced: nothing another manager owns is taken over; dry-run first.
+			assert.Contains(t, f.applied, "talos false DaemonSet kube-system/kube-proxy")
+			assert.Contains(t, f.applied, "talos false ClusterRoleBinding /kube-proxy")
+			assert.Positive(t, f.dryRuns)
 			ds, err := f.cs.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, "registry.k8s.io/kube-proxy:"+tc.to, ds.Spec.Template.Spec.Containers[0].Image)

@@ -123,6 +123,7 @@ func (o EngineOptions) withDefaults() EngineOptions {
 	def(&o.UpgradeTimeout, DefaultUpgradeTimeout)
 	def(&o.RebootTimeout, DefaultRebootTimeout)
 	def(&o.PullTimeout, DefaultPullTimeout)
+	def(&o.RenderTimeout, DefaultRenderTimeout)
 
 	if o.Concurrency <= 0 {
 		o.Concurrency = DefaultConcurrency
