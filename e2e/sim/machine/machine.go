@@ -26,7 +26,9 @@ import (
 // Defaults of the Options durations.
 const (
 	DefaultRebootDelay = 3 * time.Second
-	DefaultPullLatency = 200 * time.Millisecond
+	// DefaultManifestRenderDelay is Options.ManifestRenderDelay's default.
+	DefaultManifestRenderDelay = 3 * time.Second
+	DefaultPullLatency         = 200 * time.Millisecond
 	// DefaultKubeletRestart is how long the kubelet service is down when it
 	// restarts for a new spec.
 	DefaultKubeletRestart = 500 * time.Millisecond
@@ -81,6 +83,11 @@ type Options struct {
 	// Discovery is the cluster's discovery service, shared by its machines
 	// (nil: none, the machine has no Member resources).
 	Discovery *Discovery
+	// ManifestRenderDelay is how long after a config change a control plane
+	// re-renders its bootstrap manifests (the Manifest resources), as Talos'
+	// controllers do asynchronously (default 3s; the first render of a boot is
+	// at once).
+	ManifestRenderDelay time.Duration
 	// StaticPodApplyWait is how long a NO_REBOOT apply that changes a
 	// control-plane static pod blocks before it returns, as Talos does while
 	// it restarts the pod (0: it returns at once).
@@ -174,6 +181,7 @@ type Machine struct {
 	// machined); installing is a LifecycleService.Upgrade under way.
 	machinedLog []string
 	installing  bool
+	manifestGen uint64 // the latest scheduled manifest render
 
 	ctx    context.Context //nolint:containedctx // lifetime of background work
 	cancel context.CancelFunc
@@ -194,6 +202,9 @@ func New(opts Options) (*Machine, error) {
 	}
 	if opts.RebootDelay == 0 {
 		opts.RebootDelay = DefaultRebootDelay
+	}
+	if opts.ManifestRenderDelay == 0 {
+		opts.ManifestRenderDelay = DefaultManifestRenderDelay
 	}
 	if opts.PullLatency == 0 {
 		opts.PullLatency = DefaultPullLatency

@@ -441,3 +441,58 @@ func TestStagedApplyTakesEffectAfterReboot(t *testing.T) {
 	assert.Equal(t, 2, after.ConfigVersion)
 	assert.Equal(t, "bar", after.Config.RawV1Alpha1().MachineConfig.MachineEnv["FOO"])
 }
+
+// proxyImageInManifests is the kube-proxy DaemonSet's image in the 10-kube-proxy
+// Manifest resource, "" when there is none.
+func proxyImageInManifests(t *testing.T, m *simmachine.Machine) string {
+	t.Helper()
+
+	r, err := safe.StateGetByID[*k8s.Manifest](t.Context(), m.COSI(), "10-kube-proxy")
+	require.NoError(t, err)
+
+	for _, item := range r.TypedSpec().Items {
+		if item.Object["kind"] != "DaemonSet" {
+			continue
+		}
+
+		spec, _ := item.Object["spec"].(map[string]any)
+		tmpl, _ := spec["template"].(map[string]any)
+		pod, _ := tmpl["spec"].(map[string]any)
+		containers, _ := pod["containers"].([]any)
+
+		for _, c := range containers {
+			if cm, _ := c.(map[string]any); cm["name"] == "kube-proxy" {
+				image, _ := cm["image"].(string)
+
+				return image
+			}
+		}
+	}
+
+	return ""
+}
+
+// Talos re-renders the bootstrap manifests asynchronously after a config change: an
+// apply returns with the old ones, the new ones follow a few seconds later.
+func TestManifestsRerenderAfterTheApply(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	before := proxyImageInManifests(t, f.m)
+	require.NotEmpty(t, before)
+
+	const newProxy = "registry.k8s.io/kube-proxy:v1.99.0"
+
+	_, err := f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) { c.ClusterConfig.ProxyConfig.ContainerImage = newProxy }),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, before, proxyImageInManifests(t, f.m), "not re-rendered at once")
+
+	deadline := time.Now().Add(30 * time.Second)
+	for proxyImageInManifests(t, f.m) != newProxy {
+		require.True(t, time.Now().Before(deadline), "manifests not re-rendered for %s in 30s", newProxy)
+		time.Sleep(100 * time.Millisecond)
+	}
+}

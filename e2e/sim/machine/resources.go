@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -78,7 +79,7 @@ func (m *Machine) syncConfig(ctx context.Context, active, persistent config.Prov
 		if pods, err = m.syncControlPlane(ctx, active); err != nil {
 			return err
 		}
-		if err := m.syncManifests(ctx, active); err != nil {
+		if err := m.renderManifestsLater(ctx, active); err != nil {
 			return err
 		}
 	}
@@ -279,7 +280,50 @@ func imageTag(image string) string {
 
 // syncManifests writes the bootstrap Manifest resources (removing those the
 // config no longer renders) and the ManifestStatus listing them as applied.
-func (m *Machine) syncManifests(ctx context.Context, cfg config.Config) error {
+// renderManifestsLater renders the bootstrap manifests for cfg: at once on a boot's
+// first render, else ManifestRenderDelay later (Talos' controllers re-render them
+// asynchronously after a config change); a later render supersedes an earlier one
+// not yet done.
+func (m *Machine) renderManifestsLater(ctx context.Context, cfg config.Config) error {
+	st := m.cosi
+
+	if _, err := st.Get(ctx, k8s.NewManifestStatus(k8s.ControlPlaneNamespaceName).Metadata()); state.IsNotFoundError(err) {
+		return m.syncManifests(ctx, st, cfg)
+	}
+
+	m.mu.Lock()
+	m.manifestGen++
+	gen := m.manifestGen
+	m.mu.Unlock()
+
+	m.wg.Add(1)
+
+	go func() {
+		defer m.wg.Done()
+
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-time.After(m.opts.ManifestRenderDelay):
+		}
+
+		m.mu.Lock()
+		latest := gen == m.manifestGen
+		m.mu.Unlock()
+
+		if !latest {
+			return
+		}
+
+		if err := m.syncManifests(m.ctx, st, cfg); err != nil {
+			m.log.Warn("render bootstrap manifests", "err", err)
+		}
+	}()
+
+	return nil
+}
+
+func (m *Machine) syncManifests(ctx context.Context, st state.State, cfg config.Config) error {
 	ids, objects, err := renderManifests(cfg)
 	if err != nil {
 		return err
@@ -289,25 +333,25 @@ func (m *Machine) syncManifests(ctx context.Context, cfg config.Config) error {
 		for _, o := range objects[id] {
 			items = append(items, k8s.SingleManifest{Object: o})
 		}
-		if err := safe.StateModify(ctx, m.cosi, k8s.NewManifest(k8s.ControlPlaneNamespaceName, id), func(r *k8s.Manifest) error {
+		if err := safe.StateModify(ctx, st, k8s.NewManifest(k8s.ControlPlaneNamespaceName, id), func(r *k8s.Manifest) error {
 			r.TypedSpec().Items = items
 			return nil
 		}); err != nil {
 			return fmt.Errorf("manifest %s: %w", id, err)
 		}
 	}
-	existing, err := safe.StateListAll[*k8s.Manifest](ctx, m.cosi)
+	existing, err := safe.StateListAll[*k8s.Manifest](ctx, st)
 	if err != nil {
 		return fmt.Errorf("list manifests: %w", err)
 	}
 	for r := range existing.All() {
 		if !slices.Contains(ids, r.Metadata().ID()) {
-			if err := m.cosi.Destroy(ctx, r.Metadata()); err != nil {
+			if err := st.Destroy(ctx, r.Metadata()); err != nil {
 				return fmt.Errorf("remove manifest %s: %w", r.Metadata().ID(), err)
 			}
 		}
 	}
-	if err := safe.StateModify(ctx, m.cosi, k8s.NewManifestStatus(k8s.ControlPlaneNamespaceName), func(r *k8s.ManifestStatus) error {
+	if err := safe.StateModify(ctx, st, k8s.NewManifestStatus(k8s.ControlPlaneNamespaceName), func(r *k8s.ManifestStatus) error {
 		r.TypedSpec().ManifestsApplied = slices.Clone(ids)
 		return nil
 	}); err != nil {
