@@ -28,6 +28,9 @@ type Input struct {
 	Metrics MetricsReader
 	// Drains is the plan's drain preview (PreviewDrains).
 	Drains []api.NodeDrain
+	// Manifests is the dry run of a control plane's bootstrap manifests; nil when they
+	// were not read.
+	Manifests *ManifestFindings
 }
 
 // Check is one pre-flight check.
@@ -42,7 +45,7 @@ type Check interface {
 func Kubernetes() []Check {
 	return []Check{
 		VersionSkew{}, Invariant{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
-		Drains{}, HeldNodes{}, TalosAccess{},
+		Drains{}, HeldNodes{}, BootstrapManifests{}, TalosAccess{},
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -267,4 +268,24 @@ machine:
 func TestRefused(t *testing.T) {
 	assert.False(t, checks.Refused([]api.Check{{Result: api.ResultOK}, {Result: api.ResultWarn}}))
 	assert.True(t, checks.Refused([]api.Check{{Result: api.ResultOK}, {Result: api.ResultRefused}}))
+}
+
+func TestBootstrapManifestsCheck(t *testing.T) {
+	run := func(f *checks.ManifestFindings) api.Check {
+		return checks.BootstrapManifests{}.Run(context.Background(), &checks.Input{Manifests: f})
+	}
+
+	r := run(&checks.ManifestFindings{Node: "cp-1", Objects: 10, Skipped: []kube.Skipped{
+		{Object: "ConfigMap kube-system/coredns", Conflict: `Apply failed with 1 conflict: conflict with "helm": .data.Corefile`},
+	}})
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Equal(t, `1 of 10 object(s) of cp-1 changed by another field manager, the sync skips them: `+
+		`ConfigMap kube-system/coredns (Apply failed with 1 conflict: conflict with "helm": .data.Corefile)`, r.Detail)
+	assert.Contains(t, r.Action, `--manifests-force "ConfigMap kube-system/coredns"`)
+
+	r = run(&checks.ManifestFindings{Node: "cp-1", Objects: 10})
+	assert.Equal(t, api.ResultOK, r.Result)
+
+	r = run(nil)
+	assert.Equal(t, api.ResultWarn, r.Result, "not read is not OK")
 }

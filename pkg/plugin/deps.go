@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
@@ -24,6 +25,7 @@ type deps struct {
 // kubeTarget is a connected Kubernetes API.
 type kubeTarget struct {
 	client   kubernetes.Interface
+	dynamic  dynamic.Interface
 	endpoint string
 	cluster  string
 	metrics  checks.MetricsReader
@@ -44,8 +46,14 @@ func connectKube(flags *genericclioptions.ConfigFlags) (*kubeTarget, error) {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", restConfig.Host, err)
 	}
 
+	dyn, err := dynamic.NewForConfig(restConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s: %w", restConfig.Host, err)
+	}
+
 	return &kubeTarget{
 		client:   client,
+		dynamic:  dyn,
 		endpoint: restConfig.Host,
 		cluster:  clusterName(flags),
 		metrics:  checks.RESTMetrics{Client: client.Discovery().RESTClient()},

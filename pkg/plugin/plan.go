@@ -9,12 +9,14 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
@@ -53,6 +55,16 @@ type planOptions struct {
 	// installed makes discovery read each node's system extensions and
 	// schematic too (a Talos upgrade keeps them).
 	installed bool
+	// manifests are a control plane's bootstrap manifests, read by discover for the
+	// manifests check.
+	manifests     []*unstructured.Unstructured
+	manifestsNode string
+	manifestsErr  error
+}
+
+// manifestReader is a Talos client that reads a node's bootstrap manifests.
+type manifestReader interface {
+	Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error)
 }
 
 func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
@@ -136,6 +148,17 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 		return nil, nil, err
 	}
 
+	if mr, ok := talos.(manifestReader); ok {
+		for _, n := range snap.Nodes {
+			if n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
+				o.manifestsNode = n.Name
+				o.manifests, o.manifestsErr = mr.Manifests(ctx, n.InternalIP)
+
+				break
+			}
+		}
+	}
+
 	return snap, kube, nil
 }
 
@@ -157,6 +180,7 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 		Namespace: o.flags.namespace(),
 		Metrics:   kube.metrics,
 		Drains:    plan.Drains,
+		Manifests: o.manifestFindings(ctx, kube),
 	})
 	plan.Runnable = !checks.Refused(plan.Checks)
 
@@ -178,6 +202,22 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 
 	return &exitError{code: ExitRefused, err: fmt.Errorf("plan refused by %s: do what their DETAIL says and plan again",
 		strings.Join(refusedChecks, ", "))}
+}
+
+// manifestFindings dry-runs the manifests discover read, server-side with the
+// operator's credentials, as the sync would apply them (not forced); nil when none
+// were read.
+func (o *planOptions) manifestFindings(ctx context.Context, kt *kubeTarget) *checks.ManifestFindings {
+	if o.manifestsNode == "" || kt.dynamic == nil {
+		return nil
+	}
+
+	f := &checks.ManifestFindings{Node: o.manifestsNode, Objects: len(o.manifests), Err: o.manifestsErr}
+	if f.Err == nil {
+		f.Skipped, f.Err = kube.NewManifestApplier(kt.dynamic, kt.client.Discovery()).Check(ctx, o.manifests, kube.SyncOptions{})
+	}
+
+	return f
 }
 
 func printPlan(w io.Writer, output string, plan *api.Plan) error {
