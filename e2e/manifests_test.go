@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
@@ -41,8 +42,10 @@ func TestJobManifestsKeepAnotherManagersChange(t *testing.T) {
 	// The plan says it, as a check, before anything runs.
 	r := c.ichor(t, 2*time.Minute, "plan", "kubernetes", "--to", "v1.36.3")
 	r.requireExit(t, 0)
-	require.Contains(t, lineWith(r.stdout, "bootstrap manifests"), "changed by another field manager, the sync skips them: ConfigMap kube-system/coredns")
-	require.Contains(t, lineWith(r.stdout, "bootstrap manifests"), `conflict with "helm"`)
+	check := tableChecks(r.stdout)["bootstrap manifests"]
+	require.Equal(t, api.ResultWarn, check.result)
+	require.Contains(t, check.detail, "changed by another field manager, the sync skips them: ConfigMap kube-system/coredns")
+	require.Contains(t, check.detail, `conflict with "helm"`)
 
 	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	r.requireExit(t, 0)

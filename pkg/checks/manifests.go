@@ -47,7 +47,7 @@ func (BootstrapManifests) Run(_ context.Context, in *Input) api.Check {
 
 		return warn(fmt.Sprintf("%d of %d object(s) of %s changed by another field manager, the sync skips them: %s",
 			len(f.Skipped), f.Objects, f.Node, summarize(lines)),
-			fmt.Sprintf(`none to keep them; to take them over: kubectl ichor upgrade kubernetes --manifests-force %q`, f.Skipped[0].Object))
+			fmt.Sprintf(`nothing to do to keep them; to take them over: kubectl ichor upgrade kubernetes --manifests-force %q`, f.Skipped[0].Object))
 	}
 
 	return ok(fmt.Sprintf("%d object(s) of %s dry-run: none changed by another field manager; nothing is pruned", f.Objects, f.Node))
