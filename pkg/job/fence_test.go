@@ -28,9 +28,9 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 
 	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		l := f.lease(t)
-		other, now := "other-pod", metav1.NewMicroTime(time.Now().Add(time.Hour))
+		other, now := HolderIdentity("ichor-system", "other-pod"), metav1.NewMicroTime(time.Now().Add(time.Hour))
 		l.Spec.HolderIdentity, l.Spec.RenewTime = &other, &now
-		_, err := f.client.CoordinationV1().Leases("ichor-system").Update(ctx, l, metav1.UpdateOptions{})
+		_, err := f.client.CoordinationV1().Leases(LockNamespace).Update(ctx, l, metav1.UpdateOptions{})
 		require.NoError(t, err)
 
 		// At once, before the elector's next renewal.
@@ -46,7 +46,7 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 	require.ErrorIs(t, setErr, errLostLock)
 	assert.ErrorIs(t, err, errLostLock)
 	assert.Empty(t, f.state(t).Status.Memo, "nothing written without the lock")
-	assert.Equal(t, "other-pod", leaseHolderOf(f.lease(t)))
+	assert.Equal(t, HolderIdentity("ichor-system", "other-pod"), leaseHolderOf(f.lease(t)))
 }
 
 // TestRunnerMemoSetHasADeadline: the apiserver refuses every update of the state (an

@@ -262,12 +262,12 @@ func (r *Runner) releaseOwnLock(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RenewDeadline)
 	defer cancel()
 
-	lock, err := ReadLock(rctx, r.Kube, r.Namespace)
-	if err != nil || lock == nil || lock.Holder != r.Identity {
+	lock, err := ReadLock(rctx, r.Kube)
+	if err != nil || lock == nil || lock.Holder != HolderIdentity(r.Namespace, r.Identity) {
 		return
 	}
 
-	if err := releaseLock(rctx, r.Kube, r.Namespace, lock); err != nil {
+	if err := releaseLock(rctx, r.Kube, lock); err != nil {
 		r.logf("could not release the lock: %v (it expires by itself)", err)
 	}
 }
@@ -403,19 +403,19 @@ func (r *Runner) fence(lctx context.Context, elector *leaderelection.LeaderElect
 			return time.Time{}, errLostLock
 		}
 
-		lock, err := ReadLock(ctx, r.Kube, r.Namespace)
+		lock, err := ReadLock(ctx, r.Kube)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("check the lock before writing the state: %w", err)
 		}
 
 		now := r.now()
-		if lock == nil || lock.Holder != r.Identity || !lock.HeldAt(now) {
+		if lock == nil || lock.Holder != HolderIdentity(r.Namespace, r.Identity) || !lock.HeldAt(now) {
 			holder := "nobody"
 			if lock != nil && lock.Holder != "" {
 				holder = lock.Holder
 			}
 
-			return time.Time{}, fmt.Errorf("%w: %s holds %s", errLostLock, holder, describe("lease", r.Namespace, LockName))
+			return time.Time{}, fmt.Errorf("%w: %s holds %s", errLostLock, holder, describe("lease", LockNamespace, LockName))
 		}
 
 		return time.Now().Add(lock.Renewed.Add(lock.Duration).Sub(now)), nil
