@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -370,6 +371,8 @@ type FakeTalos struct {
 	Configs map[string]config.Provider
 	// Errors, when set for an IP, are returned by every call for it.
 	Errors map[string]error
+	// ManifestObjects are the bootstrap manifests by IP.
+	ManifestObjects map[string][]*unstructured.Unstructured
 }
 
 // Version implements discovery.TalosReader.
@@ -402,3 +405,12 @@ func (f *FakeTalos) MachineConfig(_ context.Context, node string) (config.Provid
 
 // Ptr returns a pointer to v, for NodeSpec.Hold.
 func Ptr[T any](v T) *T { return &v }
+
+// Manifests returns the node's bootstrap manifests (ManifestObjects; none by default).
+func (f *FakeTalos) Manifests(_ context.Context, node string) ([]*unstructured.Unstructured, error) {
+	if err := f.Errors[node]; err != nil {
+		return nil, err
+	}
+
+	return f.ManifestObjects[node], nil
+}
