@@ -211,7 +211,7 @@ func TestJobLeastPrivilege(t *testing.T) {
 		{[]string{"update", "configmaps/" + job.StateName, "-n", jobNamespace}, "yes"},
 		{[]string{"patch", "daemonsets/kube-proxy", "-n", "kube-system"}, "yes"},
 		{[]string{"patch", "clusterroles/system:coredns"}, "yes"},
-		{[]string{"bind", "clusterroles/system:node-proxier"}, "yes"},
+		{[]string{"bind", "clusterroles/system:node-proxier"}, "no"},
 		{[]string{"patch", "daemonsets/other", "-n", "kube-system"}, "no"},
 		{[]string{"patch", "daemonsets", "-n", "default"}, "no"},
 		{[]string{"delete", "nodes"}, "no"},
@@ -241,6 +241,7 @@ func TestJobLeastPrivilege(t *testing.T) {
 	star := []rbacv1.PolicyRule{{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}}}
 	starPatch := []byte(`{"rules":[{"apiGroups":["*"],"resources":["*"],"verbs":["*"]}]}`)
 	self := []rbacv1.Subject{{Kind: "ServiceAccount", Name: job.RunnerName, Namespace: jobNamespace}}
+	selfPatch := []byte(`{"subjects":[{"kind":"ServiceAccount","name":"` + job.RunnerName + `","namespace":"` + jobNamespace + `"}]}`)
 	crb := func(name, role string) *rbacv1.ClusterRoleBinding {
 		return &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -275,6 +276,14 @@ func TestJobLeastPrivilege(t *testing.T) {
 		}},
 		{"bind a role the manifests bind to itself", func() error {
 			_, err := rbac.ClusterRoleBindings().Create(ctx, crb("ichor-escalate-proxier", "system:node-proxier"), metav1.CreateOptions{})
+			return err
+		}},
+		{"add itself to a binding of the manifests (to a built-in role)", func() error {
+			_, err := rbac.ClusterRoleBindings().Patch(ctx, "kube-proxy", types.MergePatchType, selfPatch, metav1.PatchOptions{})
+			return err
+		}},
+		{"add itself to a binding of the manifests (to a managed role)", func() error {
+			_, err := rbac.ClusterRoleBindings().Patch(ctx, "system:coredns", types.MergePatchType, selfPatch, metav1.PatchOptions{})
 			return err
 		}},
 		{"patch an unrelated kube-system Secret", func() error {
@@ -343,7 +352,16 @@ func TestJobLeastPrivilege(t *testing.T) {
 	requireNoCredentialLeft(t, c, job.PhaseSucceeded)
 	requireNothingCordoned(t, c)
 
-	// Nothing of the tries above was created.
+	// Nothing of the tries above was created or changed.
+	for _, name := range []string{"kube-proxy", "system:coredns"} {
+		b, err := c.Client.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+
+		for _, s := range b.Subjects {
+			assert.NotEqual(t, job.RunnerName, s.Name, "clusterrolebinding %s", name)
+		}
+	}
+
 	for _, name := range []string{"ichor-escalate", "ichor-escalate-coredns", "ichor-escalate-proxier"} {
 		_, err := c.Client.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), name)

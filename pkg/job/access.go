@@ -1,11 +1,9 @@
 package job
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,88 +20,45 @@ func ManifestVerbs() []string { return []string{"get", "create", "patch"} }
 
 // ManifestAccess is what the runner may do in the cluster to re-apply Talos' bootstrap
 // manifests, computed at launch from the manifests themselves (ComputeAccess): each object
-// by its name, never a kind as a whole. It never holds escalate; bind only on the exact
-// roles the manifests' bindings reference and do not define.
+// by its name, never a kind as a whole. It holds no escalate, no bind and none of the
+// permissions the manifests' roles grant: the apiserver lets it re-apply a Role,
+// ClusterRole or binding of the manifests unchanged (an apply that changes nothing is not
+// an escalation), and refuses any change to one, so the runner can never grant itself or
+// anyone anything.
 type ManifestAccess struct {
-	// Cluster are rules for cluster-scoped objects, and the rules of the manifests'
-	// ClusterRoles, which the runner holds so that it may re-apply them without escalate.
+	// Cluster are rules for the cluster-scoped objects.
 	Cluster []rbacv1.PolicyRule `json:"cluster,omitempty"`
-	// Namespaced are rules by namespace for namespaced objects (and the rules of the
-	// manifests' Roles of that namespace).
+	// Namespaced are rules by namespace for the namespaced objects.
 	Namespaced map[string][]rbacv1.PolicyRule `json:"namespaced,omitempty"`
-	// Left are the objects the runner may read but not write, each with the reason, e.g.
-	// "ClusterRole x: grants escalate".
+	// Left are the objects the runner may not write, each with the reason, e.g.
+	// "Gadget g1: the cluster does not serve kind Gadget.example.com".
 	Left []string `json:"left,omitempty"`
 }
 
 // Namespaces are the namespaces the access has rules in, sorted.
 func (a ManifestAccess) Namespaces() []string {
-	var ns []string
-	for n := range a.Namespaced {
-		ns = append(ns, n)
-	}
-
-	sort.Strings(ns)
-
-	return ns
+	return sortedStrings(a.Namespaced)
 }
-
-// RoleLookup returns the rules of a role that a binding of the manifests references and
-// the manifests do not define (a built-in such as system:node-proxier): kind ClusterRole
-// or Role, namespace "" for a ClusterRole. found is false when there is no such role.
-type RoleLookup func(kind, namespace, name string) (rules []rbacv1.PolicyRule, found bool, err error)
 
 type objectKey struct{ group, resource, namespace string }
 
 // ComputeAccess computes the runner's access to the bootstrap manifests objs: get, create
-// and patch on each object by name (resources mapped by mapper, or by a
-// CustomResourceDefinition of the manifests); the rules of the manifests' roles (held, so
-// that re-applying them needs no escalate, and changing them to grant more is refused);
-// bind on each role a binding references that the manifests do not define. A role that
-// grants escalate, bind, impersonate or any verb or resource "*" is not held, and a role
-// lookup says the same of a referenced role: such objects are left read-only (Left), so
-// the runner can never hand itself or anyone such powers. lookup may be nil (no bind is
-// given then).
-func ComputeAccess(objs []*unstructured.Unstructured, mapper meta.RESTMapper, lookup RoleLookup) (ManifestAccess, error) {
+// and patch on each object by name, in its namespace (resources mapped by mapper, or by a
+// CustomResourceDefinition of the manifests). A kind neither maps is left out (Left).
+func ComputeAccess(objs []*unstructured.Unstructured, mapper meta.RESTMapper) (ManifestAccess, error) {
 	crds := manifestCRDs(objs)
 	names := map[objectKey][]string{}
-	readOnly := map[objectKey][]string{}
-	held := map[string][]rbacv1.PolicyRule{} // namespace ("" cluster) -> rules
-	bind := map[objectKey][]string{}
 
 	var left []string
 
-	// Roles the manifests define, and whether the runner holds them.
-	defined := map[string]bool{} // kind/namespace/name -> held
-
-	for _, o := range objs {
-		kind := o.GroupVersionKind().GroupKind()
-		if kind.Group != rbacv1.GroupName || (kind.Kind != "ClusterRole" && kind.Kind != "Role") {
-			continue
-		}
-
-		rules, why, err := roleRules(o)
-		if err != nil {
-			return ManifestAccess{}, err
-		}
-
-		ns := roleNamespace(o)
-		key := kind.Kind + "/" + ns + "/" + o.GetName()
-
-		if why != "" {
-			defined[key] = false
-
-			left = append(left, fmt.Sprintf("%s %s: %s", kind.Kind, qualified(ns, o.GetName()), why))
-
-			continue
-		}
-
-		defined[key] = true
-		held[ns] = append(held[ns], rules...)
-	}
-
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
+
+		if o.GetName() == "" {
+			left = append(left, fmt.Sprintf("%s without a name", gvk.Kind))
+
+			continue
+		}
 
 		resource, namespaced, err := resourceOf(gvk, mapper, crds)
 		if err != nil {
@@ -121,200 +76,28 @@ func ComputeAccess(objs []*unstructured.Unstructured, mapper meta.RESTMapper, lo
 		}
 
 		key := objectKey{group: gvk.Group, resource: resource, namespace: ns}
-
-		if writable, why, err := bindable(o, defined, lookup); err != nil {
-			return ManifestAccess{}, err
-		} else if !writable {
-			readOnly[key] = append(readOnly[key], o.GetName())
-			left = append(left, fmt.Sprintf("%s %s: %s", gvk.Kind, qualified(ns, o.GetName()), why))
-
-			continue
-		} else if why != "" {
-			// why names the role to bind: "ClusterRole/name" or "Role/name".
-			kind, name, _ := strings.Cut(why, "/")
-			res := "clusterroles"
-
-			if kind == "Role" {
-				res = "roles"
-			}
-
-			bk := objectKey{group: rbacv1.GroupName, resource: res, namespace: ns}
-			bind[bk] = append(bind[bk], name)
-		}
-
-		if gvk.Group == rbacv1.GroupName && (gvk.Kind == "ClusterRole" || gvk.Kind == "Role") && !defined[gvk.Kind+"/"+ns+"/"+o.GetName()] {
-			readOnly[key] = append(readOnly[key], o.GetName())
-
-			continue
-		}
-
 		names[key] = append(names[key], o.GetName())
 	}
 
-	a := ManifestAccess{Namespaced: map[string][]rbacv1.PolicyRule{}}
-	add := func(ns string, rules ...rbacv1.PolicyRule) {
-		if ns == "" {
-			a.Cluster = append(a.Cluster, rules...)
-		} else {
-			a.Namespaced[ns] = append(a.Namespaced[ns], rules...)
-		}
-	}
+	a := ManifestAccess{Left: left}
 
 	for _, k := range sortedKeys(names) {
-		add(k.namespace, rbacv1.PolicyRule{APIGroups: []string{k.group}, Resources: []string{k.resource}, Verbs: ManifestVerbs(), ResourceNames: uniqueSorted(names[k])})
-	}
+		rule := rbacv1.PolicyRule{APIGroups: []string{k.group}, Resources: []string{k.resource}, Verbs: ManifestVerbs(), ResourceNames: uniqueSorted(names[k])}
 
-	for _, k := range sortedKeys(readOnly) {
-		add(k.namespace, rbacv1.PolicyRule{APIGroups: []string{k.group}, Resources: []string{k.resource}, Verbs: []string{"get"}, ResourceNames: uniqueSorted(readOnly[k])})
-	}
+		if k.namespace == "" {
+			a.Cluster = append(a.Cluster, rule)
 
-	for _, k := range sortedKeys(bind) {
-		add(k.namespace, rbacv1.PolicyRule{APIGroups: []string{rbacv1.GroupName}, Resources: []string{k.resource}, Verbs: []string{"bind"}, ResourceNames: uniqueSorted(bind[k])})
-	}
+			continue
+		}
 
-	for _, ns := range sortedStrings(held) {
-		add(ns, held[ns]...)
-	}
+		if a.Namespaced == nil {
+			a.Namespaced = map[string][]rbacv1.PolicyRule{}
+		}
 
-	if len(a.Namespaced) == 0 {
-		a.Namespaced = nil
+		a.Namespaced[k.namespace] = append(a.Namespaced[k.namespace], rule)
 	}
-
-	a.Left = left
 
 	return a, nil
-}
-
-// bindable says whether the runner may write o as far as RBAC goes: a binding is writable
-// when its role is defined by the manifests and held, or is a role outside them that
-// grants nothing dangerous (then why is "Kind/name" of the role to bind); anything else is
-// writable with why "".
-func bindable(o *unstructured.Unstructured, defined map[string]bool, lookup RoleLookup) (bool, string, error) {
-	gvk := o.GroupVersionKind()
-	if gvk.Group != rbacv1.GroupName || (gvk.Kind != "ClusterRoleBinding" && gvk.Kind != "RoleBinding") {
-		return true, "", nil
-	}
-
-	var ref rbacv1.RoleRef
-
-	if err := fromUnstructured(o, "roleRef", &ref); err != nil {
-		return false, "", err
-	}
-
-	ns := ""
-	if gvk.Kind == "RoleBinding" {
-		ns = o.GetNamespace()
-		if ns == "" {
-			ns = metav1.NamespaceDefault
-		}
-	}
-
-	refNS := ""
-	if ref.Kind == "Role" {
-		refNS = ns
-	}
-
-	if isHeld, ok := defined[ref.Kind+"/"+refNS+"/"+ref.Name]; ok {
-		if isHeld {
-			return true, "", nil
-		}
-
-		return false, fmt.Sprintf("binds %s %s, which the runner may not hold", ref.Kind, ref.Name), nil
-	}
-
-	if lookup == nil {
-		return false, fmt.Sprintf("binds %s %s, not defined by the manifests", ref.Kind, ref.Name), nil
-	}
-
-	rules, found, err := lookup(ref.Kind, refNS, ref.Name)
-	if err != nil {
-		return false, "", fmt.Errorf("read %s %s bound by %s %s: %w", ref.Kind, ref.Name, gvk.Kind, o.GetName(), err)
-	}
-
-	if !found {
-		return false, fmt.Sprintf("binds %s %s, which does not exist", ref.Kind, ref.Name), nil
-	}
-
-	if why := dangerous(rules); why != "" {
-		return false, fmt.Sprintf("binds %s %s, which %s", ref.Kind, ref.Name, why), nil
-	}
-
-	return true, ref.Kind + "/" + ref.Name, nil
-}
-
-// roleRules are the rules of a manifest Role or ClusterRole, or why the runner may not
-// hold them.
-func roleRules(o *unstructured.Unstructured) ([]rbacv1.PolicyRule, string, error) {
-	if _, found, _ := unstructured.NestedFieldNoCopy(o.Object, "aggregationRule"); found {
-		return nil, "an aggregated ClusterRole (its rules are the aggregation controller's)", nil
-	}
-
-	var rules []rbacv1.PolicyRule
-
-	if err := fromUnstructured(o, "rules", &rules); err != nil {
-		return nil, "", err
-	}
-
-	if why := dangerous(rules); why != "" {
-		return nil, why, nil
-	}
-
-	return rules, "", nil
-}
-
-// dangerous says why holding rules would let the runner grant itself more than it was
-// given ("" when it would not).
-func dangerous(rules []rbacv1.PolicyRule) string {
-	for _, r := range rules {
-		for _, v := range r.Verbs {
-			switch v {
-			case "*", "escalate", "bind", "impersonate":
-				return fmt.Sprintf("grants %q", v)
-			}
-		}
-
-		for _, res := range r.Resources {
-			if res == "*" {
-				return `grants resources "*"`
-			}
-		}
-
-		if slices.Contains(r.APIGroups, "*") {
-			return `grants apiGroups "*"`
-		}
-	}
-
-	return ""
-}
-
-func fromUnstructured(o *unstructured.Unstructured, field string, into any) error {
-	v, found, err := unstructured.NestedFieldCopy(o.Object, field)
-	if err != nil || !found {
-		return err
-	}
-
-	b, err := json.Marshal(v)
-	if err == nil {
-		err = json.Unmarshal(b, into)
-	}
-
-	if err != nil {
-		return fmt.Errorf("%s %s: decode %s: %w", o.GetKind(), o.GetName(), field, err)
-	}
-
-	return nil
-}
-
-func roleNamespace(o *unstructured.Unstructured) string {
-	if o.GetKind() == "ClusterRole" {
-		return ""
-	}
-
-	if ns := o.GetNamespace(); ns != "" {
-		return ns
-	}
-
-	return metav1.NamespaceDefault
 }
 
 type crdNames struct {
@@ -358,14 +141,6 @@ func resourceOf(gvk schema.GroupVersionKind, mapper meta.RESTMapper, crds map[sc
 	}
 
 	return "", false, fmt.Errorf("the cluster does not serve kind %s", gvk.GroupKind())
-}
-
-func qualified(ns, name string) string {
-	if ns == "" {
-		return name
-	}
-
-	return ns + "/" + name
 }
 
 func uniqueSorted(s []string) []string {

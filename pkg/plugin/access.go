@@ -7,8 +7,6 @@ import (
 	"io"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -27,8 +25,7 @@ type manifestReader interface {
 
 // manifestAccess computes the Job's access to Talos' bootstrap manifests (job.ComputeAccess)
 // from the manifests themselves, read through Talos from the first control plane that
-// answers; kinds are mapped with the cluster's discovery and the roles they bind without
-// defining are read from the cluster.
+// answers; kinds are mapped with the cluster's discovery.
 func (d deps) manifestAccess(ctx context.Context, flags *globalFlags) (job.ManifestAccess, error) {
 	if d.talos == nil || d.kube == nil {
 		return job.ManifestAccess{}, errNoManifestReader
@@ -95,32 +92,7 @@ func (d deps) computeAccess(ctx context.Context, flags *globalFlags, kube kubern
 
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kube.Discovery()))
 
-	lookup := func(kind, namespace, name string) ([]rbacv1.PolicyRule, bool, error) {
-		var (
-			rules []rbacv1.PolicyRule
-			err   error
-		)
-
-		if kind == "ClusterRole" {
-			var r *rbacv1.ClusterRole
-			if r, err = kube.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{}); err == nil {
-				rules = r.Rules
-			}
-		} else {
-			var r *rbacv1.Role
-			if r, err = kube.RbacV1().Roles(namespace).Get(ctx, name, metav1.GetOptions{}); err == nil {
-				rules = r.Rules
-			}
-		}
-
-		if apierrors.IsNotFound(err) {
-			return nil, false, nil
-		}
-
-		return rules, err == nil, err
-	}
-
-	return job.ComputeAccess(objs, mapper, lookup)
+	return job.ComputeAccess(objs, mapper)
 }
 
 func internalIP(addrs []corev1.NodeAddress) string {

@@ -126,7 +126,7 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		}
 
 		for _, l := range access.Left {
-			writef(o.ErrOut, "warning: the Job may read but not re-apply %s\n", l)
+			writef(o.ErrOut, "warning: the Job may not re-apply %s\n", l)
 		}
 	}
 
