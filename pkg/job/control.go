@@ -10,6 +10,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -37,6 +38,11 @@ type Control struct {
 	Dynamic dynamic.Interface
 	// Namespace is the product's namespace.
 	Namespace string
+	// Access is what the runner may do to re-apply the bootstrap manifests, computed from
+	// them when the operation is launched or resumed (ComputeAccess); empty for a Talos
+	// upgrade, which applies none. nil keeps the runner's permissions as they are when it
+	// has them (a resume that could not read the manifests), else gives it none.
+	Access *ManifestAccess
 	// CredentialsTimeout bounds the wait for Talos' credentials Secret (0: the default).
 	CredentialsTimeout time.Duration
 	// StopTimeout bounds abort's wait for the runner to stop (0: the default).
@@ -287,9 +293,7 @@ func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, er
 			return nil
 		})
 
-		if op.Spec.Credentials == CredentialsLocal {
-			_ = c.deleteLocalTalosconfig(context.WithoutCancel(ctx))
-		}
+		_, _ = c.RemoveCredentials(context.WithoutCancel(ctx))
 
 		return nil, err
 	}
@@ -300,10 +304,9 @@ func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, er
 // start applies the runner's objects and credentials and creates the Job of op's current
 // attempt.
 func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) error {
-	for _, obj := range RunnerObjects(c.Namespace) {
-		if err := c.applier().apply(ctx, obj); err != nil {
-			return err
-		}
+	owner, err := c.applyRunner(ctx)
+	if err != nil {
+		return err
 	}
 
 	switch op.Spec.Credentials {
@@ -312,11 +315,11 @@ func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) 
 			return errors.New("--talos-credentials=local: no talosconfig to copy")
 		}
 
-		if err := c.applier().apply(ctx, LocalTalosconfig(c.Namespace, op.Spec.ID, talosconfig)); err != nil {
+		if err := c.applier().apply(ctx, ownedBy(LocalTalosconfig(c.Namespace, op.Spec.ID, talosconfig), owner)); err != nil {
 			return err
 		}
 	default:
-		if err := c.applier().apply(ctx, TalosAccount(c.Namespace)); err != nil {
+		if err := c.applier().apply(ctx, ownedBy(TalosAccount(c.Namespace), owner)); err != nil {
 			if isMissingResource(err) {
 				return fmt.Errorf("the cluster does not serve talos.dev ServiceAccounts (Talos' Kubernetes API access is off): %s", accessAdvice(c.Namespace))
 			}
@@ -332,6 +335,48 @@ func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) 
 	return c.applier().apply(ctx, Job(JobParams{
 		Namespace: c.Namespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt, Image: op.Spec.Image, Credentials: op.Spec.Credentials,
 	}))
+}
+
+// applyRunner applies the runner's ClusterRole, then its other objects owned by it, and
+// returns the owner reference of the ClusterRole: deleting it deletes them all.
+func (c *Control) applyRunner(ctx context.Context) (*metav1.OwnerReference, error) {
+	name := ClusterRoleName(c.Namespace)
+	owner := func(cr *rbacv1.ClusterRole) *metav1.OwnerReference {
+		return &metav1.OwnerReference{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "ClusterRole", Name: name, UID: cr.UID}
+	}
+
+	var access ManifestAccess
+
+	if c.Access != nil {
+		access = *c.Access
+	} else {
+		cr, err := c.Kube.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			return owner(cr), nil
+		}
+
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("read %s: %w", describe("clusterrole", "", name), explain(err))
+		}
+	}
+
+	objs := RunnerObjects(c.Namespace, access, nil)
+	if err := c.applier().apply(ctx, objs[0]); err != nil {
+		return nil, err
+	}
+
+	cr, err := c.Kube.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", describe("clusterrole", "", name), explain(err))
+	}
+
+	for _, obj := range RunnerObjects(c.Namespace, access, owner(cr))[1:] {
+		if err := c.applier().apply(ctx, obj); err != nil {
+			return nil, err
+		}
+	}
+
+	return owner(cr), nil
 }
 
 // waitCredentials waits until Talos wrote the talosconfig of its ServiceAccount.
@@ -406,15 +451,6 @@ func (c *Control) talosAccountFailure(ctx context.Context) string {
 	reason, _, _ := unstructured.NestedString(u.Object, "status", "failureReason")
 
 	return reason
-}
-
-func (c *Control) deleteLocalTalosconfig(ctx context.Context) error {
-	err := c.Kube.CoreV1().Secrets(c.Namespace).Delete(ctx, LocalTalosconfigName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete %s: %w", describe("secret", c.Namespace, LocalTalosconfigName), err)
-	}
-
-	return nil
 }
 
 var errReplaced = errors.New("the operation was replaced by another")
@@ -513,10 +549,8 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 
 // startKeepingTalosconfig starts op's Job with the talosconfig copy already in the cluster.
 func (c *Control) startKeepingTalosconfig(ctx context.Context, op *Operation) error {
-	for _, obj := range RunnerObjects(c.Namespace) {
-		if err := c.applier().apply(ctx, obj); err != nil {
-			return err
-		}
+	if _, err := c.applyRunner(ctx); err != nil {
+		return err
 	}
 
 	return c.applier().apply(ctx, Job(JobParams{
@@ -573,14 +607,18 @@ type AbortResult struct {
 	Released bool
 	// StateErr is the state ConfigMap's error when it could not be read (it is kept as is).
 	StateErr error
+	// Removed are the credentials deleted (RemoveCredentials).
+	Removed []string
 }
 
 // Abort stops an operation for good and leaves the cluster as ready as it can: it marks
 // the operation Aborted (the runner stops at its next write), deletes its Jobs and their
 // pods, waits until the runner stopped (the lock is free or expired), uncordons every
-// node the engine cordoned (kube.CordonedAnnotation), releases the lock and deletes a copied
-// talosconfig. The state ConfigMap stays, for the record. A corrupted state does not
-// stop an abort: the Jobs kubectl-ichor manages in the namespace are stopped instead.
+// node the engine cordoned (kube.CordonedAnnotation), releases the lock and removes the
+// runner's credentials (RemoveCredentials). The state ConfigMap stays, for the record. A
+// corrupted state does not stop an abort: the Jobs kubectl-ichor manages in the namespace
+// are stopped instead. A succeeded operation stays Succeeded: abort only uncordons what
+// ichor left cordoned and removes what is left of its credentials.
 func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 	res := &AbortResult{}
 
@@ -594,7 +632,19 @@ func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 	case err != nil:
 		return nil, err
 	case op.Status.Phase == PhaseSucceeded:
-		return nil, fmt.Errorf("operation %s succeeded: nothing to abort", op.Spec.ID)
+		// Nothing to stop: abort cleans up what the end may have left (the runner removes
+		// its credentials itself, but it may have failed to), and the phase stays.
+		res.Operation, res.Was = op.Spec.ID, op.Status.Phase
+
+		if res.Uncordoned, err = c.uncordonAll(ctx); err != nil {
+			return nil, err
+		}
+
+		if res.Removed, err = c.RemoveCredentials(ctx); err != nil {
+			return nil, err
+		}
+
+		return res, nil
 	default:
 		res.Operation, res.Was = op.Spec.ID, op.Status.Phase
 
@@ -646,10 +696,8 @@ func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 		res.Released = true
 	}
 
-	if op == nil || op.Spec.Credentials == CredentialsLocal {
-		if err := c.deleteLocalTalosconfig(ctx); err != nil {
-			return nil, err
-		}
+	if res.Removed, err = c.RemoveCredentials(ctx); err != nil {
+		return nil, err
 	}
 
 	return res, nil

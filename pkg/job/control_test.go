@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -186,6 +187,8 @@ func talosSecret() *corev1.Secret {
 func TestLaunch(t *testing.T) {
 	ctx := context.Background()
 	f := newControl(t, t0, talosSecret())
+	access := testAccess()
+	f.ctl.Access = &access
 
 	op, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
 	require.NoError(t, err)
@@ -205,10 +208,17 @@ func TestLaunch(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "img:v1", j.Spec.Template.Spec.Containers[0].Image)
 
-	_, err = f.kube.RbacV1().ClusterRoles().Get(ctx, RunnerName, metav1.GetOptions{})
+	cr, err := f.kube.RbacV1().ClusterRoles().Get(ctx, "ichor-runner:ichor-system", metav1.GetOptions{})
 	require.NoError(t, err)
-	_, err = f.kube.RbacV1().RoleBindings(ManifestsNamespace).Get(ctx, "ichor-runner:ichor-system", metav1.GetOptions{})
+	_, err = f.kube.RbacV1().RoleBindings("kube-system").Get(ctx, "ichor-runner:ichor-system", metav1.GetOptions{})
 	require.NoError(t, err)
+	role, err := f.kube.RbacV1().Roles("kube-system").Get(ctx, "ichor-runner:ichor-system", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{
+		"create daemonsets.apps kube-proxy", "create leases.coordination.k8s.io", "get daemonsets.apps kube-proxy",
+		"get leases.coordination.k8s.io ichor-lock", "patch daemonsets.apps kube-proxy", "update leases.coordination.k8s.io ichor-lock",
+	}, flatRules(role.Rules), "the manifests' kube-system objects and the cluster's one lock")
+	assert.Equal(t, cr.Name, role.OwnerReferences[0].Name, "the ClusterRole owns the runner's other objects")
 	_, err = f.kube.CoreV1().Namespaces().Get(ctx, "ichor-system", metav1.GetOptions{})
 	require.NoError(t, err)
 
@@ -256,7 +266,7 @@ func TestLaunchFailures(t *testing.T) {
 
 		_, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
 		require.Error(t, err)
-		assert.Contains(t, err.Error(), `apply ClusterRole ichor-runner: clusterroles.rbac.authorization.k8s.io "ichor-runner" is forbidden: User "bob" cannot patch`)
+		assert.Contains(t, err.Error(), `apply ClusterRole ichor-runner:ichor-system: clusterroles.rbac.authorization.k8s.io "ichor-runner" is forbidden: User "bob" cannot patch`)
 		assert.Contains(t, err.Error(), "RBAC denied")
 		assert.Contains(t, err.Error(), "manifests/")
 
@@ -312,13 +322,20 @@ func TestAbort(t *testing.T) {
 	}
 	byHand := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-2"}, Spec: corev1.NodeSpec{Unschedulable: true}}
 
-	f := newControl(t, t0.Add(time.Minute), stateObject(t, op), cordoned, byHand,
+	objs := []runtime.Object{stateObject(t, op), cordoned, byHand,
 		runnerJob(op.Status.Job), runnerPod("pod-a", op.Status.Job, corev1.PodRunning), heldLease("ichor-system/pod-a", t0.Add(50*time.Second)),
-		LocalTalosconfig("ichor-system", "op-1", []byte("x")))
+		LocalTalosconfig("ichor-system", "op-1", []byte("x"))}
+	objs = append(objs, RunnerObjects("ichor-system", testAccess(), nil)...)
+
+	f := newControl(t, t0.Add(time.Minute), objs...)
 
 	res, err := f.ctl.Abort(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, &AbortResult{Operation: "op-1", Was: PhaseRunning, Jobs: []string{"ichor-op-1-1"}, Uncordoned: []string{"worker-1"}, Released: true}, res)
+	assert.Equal(t, &AbortResult{
+		Operation: "op-1", Was: PhaseRunning, Jobs: []string{"ichor-op-1-1"}, Uncordoned: []string{"worker-1"}, Released: true,
+		Removed: removedRunner,
+	}, res)
+	requireNoCredentials(t, f)
 
 	state, err := f.ctl.Get(ctx)
 	require.NoError(t, err)
@@ -365,13 +382,97 @@ func TestAbortCorruptState(t *testing.T) {
 	assert.ErrorAs(t, res.StateErr, &c)
 }
 
-func TestAbortRefusals(t *testing.T) {
-	f := newControl(t, t0, stateObject(t, testOperation("op-1", PhaseSucceeded)))
-	_, err := f.ctl.Abort(context.Background())
-	assert.EqualError(t, err, "operation op-1 succeeded: nothing to abort")
+// testAccess gives the runner rules in kube-system, so that it has a Role there.
+func testAccess() ManifestAccess {
+	return ManifestAccess{Namespaced: map[string][]rbacv1.PolicyRule{
+		"kube-system": {{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: ManifestVerbs(), ResourceNames: []string{"kube-proxy"}}},
+	}}
+}
 
-	f = newControl(t, t0)
-	_, err = f.ctl.Abort(context.Background())
+// removedRunner is what RemoveCredentials deletes of a runner launched with
+// --talos-credentials=local and testAccess.
+var removedRunner = []string{
+	"secret ichor-system/ichor-talosconfig",
+	"rolebinding ichor-system/ichor-runner",
+	"rolebinding kube-system/ichor-runner:ichor-system",
+	"role ichor-system/ichor-runner",
+	"role kube-system/ichor-runner:ichor-system",
+	"clusterrolebinding ichor-runner:ichor-system",
+	"clusterrole ichor-runner:ichor-system",
+	"serviceaccount ichor-system/ichor-runner",
+}
+
+// requireNoCredentials checks that nothing of the runner's identity, permissions or Talos
+// credentials is left; the state stays.
+func requireNoCredentials(t *testing.T, f *controlFixture) {
+	t.Helper()
+
+	ctx := context.Background()
+	rbac := f.kube.RbacV1()
+
+	crs, err := rbac.ClusterRoles().List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, crs.Items)
+
+	crbs, err := rbac.ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, crbs.Items)
+
+	roles, err := rbac.Roles("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, roles.Items)
+
+	rbs, err := rbac.RoleBindings("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, rbs.Items)
+
+	sas, err := f.kube.CoreV1().ServiceAccounts("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, sas.Items)
+
+	secrets, err := f.kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, secrets.Items)
+
+	_, err = f.kube.CoreV1().ConfigMaps("ichor-system").Get(ctx, StateName, metav1.GetOptions{})
+	assert.NoError(t, err, "the state stays")
+}
+
+// TestAbortSucceeded: abort of a succeeded operation is how to clean up what its end left
+// (credentials the runner could not delete, a node left cordoned); the phase stays.
+func TestAbortSucceeded(t *testing.T) {
+	ctx := context.Background()
+	op := testOperation("op-1", PhaseSucceeded)
+	op.Spec.Credentials = CredentialsLocal
+
+	cordoned := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "worker-1", Annotations: map[string]string{kube.CordonedAnnotation: "2026-11-29T12:00:00Z"}},
+		Spec:       corev1.NodeSpec{Unschedulable: true},
+	}
+	objs := []runtime.Object{stateObject(t, op), cordoned, LocalTalosconfig("ichor-system", "op-1", []byte("x"))}
+	objs = append(objs, RunnerObjects("ichor-system", testAccess(), nil)...)
+
+	f := newControl(t, t0, objs...)
+
+	res, err := f.ctl.Abort(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, &AbortResult{Operation: "op-1", Was: PhaseSucceeded, Uncordoned: []string{"worker-1"}, Removed: removedRunner}, res)
+	requireNoCredentials(t, f)
+
+	state, err := f.ctl.Get(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, PhaseSucceeded, state.Status.Phase, "a succeeded operation stays Succeeded")
+
+	// Again: nothing left.
+	res, err = f.ctl.Abort(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, res.Removed)
+	assert.Empty(t, res.Uncordoned)
+}
+
+func TestAbortRefusals(t *testing.T) {
+	f := newControl(t, t0)
+	_, err := f.ctl.Abort(context.Background())
 	assert.ErrorIs(t, err, ErrNoOperation)
 }
 

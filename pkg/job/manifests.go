@@ -31,7 +31,7 @@ const GitOpsOperation = "kubernetes-v1-36-3-gitops"
 // Kubernetes to v1.36.3 with the given image.
 func Manifests(namespace, image string) ([]ManifestFile, error) {
 	runner := []runtime.Object{Namespace(namespace)}
-	runner = append(runner, RunnerObjects(namespace)...)
+	runner = append(runner, RunnerObjects(namespace, ManifestAccess{}, nil)...)
 	runner = append(runner, TalosAccount(namespace))
 
 	op := NewOperation(OperationSpec{
@@ -54,7 +54,10 @@ func Manifests(namespace, image string) ([]ManifestFile, error) {
 				"The runner's namespace, ServiceAccount and least-privilege RBAC, and its Talos credentials",
 				"(a talos.dev ServiceAccount with role os:admin: Talos answers with a Secret of the same name",
 				"when machine.features.kubernetesTalosAPIAccess allows it). kubectl ichor upgrade applies these",
-				"with server-side apply (field manager kubectl-ichor).",
+				"with server-side apply (field manager kubectl-ichor), adding to them the rules to re-apply the",
+				"cluster's bootstrap manifests, each object by name, computed from the manifests at launch: without",
+				"them (as here) a Kubernetes upgrade pauses at its bootstrap manifests. Deleting the ClusterRole",
+				"ichor-runner:<namespace> deletes the runner's other objects once they carry it as owner.",
 			},
 			Objects: runner,
 		},

@@ -10,7 +10,8 @@ import (
 // Names of the objects kubectl-ichor creates. Namespaced ones live in the
 // namespace the plugin is given (-n, default ichor-system).
 const (
-	// RunnerName names the runner's ServiceAccount, its ClusterRole, Role and RoleBinding.
+	// RunnerName names the runner's ServiceAccount, and its Role and RoleBinding in its
+	// own namespace.
 	RunnerName = "ichor-runner"
 	// StateName is the state ConfigMap.
 	StateName = "ichor-state"
@@ -38,6 +39,9 @@ const (
 const (
 	// LabelOperation carries the operation ID on the state ConfigMap, the Job and its pods.
 	LabelOperation = "ichor.dev/operation"
+	// LabelRunnerNamespace marks the runner's RBAC objects with the namespace of its
+	// operations, wherever they live, so that they are found and removed at the end.
+	LabelRunnerNamespace = "ichor.dev/runner-namespace"
 	// LabelPhase mirrors the operation's phase on the state ConfigMap, for kubectl get -L.
 	LabelPhase = "ichor.dev/phase"
 	// LabelName and LabelManagedBy are the recommended app labels on every object.
@@ -95,8 +99,15 @@ func JobName(operation string, attempt int) string {
 	return fmt.Sprintf("ichor-%s-%d", operation, attempt)
 }
 
-// BindingName names the bindings outside the runner's namespace (its ClusterRoleBinding
-// and its RoleBinding in kube-system), so that runners of several namespaces keep theirs.
+// ClusterRoleName names the runner's ClusterRole of namespace: each operation's runner
+// has its own, computed from the bootstrap manifests at launch.
+func ClusterRoleName(namespace string) string {
+	return BindingName(namespace)
+}
+
+// BindingName names the runner's objects outside its namespace (its ClusterRoleBinding,
+// and its Roles and RoleBindings in other namespaces), so that runners of several
+// namespaces keep theirs.
 func BindingName(namespace string) string {
 	return RunnerName + ":" + namespace
 }

@@ -6,6 +6,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -43,42 +44,13 @@ const TalosAccountGroupVersion = "talos.dev/v1alpha1"
 // TalosRole is the Talos role the Job's credentials carry.
 const TalosRole = "os:admin"
 
-// ManifestsNamespace is where Talos' bootstrap manifests put their namespaced objects.
-const ManifestsNamespace = "kube-system"
-
-// BindableRoles are the ClusterRoles that Talos' bootstrap manifests bind (kube-proxy,
-// CoreDNS, Flannel, node bootstrap and CSR approval, Talos' node discovery): the runner
-// may bind exactly these when it re-applies the manifests.
-func BindableRoles() []string {
-	return []string{
-		"flannel",
-		"system:certificates.k8s.io:certificatesigningrequests:nodeclient",
-		"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
-		"system:coredns",
-		"system:node-bootstrapper",
-		"system:node-proxier",
-		"system:talos-nodes",
-	}
-}
-
-// ManagedClusterRoles are the ClusterRoles that Talos' bootstrap manifests define
-// (CoreDNS, Flannel, Talos' node discovery): the runner may re-apply exactly these
-// without holding every permission they grant.
-func ManagedClusterRoles() []string {
-	return []string{"flannel", "system:coredns", "system:talos-nodes"}
-}
-
-// ManagedCRDs are the CustomResourceDefinitions of Talos' bootstrap manifests.
-func ManagedCRDs() []string {
-	return []string{"serviceaccounts.talos.dev"}
-}
-
-// ClusterRoleRules are the runner's cluster-wide permissions, exactly what it uses: read
-// and cordon nodes, read and evict pods for a drain, read DaemonSets (drain, kube-proxy
-// rollout), disruption budgets and the apiserver's metrics for the checks, record events,
-// and re-apply the cluster-scoped objects of Talos' bootstrap manifests with server-side
-// apply (create, patch; binding and defining only the roles those manifests name).
-func ClusterRoleRules() []rbacv1.PolicyRule {
+// ClusterRoleRules are the runner's cluster-wide permissions besides those of the
+// bootstrap manifests (ManifestAccess): read and cordon nodes, read and evict pods for a
+// drain, read DaemonSets (drain, kube-proxy rollout), disruption budgets and the
+// apiserver's metrics for the checks, record events, and delete its own ClusterRole when
+// the operation succeeded (its other RBAC objects and its ServiceAccount go with it).
+// Nothing here creates, changes or binds a role.
+func ClusterRoleRules(namespace string) []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
@@ -86,34 +58,46 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list"}},
-		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"clusterroles", "clusterrolebindings"}, Verbs: []string{"create", "patch"}},
-		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"clusterroles"}, Verbs: []string{"bind"}, ResourceNames: BindableRoles()},
-		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"clusterroles"}, Verbs: []string{"escalate"}, ResourceNames: ManagedClusterRoles()},
-		{APIGroups: []string{"apiextensions.k8s.io"}, Resources: []string{"customresourcedefinitions"}, Verbs: []string{"create", "patch"}, ResourceNames: ManagedCRDs()},
 		{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},
+		{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"clusterroles"}, Verbs: []string{"delete"}, ResourceNames: []string{ClusterRoleName(namespace)}},
 	}
 }
 
-// ManifestsRoleRules are the runner's permissions in kube-system: the cluster's lock
-// (LockNamespace), and re-applying the namespaced objects of Talos' bootstrap manifests
-// (kube-proxy, CoreDNS, Flannel, the in-cluster kubeconfig, the kubelet bootstrap token)
-// with server-side apply.
-func ManifestsRoleRules() []rbacv1.PolicyRule {
+// lockNamespace is the namespace of the lock of the runner of namespace: LockRules go
+// into the runner's Role there.
+func lockNamespace(string) string { return LockNamespace }
+
+// LockRules are the runner's permissions on its lock, in the namespace of the Lease.
+func LockRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{LockName}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps", "secrets", "serviceaccounts", "services"}, Verbs: []string{"create", "patch"}},
-		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets", "deployments"}, Verbs: []string{"create", "patch"}},
 	}
 }
 
-// RoleRules are the runner's permissions in its own namespace: the state and the
-// deletion of a copied talosconfig once the operation ends.
+// RoleRules are the runner's permissions in its own namespace: the state, and the
+// deletion of its Talos credentials (the talos.dev ServiceAccount, the Secret Talos wrote
+// for it, a copied talosconfig) once the operation succeeded.
 func RoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: []string{StateName}},
-		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"delete"}, ResourceNames: []string{LocalTalosconfigName}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"delete"}, ResourceNames: []string{LocalTalosconfigName, TalosAccountName}},
+		{APIGroups: []string{TalosAccountResource.Group}, Resources: []string{TalosAccountResource.Resource}, Verbs: []string{"delete"}, ResourceNames: []string{TalosAccountName}},
 	}
+}
+
+// roleRulesByNamespace are the rules of the runner's Roles by namespace: RoleRules in its
+// own, LockRules where its lock lives, access' rules in theirs.
+func roleRulesByNamespace(namespace string, access ManifestAccess) map[string][]rbacv1.PolicyRule {
+	rules := map[string][]rbacv1.PolicyRule{namespace: RoleRules()}
+	lock := lockNamespace(namespace)
+	rules[lock] = append(rules[lock], LockRules()...)
+
+	for ns, r := range access.Namespaced {
+		rules[ns] = append(rules[ns], r...)
+	}
+
+	return rules
 }
 
 // Namespace is the product's namespace.
@@ -124,52 +108,89 @@ func Namespace(name string) *corev1.Namespace {
 	}
 }
 
-// RunnerObjects are the runner's identity and permissions for namespace: its
-// ServiceAccount; its ClusterRole and ClusterRoleBinding; its Role and RoleBinding in
-// namespace; its Role and RoleBinding in kube-system for the bootstrap manifests.
-func RunnerObjects(namespace string) []runtime.Object {
+// RunnerObjects are the runner's identity and permissions for namespace, its ClusterRole
+// first: the ClusterRole (ClusterRoleRules and access' cluster rules) and its binding; the
+// ServiceAccount; its Role and RoleBinding in namespace (RoleRules, and access' rules of
+// that namespace); a Role and RoleBinding in each other namespace access names, and in
+// the namespace of its lock (LockRules). owner,
+// when set (the ClusterRole once it exists), owns every object but the ClusterRole, so
+// that deleting the ClusterRole deletes them all.
+func RunnerObjects(namespace string, access ManifestAccess, owner *metav1.OwnerReference) []runtime.Object {
 	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: RunnerName, Namespace: namespace}}
 	rbac := metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1"}
+	labels := commonLabels(map[string]string{LabelRunnerNamespace: namespace})
+	roles := roleRulesByNamespace(namespace, access)
+	meta := func(name, ns string) metav1.ObjectMeta {
+		m := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
+		if owner != nil {
+			m.OwnerReferences = []metav1.OwnerReference{*owner}
+		}
 
-	return []runtime.Object{
-		&corev1.ServiceAccount{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
-			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: commonLabels(nil)},
-		},
+		return m
+	}
+
+	objs := []runtime.Object{
 		&rbacv1.ClusterRole{
 			TypeMeta:   withKind(rbac, "ClusterRole"),
-			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Labels: commonLabels(nil)},
-			Rules:      ClusterRoleRules(),
+			ObjectMeta: metav1.ObjectMeta{Name: ClusterRoleName(namespace), Labels: labels},
+			Rules:      append(ClusterRoleRules(namespace), access.Cluster...),
 		},
 		&rbacv1.ClusterRoleBinding{
 			TypeMeta:   withKind(rbac, "ClusterRoleBinding"),
-			ObjectMeta: metav1.ObjectMeta{Name: BindingName(namespace), Labels: commonLabels(nil)},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: RunnerName},
+			ObjectMeta: meta(BindingName(namespace), ""),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ClusterRoleName(namespace)},
 			Subjects:   subject,
+		},
+		&corev1.ServiceAccount{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+			ObjectMeta: meta(RunnerName, namespace),
 		},
 		&rbacv1.Role{
 			TypeMeta:   withKind(rbac, "Role"),
-			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: commonLabels(nil)},
-			Rules:      RoleRules(),
+			ObjectMeta: meta(RunnerName, namespace),
+			Rules:      roles[namespace],
 		},
 		&rbacv1.RoleBinding{
 			TypeMeta:   withKind(rbac, "RoleBinding"),
-			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: commonLabels(nil)},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: RunnerName},
-			Subjects:   subject,
-		},
-		&rbacv1.Role{
-			TypeMeta:   withKind(rbac, "Role"),
-			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: ManifestsNamespace, Labels: commonLabels(nil)},
-			Rules:      ManifestsRoleRules(),
-		},
-		&rbacv1.RoleBinding{
-			TypeMeta:   withKind(rbac, "RoleBinding"),
-			ObjectMeta: metav1.ObjectMeta{Name: BindingName(namespace), Namespace: ManifestsNamespace, Labels: commonLabels(nil)},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: RunnerName},
+			ObjectMeta: meta(RunnerName, namespace),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: RunnerName},
 			Subjects:   subject,
 		},
 	}
+
+	for _, ns := range sortedStrings(roles) {
+		if ns == namespace {
+			continue
+		}
+
+		objs = append(objs,
+			&rbacv1.Role{
+				TypeMeta:   withKind(rbac, "Role"),
+				ObjectMeta: meta(BindingName(namespace), ns),
+				Rules:      roles[ns],
+			},
+			&rbacv1.RoleBinding{
+				TypeMeta:   withKind(rbac, "RoleBinding"),
+				ObjectMeta: meta(BindingName(namespace), ns),
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: BindingName(namespace)},
+				Subjects:   subject,
+			})
+	}
+
+	return objs
+}
+
+// ownedBy makes owner the owner of obj.
+func ownedBy(obj runtime.Object, owner *metav1.OwnerReference) runtime.Object {
+	if owner == nil {
+		return obj
+	}
+
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetOwnerReferences([]metav1.OwnerReference{*owner})
+	}
+
+	return obj
 }
 
 func withKind(t metav1.TypeMeta, kind string) metav1.TypeMeta {

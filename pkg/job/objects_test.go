@@ -2,6 +2,7 @@ package job
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
@@ -67,43 +70,40 @@ func TestJobSpec(t *testing.T) {
 	assert.Equal(t, TalosAccountName, j.Spec.Template.Spec.Volumes[0].Secret.SecretName)
 }
 
-// TestRBACIsExact lists every permission the runner gets: a change here must be a
-// change of what the runner uses.
-func TestRBACIsExact(t *testing.T) {
-	flat := func(rules []rbacv1.PolicyRule) []string {
-		var out []string
+// flatRules lists rules one permission a line: "verb resource.group names".
+func flatRules(rules []rbacv1.PolicyRule) []string {
+	var out []string
 
-		for _, r := range rules {
-			for _, v := range r.Verbs {
-				for _, res := range append(r.Resources, r.NonResourceURLs...) {
-					s := v + " " + res
-					if len(r.APIGroups) > 0 && r.APIGroups[0] != "" {
-						s += "." + r.APIGroups[0]
-					}
-
-					if len(r.ResourceNames) > 0 {
-						s += " " + strings.Join(r.ResourceNames, ",")
-					}
-
-					out = append(out, s)
+	for _, r := range rules {
+		for _, v := range r.Verbs {
+			for _, res := range append(r.Resources, r.NonResourceURLs...) {
+				s := v + " " + res
+				if len(r.APIGroups) > 0 && r.APIGroups[0] != "" {
+					s += "." + r.APIGroups[0]
 				}
+
+				if len(r.ResourceNames) > 0 {
+					s += " " + strings.Join(r.ResourceNames, ",")
+				}
+
+				out = append(out, s)
 			}
 		}
-
-		slices.Sort(out)
-
-		return out
 	}
 
+	slices.Sort(out)
+
+	return out
+}
+
+// TestRBACIsExact lists every permission the runner gets besides those computed from the
+// bootstrap manifests: a change here must be a change of what the runner uses. None of
+// them creates, changes or binds a role.
+func TestRBACIsExact(t *testing.T) {
 	assert.Equal(t, []string{
-		"bind clusterroles.rbac.authorization.k8s.io flannel,system:certificates.k8s.io:certificatesigningrequests:nodeclient," +
-			"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient,system:coredns,system:node-bootstrapper,system:node-proxier,system:talos-nodes",
-		"create clusterrolebindings.rbac.authorization.k8s.io",
-		"create clusterroles.rbac.authorization.k8s.io",
-		"create customresourcedefinitions.apiextensions.k8s.io serviceaccounts.talos.dev",
 		"create events",
 		"create pods/eviction",
-		"escalate clusterroles.rbac.authorization.k8s.io flannel,system:coredns,system:talos-nodes",
+		"delete clusterroles.rbac.authorization.k8s.io ichor-runner:upgrades",
 		"get /metrics",
 		"get daemonsets.apps",
 		"get nodes",
@@ -112,58 +112,93 @@ func TestRBACIsExact(t *testing.T) {
 		"list nodes",
 		"list poddisruptionbudgets.policy",
 		"list pods",
-		"patch clusterrolebindings.rbac.authorization.k8s.io",
-		"patch clusterroles.rbac.authorization.k8s.io",
-		"patch customresourcedefinitions.apiextensions.k8s.io serviceaccounts.talos.dev",
 		"patch nodes",
 		"watch daemonsets.apps",
 		"watch nodes",
 		"watch pods",
-	}, flat(ClusterRoleRules()))
+	}, flatRules(ClusterRoleRules("upgrades")))
 
 	assert.Equal(t, []string{
-		"create configmaps", "create daemonsets.apps", "create deployments.apps", "create leases.coordination.k8s.io", "create secrets", "create serviceaccounts", "create services",
-		"get leases.coordination.k8s.io ichor-lock",
-		"patch configmaps", "patch daemonsets.apps", "patch deployments.apps", "patch secrets", "patch serviceaccounts", "patch services",
-		"update leases.coordination.k8s.io ichor-lock",
-	}, flat(ManifestsRoleRules()))
-
-	assert.Equal(t, []string{
-		"delete secrets ichor-talosconfig",
+		"delete secrets ichor-talosconfig,ichor-talos",
+		"delete serviceaccounts.talos.dev ichor-talos",
 		"get configmaps ichor-state",
 		"update configmaps ichor-state",
-	}, flat(RoleRules()))
+	}, flatRules(RoleRules()))
 
-	for _, rules := range [][]rbacv1.PolicyRule{ClusterRoleRules(), ManifestsRoleRules(), RoleRules()} {
+	assert.Equal(t, []string{
+		"create leases.coordination.k8s.io",
+		"get leases.coordination.k8s.io ichor-lock",
+		"update leases.coordination.k8s.io ichor-lock",
+	}, flatRules(LockRules()))
+
+	for _, rules := range [][]rbacv1.PolicyRule{ClusterRoleRules("upgrades"), RoleRules(), LockRules()} {
 		for _, r := range rules {
 			for _, list := range [][]string{r.APIGroups, r.Resources, r.Verbs, r.ResourceNames, r.NonResourceURLs} {
 				assert.NotContains(t, list, "*", "no wildcard: %+v", r)
 			}
+
+			assert.NotContains(t, r.Verbs, "escalate")
+			assert.NotContains(t, r.Verbs, "bind")
 		}
 	}
 }
 
-func TestRunnerObjectsBindTheirNamespace(t *testing.T) {
-	var kube, own int
+func TestRunnerObjects(t *testing.T) {
+	access := ManifestAccess{
+		Cluster: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: ManifestVerbs(), ResourceNames: []string{"x"}}},
+		Namespaced: map[string][]rbacv1.PolicyRule{
+			"kube-system": {{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: ManifestVerbs(), ResourceNames: []string{"s"}}},
+			"upgrades":    {{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: ManifestVerbs(), ResourceNames: []string{"c"}}},
+		},
+	}
+	owner := &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "ichor-runner:upgrades", UID: "u1"}
 
-	for _, obj := range RunnerObjects("upgrades") {
+	objs := RunnerObjects("upgrades", access, owner)
+
+	cr, ok := objs[0].(*rbacv1.ClusterRole)
+	require.True(t, ok, "the ClusterRole first: it owns the others")
+	assert.Equal(t, "ichor-runner:upgrades", cr.Name)
+	assert.Empty(t, cr.OwnerReferences)
+	assert.Contains(t, flatRules(cr.Rules), "patch namespaces x")
+
+	var names []string
+
+	for _, obj := range objs[1:] {
+		m, err := meta.Accessor(obj)
+		require.NoError(t, err)
+		assert.Equal(t, []metav1.OwnerReference{*owner}, m.GetOwnerReferences(), "%s is owned by the ClusterRole", m.GetName())
+		assert.Equal(t, "upgrades", m.GetLabels()[LabelRunnerNamespace])
+
+		names = append(names, fmt.Sprintf("%T %s/%s", obj, m.GetNamespace(), m.GetName()))
+
 		switch o := obj.(type) {
 		case *rbacv1.ClusterRoleBinding:
-			assert.Equal(t, "ichor-runner:upgrades", o.Name)
 			assert.Equal(t, "upgrades", o.Subjects[0].Namespace)
+			assert.Equal(t, cr.Name, o.RoleRef.Name)
 		case *rbacv1.RoleBinding:
 			assert.Equal(t, "upgrades", o.Subjects[0].Namespace)
-
-			if o.Namespace == ManifestsNamespace {
-				kube++
+			assert.Equal(t, RunnerName, o.Subjects[0].Name)
+		case *rbacv1.Role:
+			if o.Namespace == "kube-system" {
+				assert.Equal(t, []string{
+					"create leases.coordination.k8s.io", "create secrets s", "get leases.coordination.k8s.io ichor-lock",
+					"get secrets s", "patch secrets s", "update leases.coordination.k8s.io ichor-lock",
+				}, flatRules(o.Rules), "the manifests' kube-system objects and the cluster's one lock")
 			} else {
-				own++
+				assert.Contains(t, flatRules(o.Rules), "patch configmaps c", "the manifests' rules of the runner's own namespace join its Role")
+				assert.Contains(t, flatRules(o.Rules), "update configmaps ichor-state")
 			}
 		}
 	}
 
-	assert.Equal(t, 1, kube)
-	assert.Equal(t, 1, own)
+	assert.Equal(t, []string{
+		"*v1.ClusterRoleBinding /ichor-runner:upgrades",
+		"*v1.ServiceAccount upgrades/ichor-runner",
+		"*v1.Role upgrades/ichor-runner",
+		"*v1.RoleBinding upgrades/ichor-runner",
+		"*v1.Role kube-system/ichor-runner:upgrades",
+		"*v1.RoleBinding kube-system/ichor-runner:upgrades",
+	}, names)
 
 	sa := TalosAccount("upgrades")
 	roles, _, _ := unstructured.NestedStringSlice(sa.Object, "spec", "roles")

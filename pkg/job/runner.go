@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -252,6 +251,14 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	r.releaseOwnLock(ctx)
 
+	if result == nil {
+		// The lock is released: the runner's credentials go, the state stays.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RenewDeadline)
+		defer cancel()
+
+		r.removeOwnCredentials(cctx)
+	}
+
 	return result
 }
 
@@ -450,7 +457,6 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 
 		events.operation(wctx, "Succeeded", "every stage is done", false)
 		r.logf("operation %s Succeeded", r.Operation)
-		r.cleanupCredentials(wctx, rep.spec())
 
 		return nil
 	case ctx.Err() != nil:
@@ -504,23 +510,6 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 	r.logf("operation %s Paused: %s", r.Operation, pause.Error())
 
 	return &ExitError{Code: ExitPaused, Err: fmt.Errorf("paused: %w", pause)}
-}
-
-// cleanupCredentials deletes the copy of the operator's talosconfig once the operation
-// succeeded.
-func (r *Runner) cleanupCredentials(ctx context.Context, spec OperationSpec) {
-	if spec.Credentials != CredentialsLocal {
-		return
-	}
-
-	err := r.Kube.CoreV1().Secrets(r.Namespace).Delete(ctx, LocalTalosconfigName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		r.logf("could not delete the copied talosconfig %s: %v", describe("secret", r.Namespace, LocalTalosconfigName), err)
-
-		return
-	}
-
-	r.logf("deleted the copied talosconfig %s", describe("secret", r.Namespace, LocalTalosconfigName))
 }
 
 // engineOptions are the engine's options for an operation, run from node.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -138,8 +139,22 @@ func TestRunnerSucceeds(t *testing.T) {
 		return nil
 	})
 
-	err := f.runner.Run(context.Background())
+	ctx := context.Background()
+
+	for _, obj := range append(RunnerObjects("ichor-system", ManifestAccess{}, nil)[:1], talosSecret()) {
+		require.NoError(t, f.client.Tracker().Add(obj))
+	}
+
+	err := f.runner.Run(ctx)
 	require.NoError(t, err, f.out.String())
+
+	// Its credentials go once it succeeded: the Secret of the talos.dev ServiceAccount, and
+	// its ClusterRole, which owns the rest.
+	_, err = f.client.RbacV1().ClusterRoles().Get(ctx, ClusterRoleName("ichor-system"), metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "the runner's ClusterRole is deleted")
+	_, err = f.client.CoreV1().Secrets("ichor-system").Get(ctx, TalosAccountName, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "the os:admin talosconfig is deleted")
+	assert.Contains(t, f.out.String(), "deleted clusterrole ichor-runner:ichor-system")
 
 	assert.True(t, memoDurable)
 	assert.Equal(t, stages.EngineOptions{

@@ -246,11 +246,6 @@ func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructu
 		return fmt.Errorf("%s %s: %w", verb, name, err)
 	}
 
-	data, err := obj.MarshalJSON()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", verb, name, err)
-	}
-
 	var ri dynamic.ResourceInterface = a.dyn.Resource(mapping.Resource)
 
 	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
@@ -260,6 +255,15 @@ func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructu
 		}
 
 		ri = a.dyn.Resource(mapping.Resource).Namespace(ns)
+	}
+
+	// Talos 1.14 marks the objects it creates as its inventory's: keep the mark,
+	// or an unchanged manifest would change (and an RBAC object be refused).
+	obj = keepInventory(ctx, ri, obj)
+
+	data, err := obj.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", verb, name, err)
 	}
 
 	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: &force}
@@ -277,4 +281,39 @@ func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructu
 	}
 
 	return nil
+}
+
+// InventoryAnnotation marks an object as a member of Talos' inventory of bootstrap
+// manifests: Talos (1.14) sets it on each object it creates, with its field manager.
+const InventoryAnnotation = "config.k8s.io/owning-inventory"
+
+// keepInventory returns obj with the live object's InventoryAnnotation, if it has one:
+// applied with Talos' field manager, an object without it would lose it, so that an
+// unchanged manifest would change the object (and its membership of Talos' inventory).
+// When the live object cannot be read, obj is applied as it is.
+func keepInventory(ctx context.Context, ri dynamic.ResourceInterface, obj *unstructured.Unstructured) *unstructured.Unstructured {
+	live, err := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return obj
+	}
+
+	v, ok := live.GetAnnotations()[InventoryAnnotation]
+	if !ok {
+		return obj
+	}
+
+	obj = obj.DeepCopy()
+	annotations := obj.GetAnnotations()
+
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+
+	if _, set := annotations[InventoryAnnotation]; !set {
+		annotations[InventoryAnnotation] = v
+	}
+
+	obj.SetAnnotations(annotations)
+
+	return obj
 }

@@ -2,12 +2,14 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // ResumeOptions are the options of `kubectl ichor resume`.
@@ -37,6 +39,18 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 	op, err := ctl.Get(ctx)
 	if err != nil {
 		return err
+	}
+
+	if op.Spec.Upgrade == stages.KindKubernetes {
+		// The manifests as they are now (the target's, past the KubeProxy stage); without
+		// them the Job keeps the permissions it was given at launch.
+		if access, err := o.deps.manifestAccess(ctx, o.flags); err == nil {
+			ctl.Access = &access
+		} else if !errors.Is(err, errNoManifestReader) {
+			writef(o.ErrOut, "warning: could not read the bootstrap manifests through Talos (%v): the Job keeps the permissions it was given at launch\n", err)
+		}
+	} else {
+		ctl.Access = &job.ManifestAccess{}
 	}
 
 	var talosconfig []byte
@@ -126,6 +140,8 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 		writef(o.Out, "Stopped the upgrade Jobs of namespace %s (the state could not be read: %v)\n", ctl.Namespace, res.StateErr)
 	case res.Was == job.PhaseAborted:
 		writef(o.Out, "Operation %s was already aborted; cleaned up again\n", res.Operation)
+	case res.Was == job.PhaseSucceeded:
+		writef(o.Out, "Operation %s succeeded: it stays Succeeded; cleaned up what its end left\n", res.Operation)
 	default:
 		writef(o.Out, "Aborted operation %s (it was %s)\n", res.Operation, res.Was)
 	}
@@ -144,6 +160,12 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 		writef(o.Out, "  released the lock %s/%s\n", job.LockNamespace, job.LockName)
 	}
 
+	if len(res.Removed) > 0 {
+		writef(o.Out, "  removed the Job's credentials: %s\n", strings.Join(res.Removed, ", "))
+	} else {
+		writef(o.Out, "  no credential of the Job was left\n")
+	}
+
 	if res.StateErr == nil {
 		writef(o.Out, "  the state stays in configmap %s/%s for the record\n", ctl.Namespace, job.StateName)
 	}
@@ -156,7 +178,7 @@ func newAbortCommand(streams genericiooptions.IOStreams, flags *globalFlags, dep
 
 	return &cobra.Command{
 		Use:   "abort",
-		Short: "Stop the upgrade for good: stop its Job, uncordon the nodes it cordoned, release the lock",
+		Short: "Stop the upgrade for good: stop its Job, uncordon the nodes it cordoned, release the lock, remove the Job's credentials",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {

@@ -529,6 +529,7 @@ func TestAbortAndResumeCommands(t *testing.T) {
 	assert.Equal(t, `Aborted operation kubernetes-v1-36-3-abcde (it was Running)
   stopped job ichor-system/ichor-kubernetes-v1-36-3-abcde-1
   uncordoned worker-2
+  removed the Job's credentials: secret ichor-system/ichor-talos
   the state stays in configmap ichor-system/ichor-state for the record
 `, stdout)
 

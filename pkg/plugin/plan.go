@@ -62,11 +62,6 @@ type planOptions struct {
 	manifestsErr  error
 }
 
-// manifestReader is a Talos client that reads a node's bootstrap manifests.
-type manifestReader interface {
-	Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error)
-}
-
 func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
 	cmd.Flags().StringVar(&o.To, "to", "", "The version to upgrade to, vX.Y.Z (required), e.g. "+example)
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Plan document")

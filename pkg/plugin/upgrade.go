@@ -126,6 +126,22 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*
 
 // launch confirms, launches the operation and follows it (unless --detach).
 func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind stages.Kind, installer string) error {
+	access := job.ManifestAccess{}
+
+	if kind == stages.KindKubernetes {
+		var err error
+		if access, err = o.deps.manifestAccess(ctx, o.flags); err != nil {
+			return fmt.Errorf("read the bootstrap manifests through Talos (the Job may re-apply exactly their objects): %w: "+
+				"check --talosconfig and --talos-endpoints", err)
+		}
+
+		for _, l := range access.Left {
+			writef(o.ErrOut, "warning: the Job may not re-apply %s\n", l)
+		}
+	}
+
+	ctl.Access = &access
+
 	if !o.Yes {
 		if err := o.confirm(ctx, plan, ctl.Namespace); err != nil {
 			return err

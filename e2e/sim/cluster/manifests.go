@@ -19,14 +19,29 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 )
 
+// Talos 1.14 marks each bootstrap manifest object it creates as a member of its
+// inventory (internal/app/machined/pkg/controllers/k8s/manifest_apply.go, with
+// go-kubernetes' ssa.InventoryAnnotationKey).
+const (
+	inventoryAnnotation = "config.k8s.io/owning-inventory"
+	inventoryName       = "talos-bootstrap-manifests-inventory"
+)
+
 // applyBootstrapManifests does what Talos does once a cluster bootstraps:
 // server-side apply the control plane's Manifest resources with field
-// manager "talos".
+// manager "talos", on Talos 1.14 with its inventory annotation.
 func applyBootstrapManifests(ctx context.Context, cfg *rest.Config, m *machine.Machine) error {
 	list, err := safe.StateListAll[*k8s.Manifest](ctx, m.COSI())
 	if err != nil {
 		return fmt.Errorf("list manifests of %s: %w", m.Name(), err)
 	}
+	version, err := m.Version()
+	if err != nil {
+		return err
+	}
+	var major, minor int
+	_, _ = fmt.Sscanf(version, "v%d.%d", &major, &minor)
+	inventory := major == 1 && minor >= 14
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return err
@@ -38,7 +53,15 @@ func applyBootstrapManifests(ctx context.Context, cfg *rest.Config, m *machine.M
 	}
 	for res := range list.All() {
 		for _, item := range res.TypedSpec().Items {
-			obj := &unstructured.Unstructured{Object: item.Object}
+			obj := (&unstructured.Unstructured{Object: item.Object}).DeepCopy()
+			if inventory {
+				annotations := obj.GetAnnotations()
+				if annotations == nil {
+					annotations = map[string]string{}
+				}
+				annotations[inventoryAnnotation] = inventoryName
+				obj.SetAnnotations(annotations)
+			}
 			gvk := obj.GroupVersionKind()
 			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -362,7 +363,9 @@ func TestUpgradeThenRebootBootsNewVersion(t *testing.T) {
 	assert.NotEqual(t, before.BootID, after.BootID)
 	assert.Empty(t, after.StagedVersion)
 	assert.Equal(t, before.ConfigVersion, after.ConfigVersion)
-	assert.Equal(t, []string{"v1.12.4", "v1.13.9"}, talosEvents(t, f.events))
+	// The boot's event is logged as the machine comes up, not before its state says so.
+	assert.Eventually(t, func() bool { return slices.Equal([]string{"v1.12.4", "v1.13.9"}, talosEvents(t, f.events)) },
+		5*time.Second, 10*time.Millisecond, "a boot event per version: %v", talosEvents(t, f.events))
 	select {
 	case <-f.drained:
 		t.Fatal("a plain reboot does not drain")

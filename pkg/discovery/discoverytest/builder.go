@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -385,6 +386,8 @@ type FakeTalos struct {
 	Errors map[string]error
 	// Installs are what each node's Talos was installed with, by IP.
 	Installs map[string]talos.Installed
+	// ManifestObjects are the bootstrap manifests by IP.
+	ManifestObjects map[string][]*unstructured.Unstructured
 }
 
 // Installed implements discovery.InstalledReader.
@@ -431,3 +434,12 @@ func (f *FakeTalos) MachineConfig(_ context.Context, node string) (config.Provid
 
 // Ptr returns a pointer to v, for NodeSpec.Hold.
 func Ptr[T any](v T) *T { return &v }
+
+// Manifests returns the node's bootstrap manifests (ManifestObjects; none by default).
+func (f *FakeTalos) Manifests(_ context.Context, node string) ([]*unstructured.Unstructured, error) {
+	if err := f.Errors[node]; err != nil {
+		return nil, err
+	}
+
+	return f.ManifestObjects[node], nil
+}
