@@ -28,6 +28,12 @@ type Input struct {
 	Metrics MetricsReader
 	// Drains is the plan's drain preview (PreviewDrains).
 	Drains []api.NodeDrain
+	// Etcd is etcd as the control planes' Talos APIs described it (a Talos plan); nil
+	// when it was not read.
+	Etcd *stages.EtcdView
+	// AllowEtcdOutage is --allow-etcd-outage: a control plane's reboot may stop a one-
+	// or two-member etcd.
+	AllowEtcdOutage bool
 }
 
 // Check is one pre-flight check.
@@ -49,7 +55,7 @@ func Kubernetes() []Check {
 // Talos returns the checks of a Talos OS upgrade, in the order they are shown.
 func Talos() []Check {
 	return []Check{
-		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, Drains{}, HeldNodes{}, TalosAccess{},
+		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, Drains{}, HeldNodes{}, TalosAccess{},
 	}
 }
 

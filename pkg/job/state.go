@@ -87,6 +87,9 @@ type OperationSpec struct {
 	InstallerImage string `json:"installerImage,omitempty"`
 	// MaxUnavailable is how many workers move at once.
 	MaxUnavailable int `json:"maxUnavailable"`
+	// AllowEtcdOutage accepts that a control plane's reboot stops a one- or
+	// two-member etcd (a Talos upgrade: --allow-etcd-outage).
+	AllowEtcdOutage bool `json:"allowEtcdOutage,omitempty"`
 	// Image is the runner's image.
 	Image string `json:"image"`
 	// Credentials say where the runner's Talos credentials come from.
