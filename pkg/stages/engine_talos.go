@@ -516,7 +516,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		}
 	}
 
-	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, kube.CordonedByIchor(node))
+	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name)
 	if err != nil {
 		return err
 	}
