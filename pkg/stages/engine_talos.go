@@ -683,8 +683,8 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 		// gets the run's ctx, not the poll's short one.
 		err := r.pollUntil(ctx, deadline, bound, func(context.Context) (bool, string, error) {
 			verdict = ReadEtcd(ctx, r.e.Talos, r.etcdNodes).Judge("")
-			if !verdict.Healthy() {
-				return false, "etcd: " + verdict.Describe(), nil
+			if waiting := verdict.Rejoined(name); waiting != "" {
+				return false, "etcd: " + waiting, nil
 			}
 
 			return true, "", nil
@@ -699,7 +699,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 			return r.e.pause(ctx, stage, name, "verify etcd: "+err.Error(), actionResume, fmt.Errorf("node %q: verify etcd: %w", name, err))
 		}
 
-		etcd = fmt.Sprintf("etcd %d voter(s) healthy", verdict.Voters)
+		etcd = fmt.Sprintf("etcd member healthy, %d of %d voter(s) healthy", verdict.Left, verdict.Voters)
 	}
 
 	uncordoned := false

@@ -122,7 +122,7 @@ func TestTalosUpgrade(t *testing.T) {
 	done := rec.with("TalosOS cp-1 Done:")
 	require.Len(t, done, 1)
 	assert.Contains(t, done[0], "Talos v1.12.4 -> v1.13.9 with "+installerOf(t, o, "cp-1", "v1.13.9"))
-	assert.Contains(t, done[0], "node Ready on Talos (v1.13.9), etcd 3 voter(s) healthy, uncordoned")
+	assert.Contains(t, done[0], "node Ready on Talos (v1.13.9), etcd member healthy, 3 of 3 voter(s) healthy, uncordoned")
 	assert.Contains(t, rec.with("TalosOS worker-1 Done:")[0], "drained 1 pod(s)")
 	assert.NotEmpty(t, rec.with("TalosOS cp-1 Upgrading: upgrading Talos v1.12.4 -> v1.13.9"))
 	assert.NotEmpty(t, rec.with("stage 1/1 TalosOS"))

@@ -211,6 +211,34 @@ func (v EtcdVerdict) Healthy() bool {
 	return len(v.Problems) == 0 && len(v.Unhealthy()) == 0
 }
 
+// Rejoined says what keeps control plane node's member from counting as
+// back after its reboot, "" when nothing does: its member listed, a voter,
+// healthy, and etcd with a quorum of healthy voters. Other members need not
+// all be healthy: one may be rebooting in an upgrade a resumed run has yet
+// to follow; the gate before the next control plane's cordon wants them all.
+func (v EtcdVerdict) Rejoined(node string) string {
+	var own *EtcdMemberHealth
+
+	for i := range v.Members {
+		if v.Members[i].Node == node {
+			own = &v.Members[i]
+		}
+	}
+
+	switch {
+	case len(v.Members) == 0 && len(v.Problems) > 0:
+		return strings.Join(v.Problems, "; ")
+	case own == nil:
+		return fmt.Sprintf("no member of %s listed", node)
+	case own.Problem != "":
+		return fmt.Sprintf("member %s %s", own.Name, own.Problem)
+	case v.Left < v.Quorum:
+		return fmt.Sprintf("%d of %d voter(s) healthy, short of the quorum of %d: %s", v.Left, v.Voters, v.Quorum, v.Describe())
+	}
+
+	return ""
+}
+
 // Outage reports that the judged node's reboot leaves fewer healthy voters
 // than etcd's quorum: etcd, and with it the Kubernetes API, stops until the
 // node is back.

@@ -193,3 +193,24 @@ func TestReadEtcdAsksTheLeaderForTheList(t *testing.T) {
 	verdict := v.Judge("cp-1")
 	assert.Equal(t, "member cp-3 does not answer etcd status: deadline exceeded", verdict.Describe())
 }
+
+// TestEtcdRejoined: after its reboot a control plane counts as back once its
+// own member is healthy and etcd has quorum, even while another member is
+// down (a reboot a resumed run has yet to follow).
+func TestEtcdRejoined(t *testing.T) {
+	down := func(node string) func(v *EtcdView) {
+		return func(v *EtcdView) {
+			delete(v.Status, node)
+			v.StatusErr[node] = errors.New("connection refused")
+		}
+	}
+
+	assert.Empty(t, etcdOf(3, nil).Judge("").Rejoined("cp-1"))
+	assert.Empty(t, etcdOf(3, down("cp-2")).Judge("").Rejoined("cp-1"), "cp-2 down: quorum kept")
+	assert.Equal(t, "member cp-1 does not answer etcd status: connection refused", etcdOf(3, down("cp-1")).Judge("").Rejoined("cp-1"))
+	assert.Contains(t, etcdOf(3, func(v *EtcdView) { down("cp-2")(v); down("cp-3")(v) }).Judge("").Rejoined("cp-1"),
+		"1 of 3 voter(s) healthy, short of the quorum of 2")
+	assert.Equal(t, "member cp-1 a learner (not yet promoted to voter)",
+		etcdOf(3, func(v *EtcdView) { v.Members[0].IsLearner = true }).Judge("").Rejoined("cp-1"))
+	assert.Equal(t, "no member of cp-1 listed", etcdOf(3, func(v *EtcdView) { v.Members = v.Members[1:] }).Judge("").Rejoined("cp-1"))
+}
