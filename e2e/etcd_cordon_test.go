@@ -20,8 +20,8 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
-// TestTalosEtcdGateAndRecordon upgrades Talos on a 3+2 cluster from v1.12.4
-// to v1.13.9 whose cp-3 etcd member is stopped but still listed (fault
+// TestTalosEtcdGateAndRecordon upgrades Talos on a 3+2 cluster, from v1.12.4
+// to v1.13.9 and from v1.13.9 to v1.14.1, whose cp-3 etcd member is stopped but still listed (fault
 // etcdStopped), and whose worker-1 carries ichor's cordon mark but was
 // uncordoned by hand (kubectl uncordon after a pause of an earlier run):
 //   - plan refuses with the etcd quorum check, naming cp-3;
@@ -31,10 +31,19 @@ import (
 func TestTalosEtcdGateAndRecordon(t *testing.T) {
 	t.Parallel()
 
+	for _, v := range []struct{ from, to string }{{talosFrom, talosTo}, {talos113, talos114}} {
+		t.Run(v.from+" to "+v.to, func(t *testing.T) {
+			t.Parallel()
+			testEtcdGateAndRecordon(t, v.from, v.to)
+		})
+	}
+}
+
+func testEtcdGateAndRecordon(t *testing.T, from, to string) {
 	faults := filepath.Join(t.TempDir(), "faults.yaml")
 	require.NoError(t, os.WriteFile(faults, []byte("nodes:\n  cp-3:\n    etcdStopped: true\n"), 0o644))
 
-	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", talosFrom, "--faults", faults)
+	c := startCluster(t, "--control-planes", "3", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", from, "--faults", faults)
 	addWorkload(t, c, 2)
 
 	ctx := context.Background()
@@ -46,7 +55,7 @@ func TestTalosEtcdGateAndRecordon(t *testing.T) {
 	require.NoError(t, err, out)
 
 	t.Run("plan refuses, naming cp-3", func(t *testing.T) {
-		r := c.plugin(t, "plan", "talos", "--to", talosTo, "-o", "json")
+		r := c.plugin(t, "plan", "talos", "--to", to, "-o", "json")
 		r.requireExit(t, 2)
 		etcd := planCheck(t, decodePlan(t, r.stdout), "etcd quorum")
 		assert.Equal(t, api.ResultRefused, etcd.Result)
@@ -57,7 +66,7 @@ func TestTalosEtcdGateAndRecordon(t *testing.T) {
 	memo := &memoMap{}
 
 	t.Run("the upgrade pauses before cp-1 is cordoned, naming cp-3", func(t *testing.T) {
-		err := talosEngineFor(t, c, tc, talosTo, memo, &lines{}).Run(ctx)
+		err := talosEngineFor(t, c, tc, to, memo, &lines{}).Run(ctx)
 
 		var pause *stages.PauseError
 		require.ErrorAs(t, err, &pause)
@@ -74,7 +83,7 @@ func TestTalosEtcdGateAndRecordon(t *testing.T) {
 			assert.False(t, n.Spec.Unschedulable, "%s not cordoned", n.Name)
 		}
 
-		assert.Empty(t, talosStarts(c.Events(t), talosTo), "nothing rebooted")
+		assert.Empty(t, talosStarts(c.Events(t), to), "nothing rebooted")
 	})
 
 	t.Run("cleared, it completes; worker-1 is cordoned again before its drain", func(t *testing.T) {
@@ -103,9 +112,9 @@ func TestTalosEtcdGateAndRecordon(t *testing.T) {
 			}
 		}}
 
-		require.NoError(t, talosEngineFor(t, c, tc, talosTo, memo, progress).Run(ctx))
-		requireTalosAt(t, c, tc, talosTo)
-		assert.Len(t, talosStarts(c.Events(t), talosTo), 5)
+		require.NoError(t, talosEngineFor(t, c, tc, to, memo, progress).Run(ctx))
+		requireTalosAt(t, c, tc, to)
+		assert.Len(t, talosStarts(c.Events(t), to), 5)
 
 		mu.Lock()
 		defer mu.Unlock()
