@@ -408,7 +408,7 @@ func TestPlanTalos(t *testing.T) {
 	})
 
 	t.Run("to v1.13.9 shows the installer per node", func(t *testing.T) {
-		r := c.plugin(t, "plan", "talos", "--to", planTalos)
+		r := c.plugin(t, "plan", "talos", "--to", planTalos, "--allow-etcd-outage")
 		r.requireExit(t, 0)
 		require.Empty(t, r.stderr)
 		require.Regexp(t, `(?m)^talos\s+v1\.12\.4 x3\s+v1\.13\.9$`, r.stdout)
@@ -423,7 +423,7 @@ func TestPlanTalos(t *testing.T) {
 		require.Equal(t, api.ResultOK, checks["kubernetes on target"].result, checks["kubernetes on target"].detail)
 		require.Contains(t, checks["kubernetes on target"].detail, "Talos v1.13.9 supports Kubernetes 1.31-1.36")
 
-		j := c.plugin(t, "plan", "talos", "--to", planTalos, "-o", "json")
+		j := c.plugin(t, "plan", "talos", "--to", planTalos, "--allow-etcd-outage", "-o", "json")
 		j.requireExit(t, 0)
 		plan := decodePlan(t, j.stdout)
 		require.Equal(t, api.UpgradeTalos, plan.Upgrade)
@@ -444,7 +444,7 @@ func TestPlanTalos(t *testing.T) {
 
 	t.Run("--image overrides every installer", func(t *testing.T) {
 		image := "registry.example.com:5000/siderolabs/installer:" + planTalos
-		j := c.plugin(t, "plan", "talos", "--to", planTalos, "--image", image, "-o", "json")
+		j := c.plugin(t, "plan", "talos", "--to", planTalos, "--allow-etcd-outage", "--image", image, "-o", "json")
 		j.requireExit(t, 0)
 		for _, n := range decodePlan(t, j.stdout).Stages[0].Nodes {
 			require.Equal(t, image, n.Changes[1].To, n.Node)
@@ -452,6 +452,15 @@ func TestPlanTalos(t *testing.T) {
 		bad := c.plugin(t, "plan", "talos", "--to", planTalos, "--image", "ghcr.io/siderolabs/installer:v1.13.8")
 		bad.requireExit(t, 1)
 		bad.requireOneLineError(t, `--image "ghcr.io/siderolabs/installer:v1.13.8" is tagged v1.13.8 but --to is v1.13.9`)
+	})
+
+	t.Run("a one-member etcd is refused without --allow-etcd-outage", func(t *testing.T) {
+		r := c.plugin(t, "plan", "talos", "--to", planTalos, "-o", "json")
+		r.requireExit(t, 2)
+		etcd := planCheck(t, decodePlan(t, r.stdout), "etcd quorum")
+		require.Equal(t, api.ResultRefused, etcd.Result, etcd.Detail)
+		require.Contains(t, etcd.Detail, "etcd has 1 voting member(s), quorum 1: rebooting cp-1 leaves 0")
+		require.Contains(t, etcd.Action, "--allow-etcd-outage")
 	})
 
 	t.Run("a Talos minor this build does not know is refused", func(t *testing.T) {

@@ -147,10 +147,11 @@ func TestTalos112To114(t *testing.T) {
 	talos := openTalos(t, c)
 	before := machineConfigs(t, c, talos)
 
-	r := c.plugin(t, "plan", "talos", "--to", talos114, "-o", "json")
+	r := c.plugin(t, "plan", "talos", "--to", talos114, "--allow-etcd-outage", "-o", "json")
 	r.requireExit(t, 0)
 	plan := decodePlan(t, r.stdout)
 	assert.Equal(t, api.ResultOK, planCheck(t, plan, "upgrade path").Result)
+	assert.Equal(t, api.ResultWarn, planCheck(t, plan, "etcd quorum").Result, "one etcd member: the outage accepted")
 
 	require.NoError(t, talosEngineFor(t, c, talos, talos114, &memoMap{m: map[string]string{}}, &lines{}).Run(context.Background()))
 

@@ -76,15 +76,25 @@ func (m *memoMap) all() map[string]string {
 }
 
 // talosEngineFor returns an Engine for a Talos upgrade of c to target, with
-// bounds fit for the simulator.
+// bounds fit for the simulator. A cluster of fewer than 3 control planes
+// accepts the etcd outage of each control plane's reboot
+// (--allow-etcd-outage): TestTalosEtcdGateAndRecordon shows the gate.
 func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *stages.Engine {
 	t.Helper()
+
+	controlPlanes := 0
+
+	for _, m := range c.Info.Machines {
+		if m.ControlPlane {
+			controlPlanes++
+		}
+	}
 
 	return &stages.Engine{
 		Kube:  c.Client,
 		Talos: tc,
 		Options: stages.EngineOptions{
-			Kind: stages.KindTalos, Target: target, MaxUnavailable: 1,
+			Kind: stages.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 			VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, UpgradeTimeout: 2 * time.Minute, RebootTimeout: 2 * time.Minute,
 		},
 		Progress: progress,

@@ -31,6 +31,12 @@ type Input struct {
 	// Manifests is the dry run of a control plane's bootstrap manifests; nil when they
 	// were not read.
 	Manifests *ManifestFindings
+	// Etcd is etcd as the control planes' Talos APIs described it (a Talos plan); nil
+	// when it was not read.
+	Etcd *stages.EtcdView
+	// AllowEtcdOutage is --allow-etcd-outage: a control plane's reboot may stop a one-
+	// or two-member etcd.
+	AllowEtcdOutage bool
 }
 
 // Check is one pre-flight check.
@@ -52,7 +58,7 @@ func Kubernetes() []Check {
 // Talos returns the checks of a Talos OS upgrade, in the order they are shown.
 func Talos() []Check {
 	return []Check{
-		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, Drains{}, HeldNodes{}, TalosAccess{},
+		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, Drains{}, HeldNodes{}, TalosAccess{},
 	}
 }
 

@@ -515,16 +515,17 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 // engineOptions are the engine's options for an operation, run from node.
 func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
 	return stages.EngineOptions{
-		Kind:           spec.Upgrade,
-		Target:         spec.Target,
-		Image:          spec.InstallerImage,
-		MaxUnavailable: spec.MaxUnavailable,
-		ManifestsForce: spec.ManifestsForce,
-		Self:           node,
-		ApplyTimeout:   Timeout(spec.Timeouts.Apply),
-		VerifyTimeout:  Timeout(spec.Timeouts.Verify),
-		DrainTimeout:   Timeout(spec.Timeouts.Drain),
-		UpgradeTimeout: Timeout(spec.Timeouts.Upgrade),
-		RebootTimeout:  Timeout(spec.Timeouts.Reboot),
+		Kind:            spec.Upgrade,
+		Target:          spec.Target,
+		Image:           spec.InstallerImage,
+		MaxUnavailable:  spec.MaxUnavailable,
+		ManifestsForce:  spec.ManifestsForce,
+		Self:            node,
+		AllowEtcdOutage: spec.AllowEtcdOutage,
+		ApplyTimeout:    Timeout(spec.Timeouts.Apply),
+		VerifyTimeout:   Timeout(spec.Timeouts.Verify),
+		DrainTimeout:    Timeout(spec.Timeouts.Drain),
+		UpgradeTimeout:  Timeout(spec.Timeouts.Upgrade),
+		RebootTimeout:   Timeout(spec.Timeouts.Reboot),
 	}
 }

@@ -423,3 +423,12 @@ func TestRunnerRefuses(t *testing.T) {
 		})
 	}
 }
+
+func TestEngineOptionsCarryAllowEtcdOutage(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		opts := engineOptions(OperationSpec{Upgrade: stages.KindTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}, "cp-1")
+		if opts.AllowEtcdOutage != allow {
+			t.Fatalf("spec allowEtcdOutage %v: engine option %v", allow, opts.AllowEtcdOutage)
+		}
+	}
+}

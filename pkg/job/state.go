@@ -90,6 +90,9 @@ type OperationSpec struct {
 	// ManifestsForce lists the bootstrap manifest objects whose fields owned by another
 	// field manager the sync takes over ("all" for every one).
 	ManifestsForce []string `json:"manifestsForce,omitempty"`
+	// AllowEtcdOutage accepts that a control plane's reboot stops a one- or
+	// two-member etcd (a Talos upgrade: --allow-etcd-outage).
+	AllowEtcdOutage bool `json:"allowEtcdOutage,omitempty"`
 	// Image is the runner's image.
 	Image string `json:"image"`
 	// Credentials say where the runner's Talos credentials come from.

@@ -562,3 +562,28 @@ func TestLogs(t *testing.T) {
 	require.Equal(t, ExitOK, code, stderr)
 	assert.Equal(t, "==> pod first (node cp-1, Failed) <==\nfake logs==> pod second (node cp-1, Failed) <==\nfake logs", stdout)
 }
+
+// TestUpgradeTalosAllowEtcdOutage: --allow-etcd-outage goes into the
+// operation's spec, which the runner gives the engine.
+func TestUpgradeTalosAllowEtcdOutage(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		c := newJobCluster(talosSecret())
+		f := fixture()
+
+		for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+			f.Node(n).Talos = "v1.12.4"
+		}
+
+		args := []string{"upgrade", "talos", "--to", "v1.13.9", "--yes", "--detach"}
+		if allow {
+			args = append(args, "--allow-etcd-outage")
+		}
+
+		_, stderr, code := runWith(t, c.with(fakeDeps(f, nil)), args...)
+		require.Equal(t, ExitOK, code, stderr)
+
+		state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, allow, state.Spec.AllowEtcdOutage)
+	}
+}

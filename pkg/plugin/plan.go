@@ -49,6 +49,14 @@ type planOptions struct {
 	// RequestStats is the hidden --request-stats: count the Kubernetes requests and Talos
 	// calls and print the counts on stderr at the end.
 	RequestStats bool
+	// AllowEtcdOutage is --allow-etcd-outage (Talos): a control plane's reboot may stop a
+	// one- or two-member etcd.
+	AllowEtcdOutage bool
+
+	// readEtcd makes discover read etcd through the control planes (a Talos plan); etcd
+	// is what it read.
+	readEtcd bool
+	etcd     *stages.EtcdView
 
 	target stages.Version
 	stats  *requestStats
@@ -154,6 +162,10 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 		}
 	}
 
+	if o.readEtcd {
+		o.etcd = readEtcd(ctx, talos, snap)
+	}
+
 	return snap, kube, nil
 }
 
@@ -170,12 +182,14 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 
 	plan.Drains = checks.PreviewDrains(ctx, snap, workloads, plan)
 	plan.Checks = checks.Run(ctx, list, &checks.Input{
-		Snapshot:  snap,
-		Target:    o.target,
-		Namespace: o.flags.namespace(),
-		Metrics:   kube.metrics,
-		Drains:    plan.Drains,
-		Manifests: o.manifestFindings(ctx, kube),
+		Snapshot:        snap,
+		Target:          o.target,
+		Namespace:       o.flags.namespace(),
+		Metrics:         kube.metrics,
+		Drains:          plan.Drains,
+		Etcd:            o.etcd,
+		AllowEtcdOutage: o.AllowEtcdOutage,
+		Manifests:       o.manifestFindings(ctx, kube),
 	})
 	plan.Runnable = !checks.Refused(plan.Checks)
 
@@ -367,6 +381,7 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 
 	o.addFlags(cmd, "v1.14.1")
 	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
+	addEtcdFlags(cmd, &o.planOptions)
 
 	return cmd
 }

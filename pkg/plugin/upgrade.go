@@ -173,14 +173,15 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 	}
 
 	spec := job.OperationSpec{
-		ID:             job.NewOperationID(string(kind), o.target.String()),
-		Upgrade:        kind,
-		Target:         o.target.String(),
-		InstallerImage: installer,
-		MaxUnavailable: o.MaxUnavailable,
-		ManifestsForce: o.ManifestsForce,
-		Image:          o.JobImage,
-		Credentials:    creds,
+		ID:              job.NewOperationID(string(kind), o.target.String()),
+		Upgrade:         kind,
+		Target:          o.target.String(),
+		InstallerImage:  installer,
+		MaxUnavailable:  o.MaxUnavailable,
+		AllowEtcdOutage: o.AllowEtcdOutage,
+		ManifestsForce:  o.ManifestsForce,
+		Image:           o.JobImage,
+		Credentials:     creds,
 		Timeouts: job.Timeouts{
 			Apply: job.NewTimeout(o.ApplyTimeout), Verify: job.NewTimeout(o.VerifyTimeout), Drain: job.NewTimeout(o.DrainTimeout),
 			Upgrade: job.NewTimeout(o.UpgradeTimeout), Reboot: job.NewTimeout(o.RebootTimeout),
@@ -413,6 +414,7 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 	cmd.Flags().StringVar(&o.JobImage, "job-image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
 	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", stages.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")
 	cmd.Flags().DurationVar(&o.RebootTimeout, "reboot-timeout", stages.DefaultRebootTimeout, "How long a node may take to come back after its reboot")
+	addEtcdFlags(cmd, &o.planOptions)
 
 	return cmd
 }

@@ -67,6 +67,10 @@ type EngineOptions struct {
 	Image string
 	// MaxUnavailable is how many workers move at once (>= 1).
 	MaxUnavailable int
+	// AllowEtcdOutage accepts that rebooting a control plane of a one- or
+	// two-member etcd loses quorum (KindTalos): without it such a reboot is
+	// refused.
+	AllowEtcdOutage bool
 	// Self is the node the runner runs on: it goes last in its group.
 	Self string
 	// SelfPod is the runner's own pod, "namespace/name": the drain of Self

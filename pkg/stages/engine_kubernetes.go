@@ -468,7 +468,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 		}
 
 		if kubelets {
-			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ours); err != nil {
+			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name); err != nil {
 				return false, err
 			}
 

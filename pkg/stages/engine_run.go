@@ -99,14 +99,28 @@ type Engine struct {
 func (e *Engine) Run(ctx context.Context) error {
 	opts := e.Options.withDefaults()
 
+	var (
+		err  error
+		last string // the last stage's name
+	)
+
 	switch opts.Kind {
 	case KindKubernetes:
-		return e.runKubernetes(ctx, opts)
+		err = e.runKubernetes(ctx, opts)
+		all := KubernetesStages()
+		last = all[len(all)-1].Name()
 	case KindTalos:
-		return e.runTalos(ctx, opts)
+		err = e.runTalos(ctx, opts)
+		last = TalosOS{}.Name()
 	default:
 		return fmt.Errorf("unknown upgrade kind %q: want %q or %q", opts.Kind, KindKubernetes, KindTalos)
 	}
+
+	if err != nil {
+		return err
+	}
+
+	return e.reportHeldCordoned(ctx, last)
 }
 
 // withDefaults fills every zero bound with its default.
@@ -204,18 +218,81 @@ func (e *Engine) pause(ctx context.Context, stage, node, reason, action string, 
 	return &PauseError{Stage: stage, Node: node, Reason: reason, Action: action, Err: err}
 }
 
-// cordonAndDrain cordons the node (marked as ichor's) unless ichor already
-// had, and drains it. A failed drain uncordons it again. It returns a
-// summary ("drained 3 pods").
-func (e *Engine) cordonAndDrain(ctx context.Context, opts EngineOptions, stage, name string, ours bool) (string, error) {
-	if !ours {
-		if err := kube.Cordon(ctx, e.Kube, name, time.Now()); err != nil {
+// cordonAndDrain makes sure the node is cordoned (see ensureCordoned) and
+// drains it; a node found schedulable again once drained (uncordoned during
+// the drain) is cordoned and drained again, a bounded number of times. A
+// failed drain uncordons it again. It returns a summary ("drained 3 pods").
+func (e *Engine) cordonAndDrain(ctx context.Context, opts EngineOptions, stage, name string) (string, error) {
+	evicted := 0
+
+	for round := 1; ; round++ {
+		if err := e.ensureCordoned(ctx, stage, name); err != nil {
+			return "", err
+		}
+
+		n, err := e.drain(ctx, opts, stage, name)
+		if err != nil {
+			return "", err
+		}
+
+		evicted += n
+
+		state, err := kube.ReadCordon(ctx, e.Kube, name)
+		if err != nil {
 			return "", e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		if state == kube.CordonedByUs {
+			return fmt.Sprintf("drained %d pod(s)", evicted), nil
+		}
+
+		if round == maxCordonRounds {
+			err := fmt.Errorf("node %q was made schedulable again during each of %d drains", name, round)
+
+			return "", e.pause(ctx, stage, name, err.Error()+"; it is not rebooted while pods can land on it",
+				"find who uncordons it (kubectl get events --field-selector involvedObject.name="+name+"), stop them, then resume", err)
+		}
+
+		e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
+	}
+}
+
+// maxCordonRounds bounds cordonAndDrain's rounds.
+const maxCordonRounds = 3
+
+// ensureCordoned cordons the node unless it is cordoned and carries ichor's
+// mark, reading it from the API server: a node with the mark but schedulable
+// (someone followed a pause message and ran kubectl uncordon) is cordoned
+// again before any drain or reboot.
+func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
+	state, err := kube.ReadCordon(ctx, e.Kube, name)
+	if err != nil {
+		return e.pause(ctx, stage, name, err.Error(), actionResume, err)
+	}
+
+	switch state {
+	case kube.CordonedByUs:
+		return nil
+	case kube.MarkedButSchedulable:
+		if err := kube.Recordon(ctx, e.Kube, name); err != nil {
+			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		e.node(stage, name, PhaseCordoned, "cordoned again: it carried %s but was schedulable (uncordoned by hand)", kube.CordonedAnnotation)
+	default:
+		if err := kube.Cordon(ctx, e.Kube, name, time.Now()); err != nil {
+			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
 		}
 
 		e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
 	}
 
+	return nil
+}
+
+// drain drains the cordoned node and returns how many pods it evicted. A
+// failed drain uncordons it again.
+func (e *Engine) drain(ctx context.Context, opts EngineOptions, stage, name string) (int, error) {
 	e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
 
 	evicted, err := kube.Drainer{
@@ -231,16 +308,16 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts EngineOptions, stage, 
 		// Cancelled (the runner itself evicted, or stopped): the node stays
 		// cordoned by ichor, and the next run finishes it first.
 		if ctx.Err() != nil {
-			return "", fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
+			return 0, fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
 		}
 
 		if uerr := kube.Uncordon(ctx, e.Kube, name); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 
-		return "", e.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
+		return 0, e.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
 			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
 	}
 
-	return fmt.Sprintf("drained %d pod(s)", evicted), nil
+	return evicted, nil
 }

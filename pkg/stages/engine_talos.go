@@ -32,9 +32,9 @@ type OSTalos interface {
 	// BootID returns the ID of the node's current boot: it changes with
 	// every reboot.
 	BootID(ctx context.Context, node string) (string, error)
-	// EtcdMembers returns the etcd members as a control plane's own etcd
-	// reports them.
-	EtcdMembers(ctx context.Context, node string) ([]talos.EtcdMember, error)
+	// EtcdReader reads etcd's members, each member's status and the alarms
+	// through a control plane (see etcd.go).
+	EtcdReader
 	installTalos
 	// Installed returns what the node's Talos was installed with: platform,
 	// SecureBoot, system extensions and Image Factory schematic (the
@@ -95,6 +95,9 @@ type talosRun struct {
 	// controlPlanes counts the control-plane Nodes: the etcd members a
 	// healthy cluster has.
 	controlPlanes int
+	// etcdNodes are the control-plane Nodes, held ones included: where
+	// etcd's health is read (see engine_talos_etcd.go).
+	etcdNodes []EtcdNode
 }
 
 // osNode is a node the Talos upgrade visits, as read at the stage's start.
@@ -232,6 +235,7 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 	for _, n := range snap.Nodes {
 		if n.ControlPlane {
 			r.controlPlanes++
+			r.etcdNodes = append(r.etcdNodes, EtcdNode{Name: n.Name, IP: n.InternalIP})
 		}
 
 		if n.Held {
@@ -507,14 +511,12 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 	}
 
 	if n.ControlPlane {
-		if problem := r.etcdProblem(ctx, ip); problem != "" {
-			err := fmt.Errorf("node %q: etcd is not healthy: %s", name, problem)
-
-			return r.e.pause(ctx, stage, name, "checks: "+err.Error(), etcdAction(ip), err)
+		if err := r.etcdGate(ctx, n); err != nil {
+			return err
 		}
 	}
 
-	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, kube.CordonedByIchor(node))
+	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name)
 	if err != nil {
 		return err
 	}
@@ -644,7 +646,7 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 // Node Ready on the target's osImage and, on a control plane, etcd healthy
 // with this node in it, then uncordons the node if ichor cordoned it.
 func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bound time.Duration, out outcome) error {
-	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
+	stage, name := r.stage.Name(), n.Name
 	osImage := talosOSImage(r.target)
 	start := time.Now()
 
@@ -675,19 +677,15 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 	etcd := ""
 
 	if n.ControlPlane {
-		var members int
+		var verdict EtcdVerdict
 
-		err := r.pollUntil(ctx, deadline, bound, func(ctx context.Context) (bool, string, error) {
-			list, err := r.e.Talos.EtcdMembers(ctx, ip)
-			if err != nil {
-				return false, "etcd: " + firstLine(err), nil
+		// ReadEtcd bounds each of its calls; it reads several in turn, so it
+		// gets the run's ctx, not the poll's short one.
+		err := r.pollUntil(ctx, deadline, bound, func(context.Context) (bool, string, error) {
+			verdict = ReadEtcd(ctx, r.e.Talos, r.etcdNodes).Judge("")
+			if waiting := verdict.Rejoined(name); waiting != "" {
+				return false, "etcd: " + waiting, nil
 			}
-
-			if problem := etcdProblems(list, r.controlPlanes); problem != "" {
-				return false, "etcd: " + problem, nil
-			}
-
-			members = len(list)
 
 			return true, "", nil
 		}, report)
@@ -696,12 +694,12 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 		case errors.As(err, &timeout):
 			return r.e.pause(ctx, stage, name,
 				fmt.Sprintf("verify: %s after %s; the node stays cordoned if ichor cordoned it", timeout.Waiting, bound),
-				etcdAction(ip), fmt.Errorf("node %q: verify etcd: %w", name, err))
+				verdict.LookAction("resume (kubectl ichor resume)"), fmt.Errorf("node %q: verify etcd: %w", name, err))
 		case err != nil:
 			return r.e.pause(ctx, stage, name, "verify etcd: "+err.Error(), actionResume, fmt.Errorf("node %q: verify etcd: %w", name, err))
 		}
 
-		etcd = fmt.Sprintf("etcd %d voter(s)", members)
+		etcd = fmt.Sprintf("etcd member healthy, %d of %d voter(s) healthy", verdict.Left, verdict.Voters)
 	}
 
 	uncordoned := false
@@ -877,51 +875,6 @@ func (r *talosRun) readPatiently(ctx context.Context, name, ip string) (string, 
 	}
 
 	return version, cfg, err
-}
-
-// etcdProblem says what is wrong with etcd as control plane ip sees it, ""
-// when nothing is.
-func (r *talosRun) etcdProblem(ctx context.Context, ip string) string {
-	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-	defer cancel()
-
-	members, err := r.e.Talos.EtcdMembers(ctx, ip)
-	if err != nil {
-		return firstLine(err)
-	}
-
-	return etcdProblems(members, r.controlPlanes)
-}
-
-// etcdProblems says what keeps members from being a healthy etcd of want
-// control planes: a learner, or a count that is not want; "" when none.
-func etcdProblems(members []talos.EtcdMember, want int) string {
-	var learners []string
-
-	for _, m := range members {
-		if m.IsLearner {
-			name := m.Hostname
-			if name == "" {
-				name = fmt.Sprintf("%x", m.ID)
-			}
-
-			learners = append(learners, name)
-		}
-	}
-
-	switch {
-	case len(learners) > 0:
-		return fmt.Sprintf("member(s) %s not yet promoted (learner)", strings.Join(learners, ", "))
-	case len(members) != want:
-		return fmt.Sprintf("%d member(s), but the cluster has %d control plane(s)", len(members), want)
-	}
-
-	return ""
-}
-
-func etcdAction(ip string) string {
-	return fmt.Sprintf("check etcd (talosctl -n %s etcd members; talosctl -n %s etcd status): every control plane a voter, none a learner; then resume",
-		ip, ip)
 }
 
 // mark reads node's upgrade mark from Memo; nil when there is none (or it

@@ -38,6 +38,14 @@ func (ft *fakeTalos) EtcdMembers(context.Context, string) ([]talos.EtcdMember, e
 	return nil, errors.New("fake talos: no OS side (use fakeOS)")
 }
 
+func (ft *fakeTalos) EtcdStatus(context.Context, string) (talos.EtcdStatus, error) {
+	return talos.EtcdStatus{}, errors.New("fake talos: no OS side (use fakeOS)")
+}
+
+func (ft *fakeTalos) EtcdAlarms(context.Context, string) ([]talos.EtcdAlarm, error) {
+	return nil, errors.New("fake talos: no OS side (use fakeOS)")
+}
+
 func (ft *fakeTalos) Install(context.Context, string, string) (bool, error) {
 	return false, errors.New("fake talos: no OS side (use fakeOS)")
 }
@@ -72,6 +80,13 @@ type osFaults struct {
 	learnerAfterBoot time.Duration
 	// stayNotReady keeps the Node NotReady after a boot.
 	stayNotReady bool
+	// etcdStopped: its etcd runs no more (its status call times out), but the
+	// member stays listed.
+	etcdStopped bool
+	// etcdAlarm is an alarm its member raised ("NOSPACE").
+	etcdAlarm string
+	// etcdLag is how far its raft index trails the leader's.
+	etcdLag uint64
 	// rebootLag keeps the machine up, on the same boot, this long after its
 	// Upgrade call returned (as Talos does while it shuts down).
 	rebootLag time.Duration
@@ -183,12 +198,18 @@ func (o *fakeOS) reachable(ctx context.Context, ip string) (*osMachine, error) {
 		return nil, status.FromContextError(err).Err()
 	}
 
-	m := o.machine(ip)
+	var m *osMachine
+
+	for _, fm := range o.f.machines {
+		if fm.name == ip || fm.ip == ip {
+			m = o.machine(ip)
+		}
+	}
 
 	o.mu.Lock()
 	defer o.mu.Unlock()
 
-	if !m.up || m.faults.unreachable {
+	if m == nil || !m.up || m.faults.unreachable {
 		return nil, status.Errorf(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp %s:50000: connect: connection refused\"", ip)
 	}
 
@@ -250,6 +271,80 @@ func (o *fakeOS) EtcdMembers(ctx context.Context, ip string) ([]talos.EtcdMember
 
 		learner := m.faults.learner || (m.faults.learnerAfterBoot > 0 && time.Since(m.bootedAt) < m.faults.learnerAfterBoot)
 		out = append(out, talos.EtcdMember{ID: uint64(i + 1), Hostname: m.name, IsLearner: learner})
+	}
+
+	return out, nil
+}
+
+// etcdMember returns the control plane's member ID (its index + 1) and
+// whether it is a learner now; the caller holds o.mu.
+func (o *fakeOS) etcdMember(name string) (uint64, bool) {
+	for i, fm := range o.f.machines {
+		if fm.name == name {
+			m := o.machines[name]
+
+			return uint64(i + 1), m.faults.learner || (m.faults.learnerAfterBoot > 0 && time.Since(m.bootedAt) < m.faults.learnerAfterBoot)
+		}
+	}
+
+	return 0, false
+}
+
+// EtcdStatus is the control plane's own member: the first control plane
+// leads, at raft index 5000; a stopped etcd answers nothing until the
+// caller gives up.
+func (o *fakeOS) EtcdStatus(ctx context.Context, ip string) (talos.EtcdStatus, error) {
+	self, err := o.reachable(ctx, ip)
+	if err != nil {
+		return talos.EtcdStatus{}, fmt.Errorf("node %q: etcd status: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	stopped := self.faults.etcdStopped
+	o.mu.Unlock()
+
+	if !self.controlPlane {
+		return talos.EtcdStatus{}, fmt.Errorf("node %q: etcd status: %w", ip, status.Error(codes.FailedPrecondition, "etcd is not running on this node"))
+	}
+
+	if stopped {
+		<-ctx.Done()
+
+		return talos.EtcdStatus{}, fmt.Errorf("node %q: etcd status: %w", ip, status.FromContextError(ctx.Err()).Err())
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	id, learner := o.etcdMember(self.name)
+	s := talos.EtcdStatus{MemberID: id, Leader: 1, RaftIndex: 5000 - self.faults.etcdLag, RaftTerm: 2, IsLearner: learner}
+
+	for _, m := range o.machines {
+		if m.faults.etcdAlarm != "" {
+			mid, _ := o.etcdMember(m.name)
+			s.Errors = append(s.Errors, fmt.Sprintf("memberID:%d alarm:%s ", mid, m.faults.etcdAlarm))
+		}
+	}
+
+	return s, nil
+}
+
+// EtcdAlarms lists every member's alarm.
+func (o *fakeOS) EtcdAlarms(ctx context.Context, ip string) ([]talos.EtcdAlarm, error) {
+	if _, err := o.reachable(ctx, ip); err != nil {
+		return nil, fmt.Errorf("node %q: etcd alarm list: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	var out []talos.EtcdAlarm
+
+	for _, m := range o.machines {
+		if m.faults.etcdAlarm != "" {
+			id, _ := o.etcdMember(m.name)
+			out = append(out, talos.EtcdAlarm{MemberID: id, Alarm: m.faults.etcdAlarm})
+		}
 	}
 
 	return out, nil
@@ -512,10 +607,20 @@ func (o *fakeOS) rebootNodes() []string {
 }
 
 // engine returns an Engine for a Talos upgrade over the fake with short
-// bounds, keeping its marks in memo.
+// bounds, keeping its marks in memo. A fake with fewer than 3 control planes
+// accepts the etcd outage (the tests of other things run on small clusters;
+// TestTalosEtcdQuorum shows the refusal without it).
 func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*EngineOptions)) *Engine {
+	controlPlanes := 0
+
+	for _, m := range o.f.machines {
+		if m.controlPlane {
+			controlPlanes++
+		}
+	}
+
 	opts := EngineOptions{
-		Kind: KindTalos, Target: target, MaxUnavailable: 1,
+		Kind: KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 		VerifyTimeout: 5 * time.Second, DrainTimeout: 5 * time.Second, UpgradeTimeout: 5 * time.Second, RebootTimeout: 5 * time.Second,
 	}
 

@@ -360,14 +360,15 @@ func (r *talosRun) look(ctx context.Context, n *osNode, mark upgradeMark) (nodeS
 }
 
 // ensureDrained cordons and drains a node whose upgrade is under way when
-// ichor's cordon is no longer on it (uncordoned after a pause), before it is
-// installed or rebooted.
+// ichor's cordon is no longer on it, or its mark is but the node is
+// schedulable (uncordoned after a pause), before it is installed or
+// rebooted.
 func (r *talosRun) ensureDrained(ctx context.Context, n *osNode) error {
-	if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
+	if node, ok := r.cache.Node(n.Name); ok && kube.CordonOf(node) == kube.CordonedByUs {
 		return nil
 	}
 
-	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name, false)
+	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name)
 
 	return err
 }

@@ -122,7 +122,7 @@ func TestTalosUpgrade(t *testing.T) {
 	done := rec.with("TalosOS cp-1 Done:")
 	require.Len(t, done, 1)
 	assert.Contains(t, done[0], "Talos v1.12.4 -> v1.13.9 with "+installerOf(t, o, "cp-1", "v1.13.9"))
-	assert.Contains(t, done[0], "node Ready on Talos (v1.13.9), etcd 3 voter(s), uncordoned")
+	assert.Contains(t, done[0], "node Ready on Talos (v1.13.9), etcd member healthy, 3 of 3 voter(s) healthy, uncordoned")
 	assert.Contains(t, rec.with("TalosOS worker-1 Done:")[0], "drained 1 pod(s)")
 	assert.NotEmpty(t, rec.with("TalosOS cp-1 Upgrading: upgrading Talos v1.12.4 -> v1.13.9"))
 	assert.NotEmpty(t, rec.with("stage 1/1 TalosOS"))
@@ -294,8 +294,8 @@ func TestTalosEtcd(t *testing.T) {
 		o.setFaults("cp-2", func(f *osFaults) { f.learner = true })
 
 		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
-		p := requirePause(t, err, "TalosOS", "cp-1", `checks: node "cp-1": etcd is not healthy: member(s) cp-2 not yet promoted (learner)`)
-		assert.Contains(t, p.Action, "talosctl -n 10.0.0.11 etcd members")
+		p := requirePause(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-2 a learner (not yet promoted to voter); cp-1 is not rebooted while it is")
+		assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 etcd status")
 		assert.Empty(t, o.upgradeNodes())
 		assert.Empty(t, o.f.cordonedByIchor())
 	})
@@ -310,7 +310,7 @@ func TestTalosEtcd(t *testing.T) {
 		require.NoError(t, err)
 
 		err = o.engine("v1.13.9", newMemo()).Run(context.Background())
-		requirePause(t, err, "TalosOS", "cp-1", "etcd is not healthy: 3 member(s), but the cluster has 4 control plane(s)")
+		requirePause(t, err, "TalosOS", "cp-1", "etcd is not healthy: control plane cp-4 has no etcd member (its etcd status: ")
 		assert.Empty(t, o.upgradeNodes())
 	})
 
@@ -323,7 +323,7 @@ func TestTalosEtcd(t *testing.T) {
 		e.Progress = rec
 
 		require.NoError(t, e.Run(context.Background()))
-		assert.NotEmpty(t, rec.with("TalosOS cp-1 Verifying: etcd: member(s) cp-1 not yet promoted (learner)"))
+		assert.NotEmpty(t, rec.with("TalosOS cp-1 Verifying: etcd: member cp-1 a learner (not yet promoted to voter)"))
 		requireTalosFinished(t, o, "v1.13.9")
 	})
 
@@ -332,7 +332,7 @@ func TestTalosEtcd(t *testing.T) {
 		o.setFaults("cp-1", func(f *osFaults) { f.learnerAfterBoot = time.Hour })
 
 		err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
-		requirePause(t, err, "TalosOS", "cp-1", "verify: etcd: member(s) cp-1 not yet promoted (learner) after 300ms")
+		requirePause(t, err, "TalosOS", "cp-1", "verify: etcd: member cp-1 a learner (not yet promoted to voter) after 300ms")
 		assert.Equal(t, []string{"cp-1"}, o.upgradeNodes())
 	})
 }
@@ -608,5 +608,65 @@ func (s stopOnLine) Node(stage, node string, phase NodePhase, message string) {
 
 	if strings.HasPrefix(fmt.Sprintf("%s %s %s: %s", stage, node, phase, message), s.prefix) {
 		s.cancel()
+	}
+}
+
+// TestTalosEtcdQuorum: before a control plane is cordoned, every etcd
+// member must answer healthy and quorum must survive its reboot.
+func TestTalosEtcdQuorum(t *testing.T) {
+	t.Run("a stopped member on cp-3 pauses before cp-1 is cordoned, naming cp-3; cleared, it finishes", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-3", func(f *osFaults) { f.etcdStopped = true })
+
+		memo := newMemo()
+		err := o.engine("v1.13.9", memo).Run(context.Background())
+		p := requirePause(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-3 does not answer etcd status", "cp-1 is not rebooted while it is")
+		assert.Contains(t, p.Action, "talosctl -n 10.0.0.13 etcd status")
+		assert.Empty(t, o.upgradeNodes())
+		assert.Empty(t, o.f.cordonedByIchor())
+
+		o.setFaults("cp-3", func(f *osFaults) { f.etcdStopped = false })
+		require.NoError(t, o.engine("v1.13.9", memo).Run(context.Background()))
+		requireTalosFinished(t, o, "v1.13.9")
+	})
+
+	t.Run("an alarm names its member", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-2", func(f *osFaults) { f.etcdAlarm = "NOSPACE" })
+
+		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
+		p := requirePause(t, err, "TalosOS", "cp-1", "member cp-2 alarm NOSPACE")
+		assert.NotContains(t, p.Reason, "member cp-3")
+		assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 etcd status")
+		assert.Empty(t, o.f.cordonedByIchor())
+	})
+
+	t.Run("a member far behind the leader pauses", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-2", func(f *osFaults) { f.etcdLag = 4000 })
+
+		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
+		requirePause(t, err, "TalosOS", "cp-1", "member cp-2 raft index 1000 is 4000 behind the leader's 5000")
+		assert.Empty(t, o.upgradeNodes())
+	})
+
+	for _, cps := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d member(s): refused without --allow-etcd-outage, done with it", cps), func(t *testing.T) {
+			o := newFakeOS(t, clusterSpec{controlPlanes: cps, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
+
+			err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.AllowEtcdOutage = false }).Run(context.Background())
+			p := requirePause(t, err, "TalosOS", "cp-1", fmt.Sprintf("checks: etcd has %d voting member(s), quorum %d: rebooting cp-1 leaves %d", cps, cps/2+1, cps-1),
+				"etcd and the Kubernetes API stop until it is back")
+			assert.Contains(t, p.Action, "--allow-etcd-outage")
+			assert.Empty(t, o.upgradeNodes())
+			assert.Empty(t, o.f.cordonedByIchor())
+
+			rec := &recorder{}
+			e := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.AllowEtcdOutage = true })
+			e.Progress = rec
+			require.NoError(t, e.Run(context.Background()))
+			assert.NotEmpty(t, rec.with("TalosOS cp-1 Pending", "accepted (--allow-etcd-outage)"))
+			requireTalosFinished(t, o, "v1.13.9")
+		})
 	}
 }

@@ -296,6 +296,9 @@ type EtcdMember struct {
 	Hostname string
 	// IsLearner is true while the member has not been promoted to voter.
 	IsLearner bool
+	// PeerURLs are the member's peer URLs (its address, when no Node
+	// matches it).
+	PeerURLs []string
 }
 
 // EtcdMembers returns the etcd members as a control plane's own etcd reports
@@ -312,7 +315,7 @@ func (c *Client) EtcdMembers(ctx context.Context, node string) ([]EtcdMember, er
 
 	var members []EtcdMember
 	for _, m := range resp.GetMessages()[0].GetMembers() {
-		members = append(members, EtcdMember{ID: m.GetId(), Hostname: m.GetHostname(), IsLearner: m.GetIsLearner()})
+		members = append(members, EtcdMember{ID: m.GetId(), Hostname: m.GetHostname(), IsLearner: m.GetIsLearner(), PeerURLs: m.GetPeerUrls()})
 	}
 
 	return members, nil

@@ -14,6 +14,8 @@
 //	    neverBoots: true             # a Talos upgrade reboots and never comes back
 //	    upgradeUnavailable: true     # LifecycleService.Upgrade installs, then answers Unavailable (the stream reset), no reboot
 //	    installHangs: true           # LifecycleService.Upgrade installs, then sends nothing until the caller gives up
+//	    etcdStopped: true            # its etcd member is stopped but still listed: its etcd calls wait for the caller's deadline
+//	    etcdAlarm: NOSPACE           # its etcd member raised this alarm (NOSPACE or CORRUPT)
 package faults
 
 import (
@@ -37,6 +39,8 @@ type Node struct {
 	NeverBoots            bool     `json:"neverBoots,omitempty"`
 	UpgradeUnavailable    bool     `json:"upgradeUnavailable,omitempty"`
 	InstallHangs          bool     `json:"installHangs,omitempty"`
+	EtcdStopped           bool     `json:"etcdStopped,omitempty"`
+	EtcdAlarm             string   `json:"etcdAlarm,omitempty"`
 }
 
 // NeverReadyComponent reports whether component never gets Ready on this node.

@@ -142,15 +142,21 @@ func (ms *machineService) ImagePull(ctx context.Context, req *machineapi.ImagePu
 }
 
 // EtcdMemberList lists the etcd members: every control-plane machine, as a
-// voter. Workers run no etcd.
-func (ms *machineService) EtcdMemberList(ctx context.Context, _ *machineapi.EtcdMemberListRequest) (*machineapi.EtcdMemberListResponse, error) {
+// voter, whether its etcd runs or not (a stopped member stays listed).
+// Workers run no etcd. Asked of the machine's own etcd (query_local) while
+// it is stopped, it waits for the caller's deadline as Talos' etcd client
+// does.
+func (ms *machineService) EtcdMemberList(ctx context.Context, req *machineapi.EtcdMemberListRequest) (*machineapi.EtcdMemberListResponse, error) {
 	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.EtcdMembers { return &machineapi.EtcdMembers{} },
-		func(_ context.Context, m *machine.Machine) (*machineapi.EtcdMembers, error) {
+		func(ctx context.Context, m *machine.Machine) (*machineapi.EtcdMembers, error) {
 			if _, err := m.Version(); err != nil {
 				return nil, err
 			}
 			if !m.ControlPlane() {
 				return nil, status.Error(codes.FailedPrecondition, "etcd is not running on this node: it is not a control plane node")
+			}
+			if req.GetQueryLocal() && m.EtcdStopped() {
+				return nil, waitStoppedEtcd(ctx, "")
 			}
 			var members []*machineapi.EtcdMember
 			for _, cp := range ms.s.machines {
