@@ -51,14 +51,14 @@ type Check interface {
 func Kubernetes() []Check {
 	return []Check{
 		VersionSkew{}, Invariant{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
-		Drains{}, HeldNodes{}, BootstrapManifests{}, TalosAccess{},
+		Drains{}, HeldNodes{}, BootstrapManifests{}, TalosAccess{}, RunnerNode{},
 	}
 }
 
 // Talos returns the checks of a Talos OS upgrade, in the order they are shown.
 func Talos() []Check {
 	return []Check{
-		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, Drains{}, HeldNodes{}, TalosAccess{},
+		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, Drains{}, HeldNodes{}, TalosAccess{}, RunnerNode{},
 	}
 }
 

@@ -332,9 +332,7 @@ func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) 
 		}
 	}
 
-	return c.applier().apply(ctx, Job(JobParams{
-		Namespace: c.Namespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt, Image: op.Spec.Image, Credentials: op.Spec.Credentials,
-	}))
+	return c.startJob(ctx, op)
 }
 
 // applyRunner applies the runner's ClusterRole, then its other objects owned by it, and
@@ -553,9 +551,7 @@ func (c *Control) startKeepingTalosconfig(ctx context.Context, op *Operation) er
 		return err
 	}
 
-	return c.applier().apply(ctx, Job(JobParams{
-		Namespace: c.Namespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt, Image: op.Spec.Image, Credentials: op.Spec.Credentials,
-	}))
+	return c.startJob(ctx, op)
 }
 
 // jobRunning returns a pod of the Job that has not ended, "" when none.
@@ -955,4 +951,19 @@ func hasDisruption(p *corev1.Pod) bool {
 	}
 
 	return false
+}
+
+// startJob creates op's Job. When no other node can host the runner
+// (RunnerHosts), its pod tolerates the cordon and stays on its node through
+// the drain: a pod evicted there would wait Pending for good.
+func (c *Control) startJob(ctx context.Context, op *Operation) error {
+	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list the nodes (where can the runner run?): %w", err)
+	}
+
+	return c.applier().apply(ctx, Job(JobParams{
+		Namespace: c.Namespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt, Image: op.Spec.Image, Credentials: op.Spec.Credentials,
+		StayOnNode: StaysOnNode(nodes.Items),
+	}))
 }

@@ -250,7 +250,15 @@ type JobParams struct {
 	Image string
 	// Credentials say which Secret holds the Talos credentials.
 	Credentials Credentials
+	// StayOnNode makes the pod tolerate the cordon and tells the runner to
+	// keep its own pod through its node's drain: no other node can host it
+	// (RunnerHosts), so an evicted runner's replacement would stay Pending.
+	StayOnNode bool
 }
+
+// StayOnNodeEnv is the runner's environment variable set ("true") by
+// JobParams.StayOnNode.
+const StayOnNodeEnv = "ICHOR_STAY_ON_NODE"
 
 // Job is the Job that runs an operation: the plugin's own binary (`kubectl-ichor run`) in
 // its release image, under the runner's ServiceAccount, with the Talos credentials mounted
@@ -261,6 +269,20 @@ func Job(p JobParams) *batchv1.Job {
 	labels := commonLabels(map[string]string{LabelOperation: p.Operation})
 	field := func(path string) *corev1.EnvVarSource {
 		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
+	}
+
+	tolerations := runnerTolerations()
+	envs := []corev1.EnvVar{
+		{Name: "POD_NAME", ValueFrom: field("metadata.name")},
+		{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")},
+		{Name: "NODE_NAME", ValueFrom: field("spec.nodeName")},
+	}
+
+	if p.StayOnNode {
+		tolerations = append(tolerations, corev1.Toleration{
+			Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule,
+		})
+		envs = append(envs, corev1.EnvVar{Name: StayOnNodeEnv, Value: "true"})
 	}
 
 	return &batchv1.Job{
@@ -289,9 +311,7 @@ func Job(p JobParams) *batchv1.Job {
 					ServiceAccountName:            RunnerName,
 					RestartPolicy:                 corev1.RestartPolicyNever,
 					TerminationGracePeriodSeconds: ptr.To[int64](TerminationGrace),
-					Tolerations: []corev1.Toleration{{
-						Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule,
-					}},
+					Tolerations:                   tolerations,
 					SecurityContext: &corev1.PodSecurityContext{
 						RunAsNonRoot:   ptr.To(true),
 						RunAsUser:      ptr.To[int64](RunAsUser),
@@ -303,11 +323,7 @@ func Job(p JobParams) *batchv1.Job {
 						Image:           p.Image,
 						ImagePullPolicy: corev1.PullIfNotPresent,
 						Command:         []string{BinaryPath, "run", "--operation", p.Operation, "--namespace", p.Namespace},
-						Env: []corev1.EnvVar{
-							{Name: "POD_NAME", ValueFrom: field("metadata.name")},
-							{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")},
-							{Name: "NODE_NAME", ValueFrom: field("spec.nodeName")},
-						},
+						Env:             envs,
 						Resources: corev1.ResourceRequirements{
 							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 							Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},

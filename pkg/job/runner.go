@@ -77,6 +77,9 @@ type Runner struct {
 	Identity string
 	// Node is the node the runner runs on (the engine moves it last).
 	Node string
+	// StayOnNode says the runner's pod tolerates the cordon because no other
+	// node can host it: the drain of its node keeps it (JobParams.StayOnNode).
+	StayOnNode bool
 	// NewEngine builds the engine.
 	NewEngine EngineFactory
 	// Talos is given to NewEngine (EngineConfig.Talos).
@@ -380,6 +383,7 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 
 	opts := engineOptions(op.Spec, r.Node)
 	opts.SelfPod = r.Namespace + "/" + r.Identity
+	opts.StayOnNode = r.StayOnNode
 
 	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
 		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -107,6 +108,11 @@ type Drainer struct {
 	// minutes (the disruption controller's DeletionTimeout) and refuse the
 	// next runner's evictions meanwhile.
 	Last string
+	// Keep, "namespace/name", is a pod never evicted: the runner's own pod
+	// when no other node can host it (it tolerates the cordon, so a
+	// replacement would come back to this node). The drain ends once every
+	// other pod is gone.
+	Keep string
 }
 
 // Drain drains node and returns how many pods it evicted. Its error says
@@ -124,7 +130,9 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 		return 0, fmt.Errorf("node %q: drain: %s", node, joinErrors(errs))
 	}
 
-	pods := list.Pods()
+	pods := slices.DeleteFunc(list.Pods(), func(p corev1.Pod) bool {
+		return d.Keep != "" && p.Namespace+"/"+p.Name == d.Keep
+	})
 	if len(pods) == 0 {
 		return 0, nil
 	}

@@ -448,6 +448,33 @@ func TestDrain(t *testing.T) {
 		assert.Equal(t, []string{"evict run-abcde", "gone run-abcde"}, events[4:])
 	})
 
+	t.Run("the kept pod is never evicted", func(t *testing.T) {
+		cs := drainCluster(t, true, node("worker-1", "v1.35.4", true),
+			ownedPod("ichor-system", "run-abcde", "worker-1", "Job"), ownedPod("default", "web-1", "worker-1", "ReplicaSet"))
+
+		var evicted []string
+
+		cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			create, _ := action.(k8stesting.CreateActionImpl)
+			if create.GetSubresource() != "eviction" {
+				return false, nil, nil
+			}
+
+			ev := create.GetObject().(*policyv1.Eviction)
+			evicted = append(evicted, ev.Name)
+
+			return true, nil, cs.Tracker().Delete(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, ev.Namespace, ev.Name)
+		})
+
+		n, err := Drainer{Client: cs, Timeout: time.Minute, Keep: "ichor-system/run-abcde"}.Drain(t.Context(), "worker-1")
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		assert.Equal(t, []string{"web-1"}, evicted)
+
+		_, err = cs.CoreV1().Pods("ichor-system").Get(t.Context(), "run-abcde", metav1.GetOptions{})
+		require.NoError(t, err, "the runner's pod stays")
+	})
+
 	t.Run("stopped by its context", func(t *testing.T) {
 		cs := drainCluster(t, true, node("worker-1", "v1.35.4", true), ownedPod("default", "web-1", "worker-1", "ReplicaSet"))
 		ctx, cancel := context.WithCancel(t.Context())

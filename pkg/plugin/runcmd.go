@@ -67,7 +67,7 @@ func (o *RunOptions) Run(ctx context.Context) error {
 	r := &job.Runner{
 		Kube: t.kube, Dynamic: t.dynamic,
 		Namespace: o.flags.namespace(), Operation: o.Operation,
-		Identity: identity, Node: o.deps.job.env("NODE_NAME"),
+		Identity: identity, Node: o.deps.job.env("NODE_NAME"), StayOnNode: o.deps.job.env(job.StayOnNodeEnv) == "true",
 		NewEngine: o.deps.job.engine, Out: out, Now: o.deps.job.now,
 		Talos: talos.Options{
 			ConfigPath: o.flags.talos.ConfigPath, Context: o.flags.talos.Context, Endpoints: o.flags.talos.Endpoints,

@@ -81,6 +81,12 @@ type EngineOptions struct {
 	// fields owned by another field manager the sync takes over; "all" for every one.
 	// The others are skipped and said.
 	ManifestsForce []string
+	// StayOnNode keeps SelfPod through the drain of Self instead of evicting
+	// it last: the runner's pod tolerates the cordon because no other node
+	// can host it, so a replacement would come back to Self. The runner then
+	// reboots (or restarts the kubelet of) its own node and the Job's next pod
+	// continues from the state.
+	StayOnNode bool
 
 	// Bounds. Zero values take the defaults below.
 	ApplyTimeout   time.Duration // one ApplyConfiguration call (a control-plane apply blocks while static pods restart)

@@ -295,11 +295,17 @@ func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
 func (e *Engine) drain(ctx context.Context, opts EngineOptions, stage, name string) (int, error) {
 	e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
 
+	last, keep := opts.SelfPod, ""
+	if opts.StayOnNode {
+		last, keep = "", opts.SelfPod
+	}
+
 	evicted, err := kube.Drainer{
 		Client:          e.Kube,
 		Timeout:         opts.DrainTimeout,
 		EvictRetryDelay: e.evictRetryDelay,
-		Last:            opts.SelfPod,
+		Last:            last,
+		Keep:            keep,
 		OnEvicted: func(pod string) {
 			e.node(stage, name, PhaseDraining, "evicted %s", pod)
 		},
