@@ -655,6 +655,20 @@ func TestJobRunnerKilled(t *testing.T) {
 
 // waitForRunner returns the pod that holds the lock and runs, "" once the operation
 // succeeded. When no runner shows up for a while (the Job's backoff), it resumes.
+// lockHolderPod is the pod of the lock's holder (<namespace>/<pod>) in the
+// product's namespace, "" when nobody holds it or a runner of another
+// namespace does.
+func lockHolderPod(t *testing.T, c *Cluster) string {
+	t.Helper()
+
+	ns, pod, found := strings.Cut(lockHolder(t, c), "/")
+	if !found || ns != jobNamespace {
+		return ""
+	}
+
+	return pod
+}
+
 func waitForRunner(t *testing.T, c *Cluster) string {
 	t.Helper()
 
@@ -672,7 +686,7 @@ func waitForRunner(t *testing.T, c *Cluster) string {
 			t.Fatalf("operation %s %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
 		}
 
-		if holder := lockHolder(t, c); holder != "" && holder == op.Status.Runner && op.Status.Phase == job.PhaseRunning {
+		if holder := lockHolderPod(t, c); holder != "" && holder == op.Status.Runner && op.Status.Phase == job.PhaseRunning {
 			if p, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, holder, metav1.GetOptions{}); err == nil && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
 				return holder
 			}

@@ -137,8 +137,7 @@ func TestTalosUpgradeOnce(t *testing.T) {
 		return nil
 	})
 
-	// The lock's holder is <namespace>/<pod>.
-	_, holder, _ := strings.Cut(lockHolder(t, c), "/")
+	holder := lockHolderPod(t, c)
 	require.NotEmpty(t, holder)
 
 	zero := int64(0)

@@ -395,7 +395,7 @@ func TestTalosJobUpgrade(t *testing.T) {
 		return errors.New("not yet")
 	})
 
-	holder := lockHolder(t, c)
+	holder := lockHolderPod(t, c)
 	require.NotEmpty(t, holder)
 
 	zero := int64(0)
