@@ -123,21 +123,7 @@ func (v view) progressLine() string {
 	return fmt.Sprintf("Overall %d/%d node steps, %s elapsed, %s", p.Done, p.Total, duration(time.Duration(p.ElapsedSeconds)*time.Second), left)
 }
 
-func (v view) elapsed() time.Duration {
-	s := v.op.Status
-
-	start := v.op.Spec.CreatedAt.Time
-	if s.StartedAt != nil {
-		start = s.StartedAt.Time
-	}
-
-	end := v.now
-	if s.FinishedAt != nil {
-		end = s.FinishedAt.Time
-	}
-
-	return end.Sub(start)
-}
+func (v view) elapsed() time.Duration { return progress.Elapsed(v.op, v.now) }
 
 func (v view) runner() string {
 	s := v.op.Status

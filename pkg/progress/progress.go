@@ -46,7 +46,7 @@ type Stage struct {
 // holds no plan): then only the elapsed time is known.
 func Of(op *job.Operation, plan *api.Plan, now time.Time) Progress {
 	s := op.Status
-	p := Progress{ElapsedSeconds: int64(elapsed(op, now).Seconds())}
+	p := Progress{ElapsedSeconds: int64(Elapsed(op, now).Seconds())}
 
 	if plan == nil {
 		return p
@@ -220,7 +220,9 @@ func doneAt(s *job.OperationStatus, node, stage string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-func elapsed(op *job.Operation, now time.Time) time.Duration {
+// Elapsed is the operation's time so far: from the first runner's start (or
+// the launch) to its end, or to now while it has not ended.
+func Elapsed(op *job.Operation, now time.Time) time.Duration {
 	start := op.Spec.CreatedAt.Time
 	if op.Status.StartedAt != nil {
 		start = op.Status.StartedAt.Time
