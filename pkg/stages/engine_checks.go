@@ -17,15 +17,16 @@ import (
 )
 
 // checkStage runs the checks that gate a stage's first apply, on the nodes
-// it will change: each Ready, each change at most one minor forward and
-// never back (judged per node against what it runs), the target supported
-// by each node's Talos, and the invariant holding now.
+// it will change: each Ready, the invariant judged now (every apiserver's
+// version read), each change from a version that can be read, at most one
+// minor forward and never back (judged per node against what it runs), and
+// the target supported by each node's Talos.
 func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*stageNode) error {
 	stage := s.Name()
 
 	var (
-		notReady, skew, pairing []string
-		skewNodes, pairingNodes []string
+		notReady, unreadable, skew, pairing      []string
+		unreadableNodes, skewNodes, pairingNodes []string
 	)
 
 	for _, n := range pending {
@@ -33,7 +34,7 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 			notReady = append(notReady, n.Name)
 		}
 
-		before := len(skew)
+		before, beforeUnreadable := len(skew), len(unreadable)
 
 		for _, ch := range n.changes {
 			from, errFrom := ParseVersion(render.TagOf(ch.From))
@@ -41,7 +42,7 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 
 			switch {
 			case errFrom != nil:
-				skew = append(skew, fmt.Sprintf("%s %s: running %q: %v", n.Name, ch.Component, ch.From, errFrom))
+				unreadable = append(unreadable, fmt.Sprintf("%s on %s: image %q has no vMAJOR.MINOR.PATCH tag (its machine config)", ch.Component, n.Name, ch.From))
 			case errTo != nil:
 				skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, errTo))
 			default:
@@ -55,16 +56,30 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 			skewNodes = append(skewNodes, n.Name)
 		}
 
+		if len(unreadable) > beforeUnreadable {
+			unreadableNodes = append(unreadableNodes, n.Name)
+		}
+
 		if err := supportedBy(r.target, n.Talos.Version); err != nil {
 			pairing = append(pairing, fmt.Sprintf("%s: %v", n.Name, err))
 			pairingNodes = append(pairingNodes, n.Name)
 		}
 	}
 
-	switch {
-	case len(notReady) > 0:
+	if len(notReady) > 0 {
 		return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", "),
 			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+	}
+
+	// An apiserver whose version cannot be read is said as the invariant's (with
+	// where to look), before the step checks would call its image a skew.
+	if err := r.checkInvariant(ctx, stage, ""); err != nil {
+		return err
+	}
+
+	switch {
+	case len(unreadable) > 0:
+		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+summarize(unreadable), UnreadableAction(unreadableNodes[0]))
 	case len(skew) > 0:
 		return r.refuse(ctx, stage, skewNodes, "version skew: "+summarize(skew),
 			"choose a target at most one minor above what every node runs, or hold the nodes behind")
@@ -73,7 +88,7 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 			"upgrade Talos first (kubectl ichor plan talos --to <a release that supports the target>)")
 	}
 
-	return r.checkInvariant(ctx, stage, "")
+	return nil
 }
 
 // refuse pauses a stage before it changes anything, naming the node when

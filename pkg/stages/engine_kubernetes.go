@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -93,22 +95,80 @@ func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
 // runStage runs one stage: read the stage's nodes, plan each one's render,
 // and when any needs an apply run the checks and the pre-pull first; then
 // visit the nodes in order, and for KubeProxy wait for the rollout.
+//
+// The last stage, which visits every node, then takes the nodes whose hold was
+// removed while it ran: they are not left behind by a run that says it
+// succeeded. (A node released during an earlier stage is visited by the
+// next, which takes it through the stages it missed first.)
 func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesStage) error {
 	name := s.Name()
 	r.e.stage(index, total, name)
 
+	held, err := r.runNodes(ctx, s, nil)
+
+	for err == nil && s.VisitsWorkers() && len(held) > 0 {
+		var released map[string]bool
+
+		if released, err = r.released(ctx, name, held); err != nil || len(released) == 0 {
+			break
+		}
+
+		names := slices.Sorted(maps.Keys(released))
+		r.e.step(name, "released", "hold removed during the stage: %s, taken now", strings.Join(names, ", "))
+
+		held, err = r.runNodes(ctx, s, released)
+	}
+
+	return err
+}
+
+// released returns the nodes of held that no longer carry the hold annotation.
+func (r *kubeRun) released(ctx context.Context, stage string, held []discovery.Node) (map[string]bool, error) {
+	out := map[string]bool{}
+
+	for _, n := range held {
+		node, err := r.getNode(ctx, n.Name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+
+		if err != nil {
+			return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
+		}
+
+		if _, still := node.Annotations[discovery.HoldAnnotation]; !still {
+			out[n.Name] = true
+		}
+	}
+
+	return out, nil
+}
+
+// runNodes runs stage s on its nodes (only those named in only, when it is not
+// nil) and returns the nodes it left alone because they are held.
+func (r *kubeRun) runNodes(ctx context.Context, s KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
+	name := s.Name()
+
 	snap, visit, held, err := r.observe(ctx, s)
 	if err != nil {
-		return err
+		return nil, err
+	}
+
+	if only != nil {
+		visit = onlyNodes(visit, only)
 	}
 
 	if reason := r.skipReason(s, snap, visit); reason != "" {
 		r.e.step(name, "skipped", "%s", reason)
 
-		return nil
+		return held, nil
 	}
 
 	for _, n := range held {
+		if only != nil {
+			break
+		}
+
 		if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
 			r.e.node(name, n.Name, PhaseHeld, "held (%s), still cordoned by ichor: remove the hold to finish it, or kubectl uncordon %s",
 				holdText(n), n.Name)
@@ -129,7 +189,7 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 			}
 
 			if err != nil {
-				return r.pause(ctx, name, n.Name, err.Error(), actionResume, err)
+				return nil, r.pause(ctx, name, n.Name, err.Error(), renderAction(n.Name, err), err)
 			}
 
 			n.changes, n.planned = res.Changed, res
@@ -146,14 +206,14 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 
 	if len(pending) > 0 {
 		if err := r.checkStage(ctx, s, pending); err != nil {
-			return err
+			return nil, err
 		}
 
 		if err := r.prePull(ctx, s, snap, pending); err != nil {
-			return err
+			return nil, err
 		}
 	} else if err := r.checkInvariant(ctx, name, ""); err != nil {
-		return err
+		return nil, err
 	}
 
 	var synced bool
@@ -161,17 +221,38 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 	for _, group := range visit {
 		ok, err := r.runGroup(ctx, s, group)
 		if err != nil {
-			return err
+			return nil, err
 		}
 
 		synced = synced || ok
 	}
 
 	if _, isProxy := s.(KubeProxy); isProxy && synced {
-		return r.rollout(ctx, name)
+		return held, r.rollout(ctx, name)
 	}
 
-	return nil
+	return held, nil
+}
+
+// onlyNodes keeps the nodes of visit named in only, in their groups.
+func onlyNodes(visit [][]*stageNode, only map[string]bool) [][]*stageNode {
+	var out [][]*stageNode
+
+	for _, group := range visit {
+		var kept []*stageNode
+
+		for _, n := range group {
+			if only[n.Name] {
+				kept = append(kept, n)
+			}
+		}
+
+		if len(kept) > 0 {
+			out = append(out, kept)
+		}
+	}
+
+	return out
 }
 
 // observe reads the cluster for stage s: the snapshot, the nodes to visit
@@ -268,36 +349,46 @@ func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Sn
 // MaxUnavailable. In the Kubelets stage a node ichor cordoned (a run that
 // stopped mid-node, such as the runner evicted by its own drain) goes first
 // in its group: it is finished before anything else is made unavailable.
+// Next come the nodes behind the cluster (an earlier stage's render still
+// changes them: a hold removed, a control plane added): a control plane whose
+// apiserver is behind holds every other controller-manager back, so it
+// catches up before any other node takes the stage.
 func (r *kubeRun) groups(s KubernetesStage, order Order) [][]*stageNode {
 	_, kubelets := s.(Kubelets)
 
-	inProgress := func(name string) bool {
-		n, ok := r.cache.Node(name)
+	rank := func(n discovery.Node) int {
+		if node, ok := r.cache.Node(n.Name); kubelets && ok && kube.CordonedByIchor(node) {
+			return 0
+		}
 
-		return kubelets && ok && kube.CordonedByIchor(n)
+		if n.Talos != nil {
+			// An error here is the visit's to report.
+			if earlier, err := r.earlierStage(s, n, n.Talos.Config); err == nil && earlier != nil {
+				return 1
+			}
+		}
+
+		return 2
 	}
 
-	firstInProgress := func(nodes []discovery.Node) []*stageNode {
+	inVisitOrder := func(nodes []discovery.Node) []*stageNode {
 		out := make([]*stageNode, 0, len(nodes))
+		ranks := map[*stageNode]int{}
 
 		for _, n := range nodes {
-			if inProgress(n.Name) {
-				out = append(out, &stageNode{Node: n})
-			}
+			sn := &stageNode{Node: n}
+			out = append(out, sn)
+			ranks[sn] = rank(n)
 		}
 
-		for _, n := range nodes {
-			if !inProgress(n.Name) {
-				out = append(out, &stageNode{Node: n})
-			}
-		}
+		slices.SortStableFunc(out, func(a, b *stageNode) int { return ranks[a] - ranks[b] })
 
 		return out
 	}
 
 	var groups [][]*stageNode
 
-	for _, n := range firstInProgress(order.ControlPlanes) {
+	for _, n := range inVisitOrder(order.ControlPlanes) {
 		groups = append(groups, []*stageNode{n})
 	}
 
@@ -305,7 +396,7 @@ func (r *kubeRun) groups(s KubernetesStage, order Order) [][]*stageNode {
 		return groups
 	}
 
-	workers := firstInProgress(slices.Concat(order.Workers...))
+	workers := inVisitOrder(slices.Concat(order.Workers...))
 	for start := 0; start < len(workers); start += r.opts.MaxUnavailable {
 		groups = append(groups, workers[start:min(start+r.opts.MaxUnavailable, len(workers))])
 	}
@@ -355,6 +446,16 @@ func (r *kubeRun) earlierStage(s KubernetesStage, n discovery.Node, cfg config.P
 	}
 
 	return nil, nil
+}
+
+// renderAction says what to do about a render of node that failed: an image
+// whose tag says no version wants a tag.
+func renderAction(node string, err error) string {
+	if errors.Is(err, errNoVersionTag) {
+		return UnreadableAction(node)
+	}
+
+	return actionResume
 }
 
 // render returns the stage's config for node n (its kubelet version read
@@ -431,7 +532,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 	// from APIServers, one apply each, then this one.
 	earlier, err := r.earlierStage(s, current, cfg)
 	if err != nil {
-		return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
+		return false, r.pause(ctx, stage, name, err.Error(), renderAction(name, err), err)
 	}
 
 	if earlier != nil {
@@ -449,7 +550,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 	res := sn.planned
 	if res == nil || activeHash != sn.plannedFrom || current.KubeletVersion != sn.KubeletVersion {
 		if res, err = r.render(s, current, cfg); err != nil {
-			return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
+			return false, r.pause(ctx, stage, name, err.Error(), renderAction(name, err), err)
 		}
 	}
 

@@ -220,6 +220,136 @@ func TestEngineHeldControlPlaneKeepsItsPlace(t *testing.T) {
 	assert.Equal(t, 1, appliesOn(f, "cp-1"))
 	assert.Zero(t, appliesOn(f, "cp-3"))
 	assert.Empty(t, f.invariantHistory())
+
+	// The pause says to remove the hold and resume, and that is what runs: the
+	// resumed run walks the stages from APIServers, cp-3's first apply moves only
+	// its apiserver, then the stages one apply each.
+	setHold(t, f, "cp-3", "")
+
+	applied := len(f.realApplies())
+	before := render.Images(f.machine("cp-3").active)
+
+	require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+	assert.Equal(t, "cp-3", f.realApplies()[applied].node)
+	assert.Equal(t, []discovery.Component{discovery.APIServer}, changed(before, f.realApplies()[applied].images))
+	assert.Equal(t, 4, appliesOn(f, "cp-3"), "APIServers, ControlPlaneComponents, KubeProxy, Kubelets: one apply each")
+	assert.Empty(t, f.invariantHistory())
+	requireFinished(t, f, "v1.36.3")
+}
+
+// setHold sets (reason not empty) or removes the hold on node.
+func setHold(t *testing.T, f *fakeCluster, node, reason string) {
+	t.Helper()
+
+	n, err := f.cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	require.NoError(t, err)
+
+	if reason == "" {
+		delete(n.Annotations, discovery.HoldAnnotation)
+	} else {
+		n.Annotations[discovery.HoldAnnotation] = reason
+	}
+
+	_, err = f.cs.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+// changed returns the components whose image differs from before in after.
+func changed(before, after map[render.Component]string) []discovery.Component {
+	var out []discovery.Component
+
+	for _, c := range discovery.Components() {
+		if image, ok := after[c]; ok && before[c] != image {
+			out = append(out, c)
+		}
+	}
+
+	return out
+}
+
+// A node whose hold is removed while the Kubelets stage runs (after the stage read
+// it as held) is taken by the same run: a run that says it succeeded leaves no node
+// behind that it may upgrade.
+func TestEngineHoldRemovedDuringKubelets(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+	setHold(t, f, "worker-1", "disk")
+
+	var once sync.Once
+
+	f.beforeApply = func(_ context.Context, m *fakeMachine) {
+		if m.name == "worker-2" {
+			once.Do(func() { setHold(t, f, "worker-1", "") })
+		}
+	}
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	assert.NotEmpty(t, rec.with("Kubelets worker-1 Held: held (ichor.dev/hold: disk)"))
+	assert.NotEmpty(t, rec.with("Kubelets [released] hold removed during the stage: worker-1, taken now"))
+	assert.Equal(t, 1, appliesOn(f, "worker-1"))
+	assert.Empty(t, f.invariantHistory())
+	requireFinished(t, f, "v1.36.3")
+}
+
+// An image whose tag says no version (digest-only, suffixed) in a node's machine
+// config pauses with what to do, naming the node; nothing is moved from it.
+func TestEngineImageWithoutVersion(t *testing.T) {
+	digest := "@sha256:" + strings.Repeat("ab", 32)
+
+	for name, tc := range map[string]struct {
+		node         string
+		patch        func(*v1alpha1.Config)
+		stage        string
+		reason       string
+		appliedFirst int
+	}{
+		"a digest-only controller-manager, pinned in the APIServers stage": {
+			node: "cp-2",
+			patch: func(c *v1alpha1.Config) {
+				c.ClusterConfig.ControllerManagerConfig.ContainerImage = "registry.k8s.io/kube-controller-manager" + digest
+			},
+			stage:  "APIServers",
+			reason: `kube-controller-manager: image "registry.k8s.io/kube-controller-manager` + digest + `": no vMAJOR.MINOR.PATCH tag`,
+			// The stage renders every node before its first apply.
+			appliedFirst: 0,
+		},
+		"a suffixed kubelet, moved in the Kubelets stage": {
+			node: "worker-1",
+			patch: func(c *v1alpha1.Config) {
+				c.MachineConfig.MachineKubelet.KubeletImage = "ghcr.io/siderolabs/kubelet:v1.35.4-custom"
+			},
+			stage:        "Kubelets",
+			reason:       `version unknown: kubelet on worker-1: image "ghcr.io/siderolabs/kubelet:v1.35.4-custom" has no vMAJOR.MINOR.PATCH tag`,
+			appliedFirst: 3, // the control plane's first three stages
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+			if tc.node == "worker-1" {
+				f = newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+			}
+
+			m := f.machine(tc.node)
+			patched, err := m.active.PatchV1Alpha1(func(c *v1alpha1.Config) error {
+				tc.patch(c)
+
+				return nil
+			})
+			require.NoError(t, err)
+			f.mu.Lock()
+			m.active, m.persistent = patched, patched
+			f.mu.Unlock()
+
+			err = f.engine("v1.36.3").Run(context.Background())
+			p := requirePause(t, err, tc.stage, tc.node, tc.reason)
+			assert.Contains(t, p.Action, "give the component on "+tc.node+" an image tagged vMAJOR.MINOR.PATCH in its machine config")
+			assert.Len(t, f.realApplies(), tc.appliedFirst)
+			assert.Zero(t, appliesOn(f, tc.node))
+		})
+	}
 }
 
 func TestEngineInvariant(t *testing.T) {
@@ -560,51 +690,60 @@ func TestEngineSurvivesEvictingItself(t *testing.T) {
 }
 
 // A control plane whose hold is removed while the cluster is further on takes the
-// stages it missed one apply each, from APIServers: never several stages' worth at once.
+// stages it missed one apply each, from APIServers: never several stages' worth at
+// once. It goes first in the next stage wherever it is in the order: its apiserver
+// behind holds back every other controller-manager.
 func TestEngineNodeBehindTakesOneStageAtATime(t *testing.T) {
-	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
-	ctx := context.Background()
+	for name, order := range map[string]map[string]string{
+		"first in the order": {"cp-3": "1", "cp-1": "2", "cp-2": "3"},
+		"last in the order":  {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+			ctx := context.Background()
 
-	for name, order := range map[string]string{"cp-3": "1", "cp-1": "2", "cp-2": "3"} {
-		n, err := f.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		require.NoError(t, err)
+			for node, o := range order {
+				n, err := f.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+				require.NoError(t, err)
 
-		n.Labels[discovery.OrderLabel] = order
-		if name == "cp-3" {
-			n.Annotations[discovery.HoldAnnotation] = "RMA"
-		}
+				n.Labels[discovery.OrderLabel] = o
+				_, err = f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+				require.NoError(t, err)
+			}
 
-		_, err = f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-		require.NoError(t, err)
-	}
+			setHold(t, f, "cp-3", "RMA")
 
-	var once sync.Once
+			before := render.Images(f.machine("cp-3").active)
 
-	// The hold goes once the APIServers stage is past cp-3: cp-3 is first in the next
-	// stage, its apiserver still behind.
-	f.beforeApply = func(ctx context.Context, m *fakeMachine) {
-		if m.name != "cp-2" {
-			return
-		}
+			var once sync.Once
 
-		once.Do(func() {
-			n, err := f.cs.CoreV1().Nodes().Get(ctx, "cp-3", metav1.GetOptions{})
-			require.NoError(t, err)
+			// The hold goes while the APIServers stage, which read cp-3 as held,
+			// applies the last of the others.
+			f.beforeApply = func(_ context.Context, m *fakeMachine) {
+				if m.name == "cp-2" {
+					once.Do(func() { setHold(t, f, "cp-3", "") })
+				}
+			}
 
-			delete(n.Annotations, discovery.HoldAnnotation)
-			_, err = f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-			require.NoError(t, err)
+			rec := &recorder{}
+			e := f.engine("v1.36.3")
+			e.Progress = rec
+
+			require.NoError(t, e.Run(ctx))
+			assert.NotEmpty(t, rec.with("ControlPlaneComponents cp-3", "behind the cluster: takes stage APIServers first"))
+
+			applies := f.realApplies()
+			require.Len(t, applies, 12, "APIServers, ControlPlaneComponents, KubeProxy, Kubelets: one apply each on each")
+			assert.Equal(t, 4, appliesOn(f, "cp-3"))
+			// applies[0:2] are the APIServers stage's on cp-1 and cp-2.
+			assert.Equal(t, "cp-3", applies[2].node, "cp-3 goes first after the APIServers stage")
+			assert.Equal(t, []discovery.Component{discovery.APIServer}, changed(before, applies[2].images))
+			assert.Equal(t, "cp-3", applies[3].node)
+			assert.Equal(t, []discovery.Component{discovery.ControllerManager, discovery.Scheduler}, changed(applies[2].images, applies[3].images))
+			assert.Empty(t, f.invariantHistory())
+			requireFinished(t, f, "v1.36.3")
 		})
 	}
-
-	rec := &recorder{}
-	e := f.engine("v1.36.3")
-	e.Progress = rec
-
-	require.NoError(t, e.Run(ctx))
-	assert.NotEmpty(t, rec.with("ControlPlaneComponents cp-3", "behind the cluster: takes stage APIServers first"))
-	assert.Equal(t, 4, appliesOn(f, "cp-3"), "APIServers, ControlPlaneComponents, KubeProxy, Kubelets: one apply each")
-	requireFinished(t, f, "v1.36.3")
 }
 
 // The bootstrap manifests never overwrite what another field manager changed: such an

@@ -118,8 +118,16 @@ func UnknownAction(inv Invariant) string {
 	}
 
 	return fmt.Sprintf("the invariant needs every apiserver's version: give kube-apiserver on %s an image tagged vMAJOR.MINOR.PATCH "+
-		"(not digest-only, no suffix) and make sure its mirror pod shows (kubectl -n %s get pods -l %s=%s -o wide), then resume",
+		"(cluster.apiServer.image in its machine config; not digest-only, no suffix) and make sure its mirror pod shows "+
+		"(kubectl -n %s get pods -l %s=%s -o wide), then resume",
 		node, discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.APIServer)
+}
+
+// UnreadableAction says what to do about a component of node whose image in the
+// machine config has no version to judge the step from.
+func UnreadableAction(node string) string {
+	return fmt.Sprintf("a step is judged from the version the image's tag says: give the component on %s an image tagged vMAJOR.MINOR.PATCH "+
+		"in its machine config (not digest-only, no suffix; talosctl -n <its address> edit machineconfig), then resume", node)
 }
 
 // WorseThan returns a line for every way after breaks the invariant more than before:
