@@ -243,14 +243,7 @@ func requireEventOrder(t *testing.T, evs []events.Event, target string, cps, kub
 
 	require.Empty(t, invariantBreaks(evs), "the invariant held at every event")
 
-	first := map[string]int{} // "component node" -> index of its first start at the target
-
-	for i, e := range evs {
-		key := e.Component + " " + e.Node
-		if _, seen := first[key]; !seen && e.Version == target {
-			first[key] = i
-		}
-	}
+	first := firstAt(evs, target)
 
 	at := func(component, node string) int {
 		i, ok := first[component+" "+node]

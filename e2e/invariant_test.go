@@ -4,7 +4,10 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +17,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
 // TestJobPreExistingSkew gives a worker a kubelet newer than the apiservers before the
@@ -70,4 +77,209 @@ func TestJobPreExistingSkew(t *testing.T) {
 	for _, broken := range invariantBreaks(c.Events(t)) {
 		assert.True(t, strings.Contains(broken, "kubelet v1.36.3 on worker-1 newer than apiserver v1.35.4"), broken)
 	}
+}
+
+// TestJobApiserverVersionUnknown pins cp-2's kube-apiserver to an image whose tag says
+// no version while an upgrade through the Job is paused (cp-1 and cp-2 already on the
+// target's apiserver, cp-3 not): a digest-only reference, then a suffixed tag. plan
+// refuses it as its invariant check, and each resume stops the APIServers stage on
+// cp-2 with what to do, changing nothing; once cp-2 names a vMAJOR.MINOR.PATCH tag
+// again, resume finishes.
+func TestJobApiserverVersionUnknown(t *testing.T) {
+	t.Parallel()
+
+	faults := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(faults, nil, 0o644))
+
+	c := startJobCluster(t, "--faults", faults)
+	ctx := context.Background()
+
+	tc, err := client.New(ctx, client.WithConfigFromFile(c.Talosconfig))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tc.Close() })
+
+	tcount := openTalos(t, c)
+	before := machineConfigs(t, c, tcount)
+
+	// cp-3's apply blocks: the upgrade pauses there, with cp-1 and cp-2 done.
+	require.NoError(t, os.WriteFile(faults, []byte("nodes:\n  cp-3:\n    applyBlocks: true\n"), 0o644))
+
+	r := c.ichor(t, 5*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--apply-timeout", "5s")
+	r.requireExit(t, job.ExitPaused)
+	r.requireOneLineError(t, "paused: APIServers cp-3: ")
+	require.NoError(t, os.WriteFile(faults, nil, 0o644))
+
+	setAPIServerImage := func(image string) {
+		t.Helper()
+		patchMachineConfig(t, tc, c.Machine(t, "cp-2").IP, func(cfg *v1alpha1.Config) {
+			cfg.ClusterConfig.APIServerConfig.ContainerImage = image
+		})
+		waitMirrorPod(t, c, "kube-apiserver-cp-2", image)
+	}
+
+	for _, image := range []string{
+		"registry.k8s.io/kube-apiserver@sha256:" + strings.Repeat("5e", 32),
+		"registry.k8s.io/kube-apiserver:v1.36.3-custom",
+	} {
+		setAPIServerImage(image)
+
+		r = c.ichor(t, 2*time.Minute, "plan", "kubernetes", "--to", "v1.36.3")
+		r.requireExit(t, 2)
+
+		check := tableChecks(r.stdout)["invariant"]
+		require.Equal(t, api.ResultRefused, check.result)
+		require.Contains(t, check.detail, fmt.Sprintf("apiserver version unknown: kube-apiserver on cp-2: image %q has no vMAJOR.MINOR.PATCH tag", image))
+		require.Contains(t, check.detail, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH")
+
+		r = c.ichor(t, 5*time.Minute, "resume")
+		r.requireExit(t, job.ExitPaused)
+		r.requireOneLineError(t, "paused: APIServers cp-2: ")
+
+		op := c.operation(t)
+		assert.Equal(t, "cp-2", op.Status.PausedNode)
+		assert.Contains(t, op.Status.Reason, fmt.Sprintf("apiserver version unknown: kube-apiserver on cp-2: image %q", image))
+		assert.Contains(t, op.Status.Action, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH (cluster.apiServer.image in its machine config")
+
+		// Stopped, not skipped: nothing moved.
+		waitMirrorPod(t, c, "kube-apiserver-cp-2", image)
+		waitMirrorPod(t, c, "kube-apiserver-cp-3", "registry.k8s.io/kube-apiserver:v1.35.4")
+	}
+
+	// What the pause said to do, done: resume finishes.
+	setAPIServerImage("registry.k8s.io/kube-apiserver:v1.36.3")
+
+	r = c.ichor(t, 10*time.Minute, "resume")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	assert.Equal(t, 4, c.operation(t).Status.Attempt)
+
+	requireUpgraded(t, c, tcount, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// TestJobHoldRemovedMidUpgrade launches an upgrade with cp-3 and worker-1 held. cp-3's
+// apiserver stays behind, so the ControlPlaneComponents stage stops before cp-1's
+// controller-manager passes it, saying to remove the hold; once removed, resume takes
+// cp-3 from the APIServers stage, one stage's worth per apply. worker-1's hold goes
+// while that run is in the Kubelets stage: the same run upgrades it. The simulator's
+// events show the invariant held at every start and cp-3's components moving in the
+// stages' order.
+func TestJobHoldRemovedMidUpgrade(t *testing.T) {
+	t.Parallel()
+
+	c := startJobCluster(t)
+	ctx := context.Background()
+
+	tcount := openTalos(t, c)
+	before := machineConfigs(t, c, tcount)
+
+	require.NoError(t, setHold(ctx, c, "cp-3", "RMA"))
+	require.NoError(t, setHold(ctx, c, "worker-1", "firmware"))
+
+	r := c.ichor(t, 5*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, job.ExitPaused)
+	r.requireOneLineError(t, "paused: ControlPlaneComponents cp-1: ")
+
+	op := c.operation(t)
+	assert.Contains(t, op.Status.Reason, "kube-apiserver v1.35.4 on cp-3")
+	assert.Contains(t, op.Status.Action, "remove the hold")
+
+	require.NoError(t, setHold(ctx, c, "cp-3", ""))
+
+	// worker-1's hold goes once the resumed run is in the Kubelets stage.
+	released := make(chan error, 1)
+
+	go func() {
+		released <- releaseDuring(ctx, c, "Kubelets", "worker-1")
+	}()
+
+	r = c.ichor(t, 10*time.Minute, "resume")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.NoError(t, <-released)
+
+	requireUpgraded(t, c, tcount, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+
+	evs := c.Events(t)
+	require.Empty(t, invariantBreaks(evs), "the invariant held at every event")
+
+	// cp-3, behind the cluster, moved one stage at a time: its apiserver, then its
+	// controller-manager and scheduler, then its kubelet.
+	at := firstAt(evs, "v1.36.3")
+	cp3 := func(component string) int {
+		i, ok := at[component+" cp-3"]
+		require.True(t, ok, "%s never started at v1.36.3 on cp-3", component)
+
+		return i
+	}
+
+	assert.Less(t, cp3(events.APIServer), cp3(events.ControllerManager))
+	assert.Less(t, cp3(events.APIServer), cp3(events.Scheduler))
+	assert.Less(t, max(cp3(events.ControllerManager), cp3(events.Scheduler)), cp3(events.Kubelet))
+	assert.Less(t, at[events.APIServer+" cp-3"], at[events.ControllerManager+" cp-1"], "no controller-manager moved while cp-3's apiserver was behind")
+
+	_, ok := at[events.Kubelet+" worker-1"]
+	assert.True(t, ok, "worker-1's kubelet at v1.36.3")
+}
+
+// setHold sets (reason not empty) or removes the hold annotation on node.
+func setHold(ctx context.Context, c *Cluster, node, reason string) error {
+	value := "null"
+	if reason != "" {
+		value = fmt.Sprintf("%q", reason)
+	}
+
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, discovery.HoldAnnotation, value)
+	_, err := c.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+
+	return err
+}
+
+// releaseDuring removes node's hold once the running operation is in stage, and says
+// whether it was still running it then. It runs beside the test, so it returns what
+// went wrong rather than failing the test.
+func releaseDuring(ctx context.Context, c *Cluster, stage, node string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+
+	for {
+		op, err := c.control().Get(ctx)
+		if err == nil && op.Status.Phase == job.PhaseRunning && op.Status.Stage == stage {
+			if err := setHold(ctx, c, node, ""); err != nil {
+				return err
+			}
+
+			if op, err = c.control().Get(ctx); err != nil {
+				return err
+			}
+
+			if op.Status.Phase != job.PhaseRunning || op.Status.Stage != stage {
+				return fmt.Errorf("%s released once the operation was %s in %s, not running %s", node, op.Status.Phase, op.Status.Stage, stage)
+			}
+
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return errors.New("the operation never ran stage " + stage)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// firstAt maps "component node" to the index of its first start at version.
+func firstAt(evs []events.Event, version string) map[string]int {
+	first := map[string]int{}
+
+	for i, e := range evs {
+		key := e.Component + " " + e.Node
+		if _, seen := first[key]; !seen && e.Version == version {
+			first[key] = i
+		}
+	}
+
+	return first
 }
