@@ -79,12 +79,12 @@ func TestJobPreExistingSkew(t *testing.T) {
 	}
 }
 
-// TestJobApiserverVersionUnknown pins cp-2's kube-apiserver to an image whose tag says
-// no version while an upgrade through the Job is paused (cp-1 and cp-2 already on the
-// target's apiserver, cp-3 not): a digest-only reference, then a suffixed tag. plan
-// refuses it as its invariant check, and each resume stops the APIServers stage on
-// cp-2 with what to do, changing nothing; once cp-2 names a vMAJOR.MINOR.PATCH tag
-// again, resume finishes.
+// TestJobApiserverVersionUnknown gives cp-2's kube-apiserver an image whose tag says
+// no version (a suffixed tag: Talos refuses a digest-only one in the machine config)
+// while an upgrade through the Job is paused, cp-1 and cp-2 already on the target's
+// apiserver and cp-3 not. plan refuses it as its invariant check, and resume stops the
+// APIServers stage on cp-2 with what to do, changing nothing; once cp-2 names a
+// vMAJOR.MINOR.PATCH tag again, resume finishes.
 func TestJobApiserverVersionUnknown(t *testing.T) {
 	t.Parallel()
 
@@ -117,33 +117,29 @@ func TestJobApiserverVersionUnknown(t *testing.T) {
 		waitMirrorPod(t, c, "kube-apiserver-cp-2", image)
 	}
 
-	for _, image := range []string{
-		"registry.k8s.io/kube-apiserver@sha256:" + strings.Repeat("5e", 32),
-		"registry.k8s.io/kube-apiserver:v1.36.3-custom",
-	} {
-		setAPIServerImage(image)
+	image := "registry.k8s.io/kube-apiserver:v1.36.3-custom"
+	setAPIServerImage(image)
 
-		r = c.ichor(t, 2*time.Minute, "plan", "kubernetes", "--to", "v1.36.3")
-		r.requireExit(t, 2)
+	r = c.ichor(t, 2*time.Minute, "plan", "kubernetes", "--to", "v1.36.3")
+	r.requireExit(t, 2)
 
-		check := tableChecks(r.stdout)["invariant"]
-		require.Equal(t, api.ResultRefused, check.result)
-		require.Contains(t, check.detail, fmt.Sprintf("apiserver version unknown: kube-apiserver on cp-2: image %q has no vMAJOR.MINOR.PATCH tag", image))
-		require.Contains(t, check.detail, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH")
+	check := tableChecks(r.stdout)["invariant"]
+	require.Equal(t, api.ResultRefused, check.result)
+	require.Contains(t, check.detail, fmt.Sprintf("apiserver version unknown: kube-apiserver on cp-2: image %q has no vMAJOR.MINOR.PATCH tag", image))
+	require.Contains(t, check.detail, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH")
 
-		r = c.ichor(t, 5*time.Minute, "resume")
-		r.requireExit(t, job.ExitPaused)
-		r.requireOneLineError(t, "paused: APIServers cp-2: ")
+	r = c.ichor(t, 5*time.Minute, "resume")
+	r.requireExit(t, job.ExitPaused)
+	r.requireOneLineError(t, "paused: APIServers cp-2: ")
 
-		op := c.operation(t)
-		assert.Equal(t, "cp-2", op.Status.PausedNode)
-		assert.Contains(t, op.Status.Reason, fmt.Sprintf("apiserver version unknown: kube-apiserver on cp-2: image %q", image))
-		assert.Contains(t, op.Status.Action, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH (cluster.apiServer.image in its machine config")
+	op := c.operation(t)
+	assert.Equal(t, "cp-2", op.Status.PausedNode)
+	assert.Contains(t, op.Status.Reason, fmt.Sprintf("apiserver version unknown: kube-apiserver on cp-2: image %q", image))
+	assert.Contains(t, op.Status.Action, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH (cluster.apiServer.image in its machine config")
 
-		// Stopped, not skipped: nothing moved.
-		waitMirrorPod(t, c, "kube-apiserver-cp-2", image)
-		waitMirrorPod(t, c, "kube-apiserver-cp-3", "registry.k8s.io/kube-apiserver:v1.35.4")
-	}
+	// Stopped, not skipped: nothing moved.
+	waitMirrorPod(t, c, "kube-apiserver-cp-2", image)
+	waitMirrorPod(t, c, "kube-apiserver-cp-3", "registry.k8s.io/kube-apiserver:v1.35.4")
 
 	// What the pause said to do, done: resume finishes.
 	setAPIServerImage("registry.k8s.io/kube-apiserver:v1.36.3")
@@ -151,7 +147,7 @@ func TestJobApiserverVersionUnknown(t *testing.T) {
 	r = c.ichor(t, 10*time.Minute, "resume")
 	r.requireExit(t, 0)
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
-	assert.Equal(t, 4, c.operation(t).Status.Attempt)
+	assert.Equal(t, 3, c.operation(t).Status.Attempt)
 
 	requireUpgraded(t, c, tcount, before, "v1.36.3")
 	requireNothingCordoned(t, c)

@@ -294,11 +294,10 @@ func TestEngineHoldRemovedDuringKubelets(t *testing.T) {
 	requireFinished(t, f, "v1.36.3")
 }
 
-// An image whose tag says no version (digest-only, suffixed) in a node's machine
-// config pauses with what to do, naming the node; nothing is moved from it.
+// An image whose tag says no version in a node's machine config (a suffix; Talos
+// refuses a digest-only one there) pauses with what to do, naming the node; nothing
+// is moved from it.
 func TestEngineImageWithoutVersion(t *testing.T) {
-	digest := "@sha256:" + strings.Repeat("ab", 32)
-
 	for name, tc := range map[string]struct {
 		node         string
 		patch        func(*v1alpha1.Config)
@@ -306,13 +305,13 @@ func TestEngineImageWithoutVersion(t *testing.T) {
 		reason       string
 		appliedFirst int
 	}{
-		"a digest-only controller-manager, pinned in the APIServers stage": {
+		"a suffixed controller-manager, pinned in the APIServers stage": {
 			node: "cp-2",
 			patch: func(c *v1alpha1.Config) {
-				c.ClusterConfig.ControllerManagerConfig.ContainerImage = "registry.k8s.io/kube-controller-manager" + digest
+				c.ClusterConfig.ControllerManagerConfig.ContainerImage = "registry.k8s.io/kube-controller-manager:v1.35.4-custom"
 			},
 			stage:  "APIServers",
-			reason: `kube-controller-manager: image "registry.k8s.io/kube-controller-manager` + digest + `": no vMAJOR.MINOR.PATCH tag`,
+			reason: `kube-controller-manager: image "registry.k8s.io/kube-controller-manager:v1.35.4-custom": no vMAJOR.MINOR.PATCH tag`,
 			// The stage renders every node before its first apply.
 			appliedFirst: 0,
 		},
