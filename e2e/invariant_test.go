@@ -154,13 +154,13 @@ func TestJobApiserverVersionUnknown(t *testing.T) {
 	assert.Empty(t, invariantBreaks(c.Events(t)))
 }
 
-// TestJobHoldRemovedMidUpgrade launches an upgrade with cp-3 and worker-1 held. cp-3's
-// apiserver stays behind, so the ControlPlaneComponents stage stops before cp-1's
-// controller-manager passes it, saying to remove the hold; once removed, resume takes
-// cp-3 from the APIServers stage, one stage's worth per apply. worker-1's hold goes
-// while that run is in the Kubelets stage: the same run upgrades it. The simulator's
-// events show the invariant held at every start and cp-3's components moving in the
-// stages' order.
+// TestJobHoldRemovedMidUpgrade launches an upgrade with cp-3 and worker-1 held (plan
+// warns where cp-3 stops it). cp-3's apiserver stays behind, so the
+// ControlPlaneComponents stage stops before cp-1's controller-manager passes it,
+// saying to remove the hold; once removed, resume takes cp-3 from the APIServers
+// stage, one stage's worth per apply. worker-1's hold goes while that run is in the
+// Kubelets stage: the same run upgrades it. The simulator's events show the
+// invariant held at every start and cp-3's components moving in the stages' order.
 func TestJobHoldRemovedMidUpgrade(t *testing.T) {
 	t.Parallel()
 
@@ -173,7 +173,15 @@ func TestJobHoldRemovedMidUpgrade(t *testing.T) {
 	require.NoError(t, setHold(ctx, c, "cp-3", "RMA"))
 	require.NoError(t, setHold(ctx, c, "worker-1", "firmware"))
 
-	r := c.ichor(t, 5*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	// plan says where the held control plane stops the upgrade.
+	r := c.ichor(t, 2*time.Minute, "plan", "kubernetes", "--to", "v1.36.3")
+	r.requireExit(t, 0)
+
+	check := tableChecks(r.stdout)["invariant"]
+	require.Equal(t, api.ResultWarn, check.result)
+	require.Contains(t, check.detail, "held control plane cp-3 keeps its kube-apiserver behind v1.36.3: the upgrade stops before the ControlPlaneComponents stage")
+
+	r = c.ichor(t, 5*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	r.requireExit(t, job.ExitPaused)
 	r.requireOneLineError(t, "paused: ControlPlaneComponents cp-1: ")
 

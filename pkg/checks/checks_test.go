@@ -60,6 +60,13 @@ func TestChecks(t *testing.T) {
 			action: "the upgrade keeps it from growing and moves the apiservers first",
 		},
 		{
+			name: "invariant: a held control plane behind the target stops the upgrade after the apiservers", check: checks.Invariant{},
+			cluster: func(c *discoverytest.Cluster) { c.Node("cp-3").Hold = discoverytest.Ptr("RMA") },
+			result:  api.ResultWarn,
+			detail:  []string{"held control plane cp-3 keeps its kube-apiserver behind v1.36.3: the upgrade stops before the ControlPlaneComponents stage"},
+			action:  "remove the hold before, or when the upgrade pauses there (kubectl annotate node cp-3 ichor.dev/hold-), then resume",
+		},
+		{
 			name: "invariant: an apiserver version that cannot be read refuses", check: checks.Invariant{},
 			cluster: func(c *discoverytest.Cluster) {
 				c.Node("cp-2").Versions = map[discovery.Component]string{discovery.APIServer: "v1.35.4-custom"}

@@ -25,17 +25,47 @@ func (Invariant) Name() string { return "invariant" }
 func (Invariant) Run(_ context.Context, in *Input) api.Check {
 	inv := stages.JudgeInvariant(runningOf(in.Snapshot))
 
+	behind := heldBehind(in)
+
 	switch {
 	case len(inv.Unknown) > 0:
 		return refused("apiserver version unknown: "+summarize(inv.UnknownLines()), stages.UnknownAction(inv))
 	case inv.Oldest == nil:
 		return ok("no apiserver seen")
+	case len(behind) > 0:
+		detail := fmt.Sprintf("held control plane %s keeps its kube-apiserver behind %s: the upgrade stops before the ControlPlaneComponents stage "+
+			"(no controller-manager or scheduler newer than an apiserver)", summarizeList(behind), in.Target)
+		if len(inv.Skew) > 0 {
+			detail += "; skew already there: " + summarize(inv.SkewLines())
+		}
+
+		return warn(detail,
+			fmt.Sprintf("remove the hold before, or when the upgrade pauses there (kubectl annotate node %s %s-), then resume", behind[0], discovery.HoldAnnotation))
 	case len(inv.Skew) > 0:
 		return warn("skew already there: "+summarize(inv.SkewLines()),
 			"none needed: the upgrade keeps it from growing and moves the apiservers first; it ends when every apiserver is at least that version")
 	}
 
 	return ok(fmt.Sprintf("nothing newer than the oldest apiserver (%s on %s)", inv.At.Version, inv.At.Node))
+}
+
+// heldBehind returns the held control planes whose apiserver runs older than the target:
+// the upgrade cannot move a controller-manager or scheduler past them.
+func heldBehind(in *Input) []string {
+	var out []string
+
+	for _, n := range in.Snapshot.Nodes {
+		sp, found := n.StaticPods[discovery.APIServer]
+		if !n.Held || !n.ControlPlane || !found {
+			continue
+		}
+
+		if v, err := stages.ParseVersion(render.TagOf(sp.Image)); err == nil && v.Compare(in.Target) < 0 {
+			out = append(out, n.Name)
+		}
+	}
+
+	return out
 }
 
 // runningOf is what a snapshot says the cluster runs: every Node's kubelet, the control
