@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // TestJobPreExistingSkew gives a worker a kubelet newer than the apiservers before the
@@ -195,7 +195,9 @@ func TestJobHoldRemovedMidUpgrade(t *testing.T) {
 	released := make(chan error, 1)
 
 	go func() {
-		released <- releaseDuring(ctx, c, "Kubelets", "worker-1")
+		released <- releaseWhen(ctx, c, "worker-1", "the Kubelets stage", func(op *job.Operation) bool {
+			return op.Status.Stage == "Kubelets"
+		})
 	}()
 
 	r = c.ichor(t, 10*time.Minute, "resume")
@@ -207,25 +209,90 @@ func TestJobHoldRemovedMidUpgrade(t *testing.T) {
 	requireNothingCordoned(t, c)
 
 	evs := c.Events(t)
+	requireCaughtUp(t, c, evs, "cp-3")
+
+	_, ok := firstAt(evs, "v1.36.3")[events.Kubelet+" worker-1"]
+	assert.True(t, ok, "worker-1's kubelet at v1.36.3")
+}
+
+// TestJobHoldRemovedMidRun launches an upgrade with cp-3 held and removes the hold
+// once the APIServers stage has passed it over: the next stage takes cp-3 first,
+// through the APIServers stage it missed, before any controller-manager moves, and
+// the run goes on to the end without a pause.
+func TestJobHoldRemovedMidRun(t *testing.T) {
+	t.Parallel()
+
+	c := startJobCluster(t)
+	ctx := context.Background()
+
+	tcount := openTalos(t, c)
+	before := machineConfigs(t, c, tcount)
+
+	require.NoError(t, setHold(ctx, c, "cp-3", "RMA"))
+
+	released := make(chan error, 1)
+
+	go func() {
+		released <- releaseWhen(ctx, c, "cp-3", "the APIServers stage with cp-3 held", func(op *job.Operation) bool {
+			n := op.Status.Node("cp-3")
+
+			return op.Status.Stage == "APIServers" && n != nil && n.Stage == "APIServers" && n.Phase == stages.PhaseHeld
+		})
+	}()
+
+	r := c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.NoError(t, <-released)
+	assert.Equal(t, 1, c.operation(t).Status.Attempt, "no pause")
+
+	requireUpgraded(t, c, tcount, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	requireCaughtUp(t, c, c.Events(t), "cp-3")
+}
+
+// requireCaughtUp checks that node, released from its hold mid-upgrade, caught up one
+// stage's worth per apply: the invariant held at every event of the simulator; its
+// apiserver reached the target before any controller-manager or scheduler did, then its
+// controller-manager and scheduler, then its kubelet; and the operation's timeline of
+// the node shows an apply for each of the four stages, each done before the next began.
+func requireCaughtUp(t *testing.T, c *Cluster, evs []events.Event, node string) {
+	t.Helper()
+
 	require.Empty(t, invariantBreaks(evs), "the invariant held at every event")
 
-	// cp-3, behind the cluster, moved one stage at a time: its apiserver, then its
-	// controller-manager and scheduler, then its kubelet.
 	at := firstAt(evs, "v1.36.3")
-	cp3 := func(component string) int {
-		i, ok := at[component+" cp-3"]
-		require.True(t, ok, "%s never started at v1.36.3 on cp-3", component)
+	of := func(component, node string) int {
+		i, ok := at[component+" "+node]
+		require.True(t, ok, "%s never started at v1.36.3 on %s", component, node)
 
 		return i
 	}
 
-	assert.Less(t, cp3(events.APIServer), cp3(events.ControllerManager))
-	assert.Less(t, cp3(events.APIServer), cp3(events.Scheduler))
-	assert.Less(t, max(cp3(events.ControllerManager), cp3(events.Scheduler)), cp3(events.Kubelet))
-	assert.Less(t, at[events.APIServer+" cp-3"], at[events.ControllerManager+" cp-1"], "no controller-manager moved while cp-3's apiserver was behind")
+	for _, cp := range []string{"cp-1", "cp-2", "cp-3"} {
+		assert.Less(t, of(events.APIServer, node), of(events.ControllerManager, cp), "%s's apiserver before %s's controller-manager", node, cp)
+		assert.Less(t, of(events.APIServer, node), of(events.Scheduler, cp), "%s's apiserver before %s's scheduler", node, cp)
+	}
 
-	_, ok := at[events.Kubelet+" worker-1"]
-	assert.True(t, ok, "worker-1's kubelet at v1.36.3")
+	assert.Less(t, max(of(events.ControllerManager, node), of(events.Scheduler, node)), of(events.Kubelet, node))
+
+	status := c.operation(t).Status.Node(node)
+	require.NotNil(t, status, "%s in the operation's status", node)
+
+	var stageNames []string
+
+	for i, st := range status.Timeline {
+		stageNames = append(stageNames, st.Stage)
+
+		require.NotNil(t, st.ApplyStarted, "%s: an apply in stage %s", node, st.Stage)
+		require.NotNil(t, st.Done, "%s: done in stage %s", node, st.Stage)
+
+		if i > 0 {
+			assert.False(t, st.ApplyStarted.Before(status.Timeline[i-1].Done), "%s: stage %s applied before stage %s was done", node, st.Stage, status.Timeline[i-1].Stage)
+		}
+	}
+
+	assert.Equal(t, []string{"APIServers", "ControlPlaneComponents", "KubeProxy", "Kubelets"}, stageNames, "%s: one apply per stage, in order", node)
 }
 
 // setHold sets (reason not empty) or removes the hold annotation on node.
@@ -241,16 +308,16 @@ func setHold(ctx context.Context, c *Cluster, node, reason string) error {
 	return err
 }
 
-// releaseDuring removes node's hold once the running operation is in stage, and says
-// whether it was still running it then. It runs beside the test, so it returns what
-// went wrong rather than failing the test.
-func releaseDuring(ctx context.Context, c *Cluster, stage, node string) error {
+// releaseWhen removes node's hold once the operation runs and cond holds, and checks
+// that it still did after. It runs beside the test, so it returns what went wrong
+// rather than failing the test.
+func releaseWhen(ctx context.Context, c *Cluster, node, what string, cond func(*job.Operation) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 
 	for {
 		op, err := c.control().Get(ctx)
-		if err == nil && op.Status.Phase == job.PhaseRunning && op.Status.Stage == stage {
+		if err == nil && op != nil && op.Status.Phase == job.PhaseRunning && cond(op) {
 			if err := setHold(ctx, c, node, ""); err != nil {
 				return err
 			}
@@ -259,8 +326,8 @@ func releaseDuring(ctx context.Context, c *Cluster, stage, node string) error {
 				return err
 			}
 
-			if op.Status.Phase != job.PhaseRunning || op.Status.Stage != stage {
-				return fmt.Errorf("%s released once the operation was %s in %s, not running %s", node, op.Status.Phase, op.Status.Stage, stage)
+			if op.Status.Phase != job.PhaseRunning || !cond(op) {
+				return fmt.Errorf("%s released once the operation was %s in %s, not in %s", node, op.Status.Phase, op.Status.Stage, what)
 			}
 
 			return nil
@@ -268,7 +335,7 @@ func releaseDuring(ctx context.Context, c *Cluster, stage, node string) error {
 
 		select {
 		case <-ctx.Done():
-			return errors.New("the operation never ran stage " + stage)
+			return fmt.Errorf("the operation never reached %s", what)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
