@@ -476,7 +476,11 @@ func outcome(op *job.Operation, namespace string) (bool, error) {
 			msg += ": " + op.Status.Action
 		}
 
-		if !strings.Contains(msg, "kubectl ichor resume") {
+		switch {
+		case strings.Contains(msg, "kubectl ichor resume"):
+		case strings.HasSuffix(msg, "then resume"):
+			msg = strings.TrimSuffix(msg, "resume") + "kubectl ichor resume" + n
+		default:
 			msg += "; then continue with kubectl ichor resume" + n
 		}
 

@@ -587,3 +587,39 @@ func TestUpgradeTalosAllowEtcdOutage(t *testing.T) {
 		assert.Equal(t, allow, state.Spec.AllowEtcdOutage)
 	}
 }
+
+// TestPausedOutcomeSaysResumeOnce: a pause's action that already ends in "then resume"
+// names the command once, in the operation's namespace; any other action is followed by it.
+func TestPausedOutcomeSaysResumeOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name, action, namespace, want string
+	}{
+		{
+			name: "action ends in resume", action: "fix the tag, then resume", namespace: "upgrades",
+			want: "operation op-1 paused: APIServers cp-2: version unreadable: fix the tag, then kubectl ichor resume -n upgrades",
+		},
+		{
+			name: "action without resume", action: "remove the hold", namespace: DefaultNamespace,
+			want: "operation op-1 paused: APIServers cp-2: version unreadable: remove the hold; then continue with kubectl ichor resume",
+		},
+		{
+			name: "action names the command", action: "run kubectl ichor resume after the fix", namespace: DefaultNamespace,
+			want: "operation op-1 paused: APIServers cp-2: version unreadable: run kubectl ichor resume after the fix",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			op := &job.Operation{}
+			op.Spec.ID = "op-1"
+			op.Status.Phase = job.PhasePaused
+			op.Status.Stage = "APIServers"
+			op.Status.PausedNode = "cp-2"
+			op.Status.Reason = "version unreadable"
+			op.Status.Action = tc.action
+
+			ended, err := outcome(op, tc.namespace)
+			require.True(t, ended)
+			require.EqualError(t, err, tc.want)
+			assert.Equal(t, 1, strings.Count(err.Error(), "resume"))
+		})
+	}
+}
