@@ -16,6 +16,32 @@ import (
 // resourceVersion is a conflict. (The fake's tracker alone overwrites.)
 func withResourceVersions(client *fake.Clientset, resources ...schema.GroupVersionResource) {
 	for _, gvr := range resources {
+		// A create gets a resourceVersion, as from the apiserver: an update carrying the one
+		// its create returned is then checked like any other (without it, client-go's
+		// leader elector's first renewal would overwrite whatever was written since).
+		client.PrependReactor("create", gvr.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+			c := a.(k8stesting.CreateAction)
+			obj := c.GetObject().DeepCopyObject()
+
+			m, err := meta.Accessor(obj)
+			if err != nil {
+				return true, nil, err
+			}
+
+			if m.GetName() == "" {
+				return false, nil, nil
+			}
+
+			if m.GetResourceVersion() == "" {
+				m.SetResourceVersion("1")
+			}
+
+			if err := client.Tracker().Create(gvr, obj, c.GetNamespace()); err != nil {
+				return true, nil, err
+			}
+
+			return true, obj, nil
+		})
 		client.PrependReactor("update", gvr.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
 			u := a.(k8stesting.UpdateAction)
 			obj := u.GetObject().DeepCopyObject()

@@ -36,9 +36,12 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 		// At once, before the elector's next renewal.
 		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
 
-		<-ctx.Done()
-
-		return ctx.Err()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Minute):
+			return errors.New("the engine was not stopped a minute after the lock was lost")
+		}
 	})
 	f.runner.LeaseDuration, f.runner.RenewDeadline, f.runner.RetryPeriod = 10*time.Second, 8*time.Second, 4*time.Second
 
