@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
@@ -301,6 +302,8 @@ func kubeProxyFrom(ds *appsv1.DaemonSet) KubeProxyInfo {
 		Present: true,
 		Desired: ds.Status.DesiredNumberScheduled,
 		Ready:   ds.Status.NumberReady,
+
+		MaxUnavailable: DaemonSetMaxUnavailable(ds),
 	}
 
 	for _, c := range ds.Spec.Template.Spec.Containers {
@@ -310,4 +313,22 @@ func kubeProxyFrom(ds *appsv1.DaemonSet) KubeProxyInfo {
 	}
 
 	return kp
+}
+
+// DaemonSetMaxUnavailable is how many of ds's pods its rolling update
+// replaces at once: spec.updateStrategy.rollingUpdate.maxUnavailable, a
+// percentage of its pods rounded up as the DaemonSet controller does, 1 by
+// default and at least 1 (an OnDelete DaemonSet counts as 1).
+func DaemonSetMaxUnavailable(ds *appsv1.DaemonSet) int {
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil || ru.MaxUnavailable == nil {
+		return 1
+	}
+
+	n, err := intstr.GetScaledValueFromIntOrPercent(ru.MaxUnavailable, int(ds.Status.DesiredNumberScheduled), true)
+	if err != nil || n < 1 {
+		return 1
+	}
+
+	return n
 }

@@ -174,6 +174,9 @@ type KubeProxyInfo struct {
 	Desired int32
 	// Ready is status.numberReady.
 	Ready int32
+	// MaxUnavailable is how many pods its rolling update replaces at once
+	// (DaemonSetMaxUnavailable).
+	MaxUnavailable int
 }
 
 // PDB is a PodDisruptionBudget's status.

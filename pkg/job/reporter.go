@@ -50,6 +50,7 @@ var (
 	_ stages.Progress     = (*reporter)(nil)
 	_ stages.Memo         = (*reporter)(nil)
 	_ stages.StepProgress = (*reporter)(nil)
+	_ stages.StepTimer    = (*reporter)(nil)
 )
 
 func newReporter(store *Store, op *Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
@@ -92,6 +93,13 @@ func (r *reporter) Node(stage, node string, phase stages.NodePhase, message stri
 func (r *reporter) Step(stage, step, message string) {
 	r.change(func(s *OperationStatus) { s.Step = step + ": " + message })
 	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
+}
+
+// StepTime implements stages.StepTimer.
+func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
+	now := r.now()
+
+	r.change(func(s *OperationStatus) { s.SetStep(stage, step, t, now) })
 }
 
 // Get implements stages.Memo.
@@ -351,6 +359,8 @@ func (s OperationStatus) clone() OperationStatus {
 	}
 
 	s.Memo = maps.Clone(s.Memo)
+	s.Steps = slices.Clone(s.Steps)
+	s.Runners = slices.Clone(s.Runners)
 
 	return s
 }

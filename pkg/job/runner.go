@@ -350,6 +350,8 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 			return err
 		}
 
+		// A Pending operation that had runners was paused, then resumed.
+		o.Status.StartRunner(r.Identity, r.Node, o.Status.Phase == PhasePending && o.Status.Runs > 0, o.Spec.CreatedAt.Time, now)
 		o.Status.Phase = PhaseRunning
 		o.Status.Runner = r.Identity
 		o.Status.Runs++
@@ -454,6 +456,7 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		ferr := rep.finish(wctx, func(s *OperationStatus) {
 			s.Phase = PhaseSucceeded
 			s.FinishedAt = ptrTime(r.now())
+			s.EndRunner(r.now())
 		})
 		if ferr != nil {
 			return ferr
@@ -464,6 +467,8 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 
 		return nil
 	case ctx.Err() != nil:
+		rep.change(func(s *OperationStatus) { s.EndRunner(r.now()) })
+
 		if ferr := rep.flush(wctx); ferr != nil {
 			r.logf("last progress not written: %v", ferr)
 		}
@@ -492,6 +497,7 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		}
 
 		s.AddPause(s.Stage, pause.Node, pause.Reason, r.now())
+		s.EndRunner(r.now())
 	})
 	if ferr != nil {
 		if errors.Is(ferr, errLostLock) {

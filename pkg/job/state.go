@@ -162,6 +162,14 @@ type OperationStatus struct {
 	Pauses []PauseRecord `json:"pauses,omitempty"`
 	// Memo is the engine's small durable memory (stages.Memo).
 	Memo map[string]string `json:"memo,omitempty"`
+	// Steps time the stages' own steps (pre-pull, manifest sync, kube-proxy
+	// rollout), one record per stage and step: a resumed runner keeps them
+	// for the estimate of the time left.
+	Steps []StepRecord `json:"steps,omitempty"`
+	// Runners are the runner pods that took the lock, oldest first (the last
+	// MaxRunners): when each started and ended, and how long the operation
+	// went without one before it.
+	Runners []RunnerRecord `json:"runners,omitempty"`
 	// StartedAt is when a runner first took the lock; UpdatedAt the last write;
 	// FinishedAt when the operation succeeded or was aborted.
 	StartedAt  *metav1.Time `json:"startedAt,omitempty"`
@@ -171,6 +179,106 @@ type OperationStatus struct {
 
 // MaxPauses bounds OperationStatus.Pauses.
 const MaxPauses = 20
+
+// MaxRunners bounds OperationStatus.Runners.
+const MaxRunners = 20
+
+// StepRecord times one of a stage's own steps. A time is the first one seen,
+// but Done, which is the last (the manifest sync is done once per control
+// plane).
+type StepRecord struct {
+	// Stage and Step name it (stages.StepPrePull, StepManifests, StepRollout).
+	Stage string `json:"stage"`
+	Step  string `json:"step"`
+	// Started is when it began; Done when it was last done.
+	Started metav1.MicroTime  `json:"started"`
+	Done    *metav1.MicroTime `json:"done,omitempty"`
+	// Pods, Updated and MaxUnavailable follow a DaemonSet's rollout, as seen
+	// at Observed: its pods, those updated, how many it replaces at once.
+	Pods           int               `json:"pods,omitempty"`
+	Updated        int               `json:"updated,omitempty"`
+	MaxUnavailable int               `json:"maxUnavailable,omitempty"`
+	Observed       *metav1.MicroTime `json:"observed,omitempty"`
+}
+
+// StepOf returns the record of a stage's step, nil when none.
+func (s *OperationStatus) StepOf(stage, step string) *StepRecord {
+	for i := range s.Steps {
+		if s.Steps[i].Stage == stage && s.Steps[i].Step == step {
+			return &s.Steps[i]
+		}
+	}
+
+	return nil
+}
+
+// SetStep records how far a stage's step has come.
+func (s *OperationStatus) SetStep(stage, step string, t stages.StepTiming, now time.Time) {
+	at := metav1.NewMicroTime(now.UTC())
+
+	r := s.StepOf(stage, step)
+	if r == nil {
+		s.Steps = append(s.Steps, StepRecord{Stage: stage, Step: step, Started: at})
+		r = &s.Steps[len(s.Steps)-1]
+	}
+
+	if t.Pods > 0 {
+		r.Pods, r.Updated, r.MaxUnavailable, r.Observed = t.Pods, t.Updated, t.MaxUnavailable, &at
+	}
+
+	if t.Done {
+		r.Done = &at
+	}
+}
+
+// RunnerRecord is one runner pod that took the lock.
+type RunnerRecord struct {
+	// Pod and Node are the runner's pod and the node it ran on.
+	Pod  string `json:"pod"`
+	Node string `json:"node,omitempty"`
+	// Idle is when the operation was left without a runner before this one:
+	// the previous runner's end (its last write when it ended without one),
+	// the launch for the first runner.
+	Idle metav1.MicroTime `json:"idle"`
+	// Started is when it took the lock; Ended when it stopped (evicted,
+	// paused, succeeded), empty while it runs or when it died without a word.
+	Started metav1.MicroTime  `json:"started"`
+	Ended   *metav1.MicroTime `json:"ended,omitempty"`
+	// AfterPause is true when the operation was paused before it started:
+	// the time without a runner was the operator's.
+	AfterPause bool `json:"afterPause,omitempty"`
+}
+
+// StartRunner records a runner taking the lock at now; resumed says the
+// operation was resumed after a pause since the last runner.
+func (s *OperationStatus) StartRunner(pod, node string, resumed bool, createdAt, now time.Time) {
+	idle := createdAt
+
+	switch {
+	case len(s.Runners) > 0 && s.Runners[len(s.Runners)-1].Ended != nil:
+		idle = s.Runners[len(s.Runners)-1].Ended.Time
+	case len(s.Runners) > 0 && s.UpdatedAt != nil:
+		idle = s.UpdatedAt.Time
+	}
+
+	s.Runners = append(s.Runners, RunnerRecord{
+		Pod: pod, Node: node, Idle: metav1.NewMicroTime(idle.UTC()), Started: metav1.NewMicroTime(now.UTC()),
+		AfterPause: resumed,
+	})
+	if len(s.Runners) > MaxRunners {
+		s.Runners = s.Runners[len(s.Runners)-MaxRunners:]
+	}
+}
+
+// EndRunner records the current runner's end at now.
+func (s *OperationStatus) EndRunner(now time.Time) {
+	if len(s.Runners) == 0 {
+		return
+	}
+
+	at := metav1.NewMicroTime(now.UTC())
+	s.Runners[len(s.Runners)-1].Ended = &at
+}
 
 // PauseRecord is one pause of an operation.
 type PauseRecord struct {

@@ -2,13 +2,22 @@ package progress
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
+
+// JobFailureBackoff is the Job controller's delay before it replaces a
+// failed pod (kube-controller-manager's DefaultJobPodFailureBackOff, not
+// configurable). It counts the failures a podFailurePolicy ignores too, so
+// the runner evicted by its own node's drain is replaced after it.
+const JobFailureBackoff = 10 * time.Second
 
 // Progress is how far an operation has come.
 type Progress struct {
@@ -38,167 +47,458 @@ type Stage struct {
 	// Batches counts the stage's batches (groups of nodes that move together).
 	Batches int `json:"batches"`
 	// BatchSeconds is the measured median time of one of the stage's batches
-	// (from the previous batch done to this one done), 0 when none was measured.
+	// (from the previous batch done to this one done, the time without a
+	// runner and the stage's rollout left out), 0 when none was measured.
 	BatchSeconds int64 `json:"batchSeconds,omitempty"`
 }
 
 // Of computes op's progress against plan at now. plan may be nil (the state
 // holds no plan): then only the elapsed time is known.
+//
+// The time left is the plan's critical path, made of what is still to come,
+// in order:
+//   - each batch of nodes left takes the median cycle measured for a batch
+//     of its stage (from the previous batch done to its own done, without
+//     the time the operation had no runner and without the rollout), else
+//     of the stages of the same work (stages.Work), else of all;
+//   - the DaemonSet rollout after a stage (kube-proxy after KubeProxy): its
+//     pods not updated yet, MaxUnavailable at a time, each batch of pods at
+//     the pace the rollout has shown since the first manifest sync changed
+//     the DaemonSet; before it shows one, at the pace of a pod's start on
+//     this cluster as the first runner's showed it (launch to lock);
+//   - the runner's replacement, once, before the batch that drains the node
+//     the runner runs on: the median of the replacements measured, else the
+//     Job's failure backoff plus that pod start.
+//
+// The item under way has been going since the last batch or step done (a
+// rollout: since it was last observed).
 func Of(op *job.Operation, plan *api.Plan, now time.Time) Progress {
-	s := op.Status
+	s := &op.Status
 	p := Progress{ElapsedSeconds: int64(Elapsed(op, now).Seconds())}
 
 	if plan == nil {
 		return p
 	}
 
-	var (
-		remaining []pending // batches not done, every stage
-		allCycles []time.Duration
-		cyclesBy  = map[string][]time.Duration{}
-		// lastDoneAll is when the last batch was done: the first batch's
-		// cycle runs from the first runner's start.
-		lastDoneAll time.Time
-	)
+	m := newModel(op, plan, now)
 
-	if s.StartedAt != nil {
-		lastDoneAll = s.StartedAt.Time
-	}
-
-	for _, st := range plan.Stages {
+	for i := range plan.Stages {
+		st := &plan.Stages[i]
 		if st.Skipped {
 			continue
 		}
 
-		ps := Stage{Name: st.Name, Total: len(st.Nodes)}
-
-		// Batches in order, with when each was done (its last node's Done).
-		var (
-			batchDone = map[int]time.Time{}
-			batchLeft = map[int]bool{}
-			order     []int
-		)
-
-		for _, n := range st.Nodes {
-			if !slices.Contains(order, n.Batch) {
-				order = append(order, n.Batch)
-			}
-
-			done, ok := doneAt(&s, n.Node, st.Name)
-			if !ok {
-				batchLeft[n.Batch] = true
-
-				continue
-			}
-
-			ps.Done++
-
-			if done.After(batchDone[n.Batch]) {
-				batchDone[n.Batch] = done
-			}
-		}
-
-		ps.Batches = len(order)
-
-		// A batch's cycle: from the previous batch done (or the previous
-		// stage's last) to its own done.
-		prev := lastDoneAll
-
-		for _, b := range order {
-			if batchLeft[b] {
-				remaining = append(remaining, pending{stage: st.Name})
-
-				continue
-			}
-
-			done := batchDone[b]
-			if !prev.IsZero() && done.After(prev) {
-				cyclesBy[st.Name] = append(cyclesBy[st.Name], done.Sub(prev))
-				allCycles = append(allCycles, done.Sub(prev))
-			}
-
-			if done.After(prev) {
-				prev = done
-			}
-		}
-
-		if prev.After(lastDoneAll) {
-			lastDoneAll = prev
-		}
-
-		if c := cyclesBy[st.Name]; len(c) > 0 {
-			ps.BatchSeconds = int64(median(c).Seconds())
-		}
-
+		ps := m.stage(st)
 		p.Done += ps.Done
 		p.Total += ps.Total
 		p.Stages = append(p.Stages, ps)
 	}
 
-	if s.Phase.Finished() || len(remaining) == 0 || len(allCycles) == 0 {
+	if s.Phase.Finished() || len(m.items) == 0 || len(m.all) == 0 {
 		return p
 	}
 
-	// Each batch left takes its stage's median cycle, or, for a stage not
-	// measured yet, the median of the stages of its kind, or of all.
 	var left time.Duration
 
-	for _, r := range remaining {
-		left += cycleFor(r.stage, cyclesBy, allCycles)
-	}
+	for i, it := range m.items {
+		d := it.dur(m)
+		if i == 0 {
+			d = max(0, d-it.underway(m))
+		}
 
-	// The batch under way has been going since the last one was done.
-	if !lastDoneAll.IsZero() && now.After(lastDoneAll) {
-		left -= min(now.Sub(lastDoneAll), cycleFor(remaining[0].stage, cyclesBy, allCycles))
+		left += d
 	}
 
 	secs := int64(left.Round(time.Second).Seconds())
 	p.RemainingSeconds = &secs
-	p.Basis = basis(cyclesBy, len(allCycles))
+	p.Basis = m.basis()
 
 	return p
 }
 
-type pending struct{ stage string }
+// model is the operation's measured timeline against the plan.
+type model struct {
+	op   *job.Operation
+	plan *api.Plan
+	now  time.Time
 
-// kinds groups the stages whose batches take alike: a static pod restart,
-// a drain and kubelet restart, a drain and reboot.
-var kinds = map[string]string{
-	"APIServers": "static pods", "ControlPlaneComponents": "static pods", "KubeProxy": "static pods",
-	"Kubelets": "drain", "TalosOS": "reboot",
+	// idle are the intervals the operation had no runner; rollouts those
+	// of the DaemonSet rollouts: neither is in a batch's cycle.
+	idle, rollouts []interval
+	// idleSince is when the last runner ended, with none after it yet.
+	idleSince time.Time
+	// prev is when the last batch was done, over every stage so far (the
+	// first batch's cycle runs from the first runner's start); mark the
+	// latest batch or step done, or runner start: what is under way has been
+	// going since.
+	prev, mark time.Time
+
+	byStage map[string][]time.Duration
+	byWork  map[stages.Work][]time.Duration
+	all     []time.Duration
+
+	// runnerNode is the node the current runner runs on (the plan's self
+	// node when no runner was recorded).
+	runnerNode string
+
+	items []item
+	// notes say what the rollout's and the replacement's times came from.
+	notes []string
 }
 
-func cycleFor(stage string, by map[string][]time.Duration, all []time.Duration) time.Duration {
-	if c := by[stage]; len(c) > 0 {
-		return median(c)
+type interval struct{ from, to time.Time }
+
+func newModel(op *job.Operation, plan *api.Plan, now time.Time) *model {
+	s := &op.Status
+	m := &model{
+		op: op, plan: plan, now: now,
+		byStage: map[string][]time.Duration{}, byWork: map[stages.Work][]time.Duration{},
 	}
 
-	var alike []time.Duration
+	if s.StartedAt != nil {
+		m.prev, m.mark = s.StartedAt.Time, s.StartedAt.Time
+	}
 
-	for name, c := range by {
-		if kinds[name] != "" && kinds[name] == kinds[stage] {
-			alike = append(alike, c...)
+	// The first runner's start to the microsecond, when recorded.
+	if len(s.Runners) > 0 && s.Runners[0].Idle.Time.Equal(op.Spec.CreatedAt.Time) {
+		m.prev = s.Runners[0].Started.Time
+	}
+
+	for i, r := range s.Runners {
+		if i > 0 {
+			m.idle = append(m.idle, interval{r.Idle.Time, r.Started.Time})
+		}
+
+		m.mark = later(m.mark, r.Started.Time)
+		m.runnerNode = r.Node
+	}
+
+	// A runner that ended, with none after it yet: idle since.
+	if n := len(s.Runners); n > 0 && s.Runners[n-1].Ended != nil && !s.Phase.Finished() {
+		m.idleSince = s.Runners[n-1].Ended.Time
+		m.idle = append(m.idle, interval{m.idleSince, now})
+	}
+
+	for _, r := range s.Steps {
+		if r.Step == stages.StepRollout {
+			end := now
+			if r.Done != nil {
+				end = r.Done.Time
+			}
+
+			m.rollouts = append(m.rollouts, interval{r.Started.Time, end})
+		}
+
+		if r.Done != nil {
+			m.mark = later(m.mark, r.Done.Time)
 		}
 	}
 
-	if len(alike) > 0 {
-		return median(alike)
+	if m.runnerNode == "" {
+		for _, st := range plan.Stages {
+			for _, n := range st.Nodes {
+				if n.Self {
+					m.runnerNode = n.Node
+				}
+			}
+		}
 	}
 
-	return median(all)
+	return m
 }
 
-func basis(by map[string][]time.Duration, n int) string {
-	names := make([]string, 0, len(by))
-	for name := range by {
+// busy is the time from a to b with a runner, and without a rollout when
+// rollouts is true.
+func (m *model) busy(a, b time.Time, rollouts bool) time.Duration {
+	d := b.Sub(a)
+
+	// The intervals may overlap (a rollout without a runner): cut b - a
+	// into the pieces outside every one.
+	out := slices.Clone(m.idle)
+	if rollouts {
+		out = append(out, m.rollouts...)
+	}
+
+	slices.SortFunc(out, func(x, y interval) int { return x.from.Compare(y.from) })
+
+	cur := a
+
+	for _, iv := range out {
+		from, to := later(cur, iv.from), iv.to
+		if b.Before(to) {
+			to = b
+		}
+
+		if to.After(from) {
+			d -= to.Sub(from)
+			cur = to
+		}
+	}
+
+	return max(0, d)
+}
+
+// stage measures the stage's batches done and queues what is left of it.
+func (m *model) stage(st *api.Stage) Stage {
+	s := &m.op.Status
+	ps := Stage{Name: st.Name, Total: len(st.Nodes)}
+	work := stages.StageWork(st.Name)
+
+	// Batches in order, with when each was done (its last node's Done).
+	var (
+		batchDone = map[int]time.Time{}
+		batchLeft = map[int]bool{}
+		runnerIn  = map[int]bool{}
+		order     []int
+	)
+
+	for _, n := range st.Nodes {
+		if !slices.Contains(order, n.Batch) {
+			order = append(order, n.Batch)
+		}
+
+		done, ok := doneAt(s, n.Node, st.Name)
+		if !ok {
+			batchLeft[n.Batch] = true
+			runnerIn[n.Batch] = runnerIn[n.Batch] || n.Node == m.runnerNode
+
+			continue
+		}
+
+		ps.Done++
+
+		if done.After(batchDone[n.Batch]) {
+			batchDone[n.Batch] = done
+		}
+	}
+
+	ps.Batches = len(order)
+
+	for _, b := range order {
+		if batchLeft[b] {
+			if runnerIn[b] && work.Drains() {
+				m.items = append(m.items, item{kind: itemReplacement})
+			}
+
+			m.items = append(m.items, item{kind: itemBatch, stage: st.Name, work: work})
+
+			continue
+		}
+
+		done := batchDone[b]
+		if !m.prev.IsZero() && done.After(m.prev) {
+			if c := m.busy(m.prev, done, true); c > 0 {
+				m.byStage[st.Name] = append(m.byStage[st.Name], c)
+				m.byWork[work] = append(m.byWork[work], c)
+				m.all = append(m.all, c)
+			}
+		}
+
+		m.prev = later(m.prev, done)
+		m.mark = later(m.mark, done)
+	}
+
+	if r := m.rolloutOf(st); r != nil {
+		rec := s.StepOf(st.Name, stages.StepRollout)
+		if rec == nil || rec.Done == nil {
+			it := item{kind: itemRollout, stage: st.Name, rollout: *r, rec: rec}
+			if rec != nil && rec.Observed != nil {
+				it.mark = rec.Observed.Time
+			}
+
+			m.items = append(m.items, it)
+		}
+	}
+
+	if c := m.byStage[st.Name]; len(c) > 0 {
+		ps.BatchSeconds = int64(median(c).Seconds())
+	}
+
+	return ps
+}
+
+// rolloutOf is the rollout that follows the stage, nil for none: the plan's,
+// or for a plan made before plans carried it, the kube-proxy DaemonSet on
+// every node, one pod at a time, when the KubeProxy stage moves kube-proxy.
+func (m *model) rolloutOf(st *api.Stage) *api.Rollout {
+	if st.Rollout != nil {
+		return st.Rollout
+	}
+
+	if st.Name != (stages.KubeProxy{}).Name() {
+		return nil
+	}
+
+	for _, n := range st.Nodes {
+		for _, c := range n.Changes {
+			if c.Component == "kube-proxy" {
+				return &api.Rollout{Pods: m.plan.Cluster.ControlPlanes + m.plan.Cluster.Workers, MaxUnavailable: 1}
+			}
+		}
+	}
+
+	return nil
+}
+
+type itemKind int
+
+const (
+	itemBatch itemKind = iota
+	itemRollout
+	itemReplacement
+)
+
+// item is one thing left on the critical path.
+type item struct {
+	kind  itemKind
+	stage string
+	work  stages.Work
+	// rollout and rec are the rollout's pods and its record, if any.
+	rollout api.Rollout
+	rec     *job.StepRecord
+	// mark is when the item's own measure was taken (a rollout's last
+	// observation); zero: the model's mark.
+	mark time.Time
+}
+
+// underway is how long the item, first of those left, has been going.
+func (it item) underway(m *model) time.Duration {
+	switch {
+	case it.kind == itemReplacement:
+		// The replacement is the time without a runner.
+		if !m.idleSince.IsZero() {
+			return m.now.Sub(m.idleSince)
+		}
+
+		return 0
+	case it.kind == itemRollout && !it.mark.IsZero():
+		return m.busy(it.mark, m.now, false)
+	case m.mark.IsZero() || !m.now.After(m.mark):
+		return 0
+	}
+
+	return m.busy(m.mark, m.now, true)
+}
+
+func (it item) dur(m *model) time.Duration {
+	switch it.kind {
+	case itemRollout:
+		return m.rolloutLeft(it)
+	case itemReplacement:
+		return m.replacement()
+	default:
+		return m.cycleFor(it.stage, it.work)
+	}
+}
+
+// cycleFor is a batch's time: its stage's median cycle, else that of the
+// stages of its work, else that of all.
+func (m *model) cycleFor(stage string, work stages.Work) time.Duration {
+	if c := m.byStage[stage]; len(c) > 0 {
+		return median(c)
+	}
+
+	if c := m.byWork[work]; work != "" && len(c) > 0 {
+		return median(c)
+	}
+
+	return median(m.all)
+}
+
+// podStart is a pod's start on this cluster as the first runner's showed it:
+// from the operation's launch to that runner taking the lock; 0 when unknown.
+func (m *model) podStart() time.Duration {
+	s := &m.op.Status
+	if len(s.Runners) > 0 && s.Runners[0].Idle.Time.Equal(m.op.Spec.CreatedAt.Time) && s.Runners[0].Started.After(s.Runners[0].Idle.Time) {
+		return s.Runners[0].Started.Sub(s.Runners[0].Idle.Time)
+	}
+
+	if s.StartedAt != nil && s.StartedAt.After(m.op.Spec.CreatedAt.Time) {
+		return s.StartedAt.Sub(m.op.Spec.CreatedAt.Time)
+	}
+
+	return 0
+}
+
+// rolloutLeft is the rollout's time left as of its last observation.
+func (m *model) rolloutLeft(it item) time.Duration {
+	pods, updated, mu := it.rollout.Pods, 0, it.rollout.MaxUnavailable
+
+	var perBatch time.Duration
+
+	if r := it.rec; r != nil && r.Observed != nil && r.Pods > 0 {
+		pods, updated, mu = r.Pods, min(r.Updated, r.Pods), max(1, r.MaxUnavailable)
+
+		// The rollout began when the first manifest sync changed the
+		// DaemonSet (the control planes' syncs overlap it), else when its
+		// wait began.
+		began := r.Started.Time
+		if ms := m.op.Status.StepOf(it.stage, stages.StepManifests); ms != nil && ms.Started.Time.Before(began) {
+			began = ms.Started.Time
+		}
+
+		if updated > 0 && r.Observed.Time.After(began) {
+			perBatch = time.Duration(float64(r.Observed.Sub(began)) * float64(mu) / float64(updated))
+			m.note(fmt.Sprintf("rollout %d of %d pods left at %s per %d measured", pods-updated, pods, perBatch.Round(100*time.Millisecond), mu))
+		}
+	}
+
+	if perBatch == 0 {
+		perBatch = m.podStart()
+		m.note(fmt.Sprintf("rollout %d of %d pods left at %s per %d (a pod's start, the runner's)", pods-updated, pods, perBatch.Round(100*time.Millisecond), max(1, mu)))
+	}
+
+	batches := math.Ceil(float64(max(0, pods-updated)) / float64(max(1, mu)))
+
+	return time.Duration(batches * float64(perBatch))
+}
+
+// replacement is the runner's replacement after its node's drain: the
+// median of those measured (a runner that took over from one stopped, not
+// paused), else the Job's failure backoff and a pod's start.
+func (m *model) replacement() time.Duration {
+	var measured []time.Duration
+
+	for i, r := range m.op.Status.Runners {
+		if i > 0 && !r.AfterPause && r.Started.After(r.Idle.Time) {
+			measured = append(measured, r.Started.Sub(r.Idle.Time))
+		}
+	}
+
+	if len(measured) > 0 {
+		d := median(measured)
+		m.note(fmt.Sprintf("runner replacement %s measured", d.Round(100*time.Millisecond)))
+
+		return d
+	}
+
+	d := JobFailureBackoff + m.podStart()
+	m.note(fmt.Sprintf("runner replacement %s (the Job's backoff and a pod's start)", d.Round(100*time.Millisecond)))
+
+	return d
+}
+
+func (m *model) note(s string) {
+	if !slices.Contains(m.notes, s) {
+		m.notes = append(m.notes, s)
+	}
+}
+
+func (m *model) basis() string {
+	names := make([]string, 0, len(m.byStage))
+	for name := range m.byStage {
 		names = append(names, name)
 	}
 
 	sort.Strings(names)
 
-	out := fmt.Sprintf("%d batches measured, median per batch:", n)
+	out := fmt.Sprintf("%d batches measured, median per batch:", len(m.all))
 	for _, name := range names {
-		out += fmt.Sprintf(" %s %s", name, median(by[name]).Round(time.Second))
+		out += fmt.Sprintf(" %s %s", name, median(m.byStage[name]).Round(100*time.Millisecond))
+	}
+
+	if len(m.notes) > 0 {
+		out += "; " + strings.Join(m.notes, "; ")
 	}
 
 	return out
@@ -234,6 +534,14 @@ func Elapsed(op *job.Operation, now time.Time) time.Duration {
 	}
 
 	return max(0, end.Sub(start))
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+
+	return a
 }
 
 func median(d []time.Duration) time.Duration {

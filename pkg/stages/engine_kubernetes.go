@@ -842,7 +842,8 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), summarize(names))
 	}
 
-	r.e.step(stage, "manifests", "%s", msg)
+	r.e.step(stage, StepManifests, "%s", msg)
+	r.e.stepTime(stage, StepManifests, StepTiming{Done: true})
 
 	return true, nil
 }
@@ -919,17 +920,20 @@ func kubeProxyImage(objs []*unstructured.Unstructured) string {
 	return ""
 }
 
-// rollout waits for the kube-proxy DaemonSet to run the target everywhere.
+// rollout waits for the kube-proxy DaemonSet to run the target everywhere,
+// timing it as it advances (StepTimer).
 func (r *kubeRun) rollout(ctx context.Context, stage string) error {
 	tag := r.target.String()
-	r.e.step(stage, "rollout", "waiting for DaemonSet %s/%s on %s", discovery.StaticPodNamespace, discovery.KubeProxyDaemonSet, tag)
+	r.e.step(stage, StepRollout, "waiting for DaemonSet %s/%s on %s", discovery.StaticPodNamespace, discovery.KubeProxyDaemonSet, tag)
+	r.e.stepTime(stage, StepRollout, r.rolloutTiming(false))
 
 	start := time.Now()
 
 	err := r.cache.Wait(ctx, r.opts.VerifyTimeout,
 		r.cache.DaemonSetRolledOut(discovery.KubeProxyDaemonSet, discovery.KubeProxyDaemonSet, tag),
 		func(waiting string) {
-			r.e.step(stage, "rollout", "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
+			r.e.step(stage, StepRollout, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
+			r.e.stepTime(stage, StepRollout, r.rolloutTiming(false))
 		})
 	if err != nil {
 		reason := "kube-proxy rollout: " + err.Error()
@@ -937,6 +941,8 @@ func (r *kubeRun) rollout(ctx context.Context, stage string) error {
 		return r.pause(ctx, stage, "", reason, fmt.Sprintf("check the kube-proxy pods (kubectl -n %s get pods -l %s=%s -o wide), then resume",
 			discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.KubeProxyDaemonSet), fmt.Errorf("stage %s: %s", stage, reason))
 	}
+
+	r.e.stepTime(stage, StepRollout, r.rolloutTiming(true))
 
 	running, err := kube.Observe(ctx, r.e.Kube)
 	if err != nil {
@@ -947,9 +953,22 @@ func (r *kubeRun) rollout(ctx context.Context, stage string) error {
 		return err
 	}
 
-	r.e.step(stage, "rollout", "DaemonSet %s rolled out on %s", discovery.KubeProxyDaemonSet, tag)
+	r.e.step(stage, StepRollout, "DaemonSet %s rolled out on %s", discovery.KubeProxyDaemonSet, tag)
 
 	return nil
+}
+
+// rolloutTiming is how far the kube-proxy DaemonSet's rollout has come, as
+// the cache has it.
+func (r *kubeRun) rolloutTiming(done bool) StepTiming {
+	t := StepTiming{Done: done}
+
+	if ds, ok := r.cache.DaemonSet(discovery.KubeProxyDaemonSet); ok {
+		t.Pods, t.Updated = int(ds.Status.DesiredNumberScheduled), int(ds.Status.UpdatedNumberScheduled)
+		t.MaxUnavailable = discovery.DaemonSetMaxUnavailable(ds)
+	}
+
+	return t
 }
 
 // pause is Engine.pause for this run.

@@ -54,6 +54,32 @@ type StepProgress interface {
 	Step(stage, step, message string)
 }
 
+// StepTimer may be implemented by a Progress to time a stage's own steps
+// (the pre-pull, the bootstrap manifests' sync, the kube-proxy rollout), so
+// that an estimate of the time left counts them: called when a step begins,
+// as a rollout advances, and when the step is done.
+type StepTimer interface {
+	StepTime(stage, step string, t StepTiming)
+}
+
+// StepTiming is how far a stage's own step has come.
+type StepTiming struct {
+	// Done is true once the step is done.
+	Done bool
+	// Pods, Updated and MaxUnavailable follow a DaemonSet's rollout: its
+	// pods, those already updated, and how many it replaces at once (zero
+	// for the other steps).
+	Pods, Updated, MaxUnavailable int
+}
+
+// Steps of a stage that belong to no node, as StepProgress and StepTimer
+// name them.
+const (
+	StepPrePull   = "pre-pull"
+	StepManifests = "manifests"
+	StepRollout   = "rollout"
+)
+
 // Engine runs one upgrade to completion, or until it pauses. It holds no
 // state of its own: every Run re-derives where the upgrade is from the
 // cluster (each node's active config against the render for the current
@@ -176,6 +202,13 @@ func (e *Engine) step(stage, step, format string, args ...any) {
 
 	if sp, ok := e.Progress.(StepProgress); ok {
 		sp.Step(stage, step, msg)
+	}
+}
+
+// stepTime reports how far a stage-wide step has come.
+func (e *Engine) stepTime(stage, step string, t StepTiming) {
+	if st, ok := e.Progress.(StepTimer); ok {
+		st.StepTime(stage, step, t)
 	}
 }
 

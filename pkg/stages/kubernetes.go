@@ -22,6 +22,8 @@ type KubernetesStage interface {
 	AtTarget(c discovery.Component) bool
 	// After says what runs once the stage's nodes are done; "" for nothing.
 	After() string
+	// Work is what one of the stage's batches waits for, which sets its pace.
+	Work() Work
 	// SkipReason says why the stage does not run on this cluster; "" when it runs.
 	SkipReason(snap *discovery.Snapshot) string
 }
@@ -46,6 +48,9 @@ func (APIServers) AtTarget(c discovery.Component) bool { return c == discovery.A
 
 // After implements KubernetesStage.
 func (APIServers) After() string { return "" }
+
+// Work implements KubernetesStage.
+func (APIServers) Work() Work { return WorkStaticPods }
 
 // SkipReason implements KubernetesStage.
 func (APIServers) SkipReason(*discovery.Snapshot) string { return "" }
@@ -73,6 +78,9 @@ func (ControlPlaneComponents) AtTarget(c discovery.Component) bool {
 // After implements KubernetesStage.
 func (ControlPlaneComponents) After() string { return "" }
 
+// Work implements KubernetesStage.
+func (ControlPlaneComponents) Work() Work { return WorkStaticPods }
+
 // SkipReason implements KubernetesStage.
 func (ControlPlaneComponents) SkipReason(*discovery.Snapshot) string { return "" }
 
@@ -96,6 +104,9 @@ func (KubeProxy) AtTarget(c discovery.Component) bool { return c != discovery.Ku
 
 // After implements KubernetesStage.
 func (KubeProxy) After() string { return "bootstrap manifests, kube-proxy rollout" }
+
+// Work implements KubernetesStage.
+func (KubeProxy) Work() Work { return WorkConfig }
 
 // SkipReason implements KubernetesStage.
 func (KubeProxy) SkipReason(snap *discovery.Snapshot) string {
@@ -126,6 +137,9 @@ func (Kubelets) AtTarget(discovery.Component) bool { return true }
 
 // After implements KubernetesStage.
 func (Kubelets) After() string { return "" }
+
+// Work implements KubernetesStage.
+func (Kubelets) Work() Work { return WorkDrain }
 
 // SkipReason implements KubernetesStage.
 func (Kubelets) SkipReason(*discovery.Snapshot) string { return "" }

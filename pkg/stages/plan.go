@@ -61,10 +61,34 @@ func PlanKubernetes(snap *discovery.Snapshot, target Version, opts Options) (*ap
 		}
 
 		stage.Nodes = steps
+		stage.Rollout = rolloutOf(s, snap, steps)
 		plan.Stages = append(plan.Stages, stage)
 	}
 
 	return plan, nil
+}
+
+// rolloutOf is the kube-proxy DaemonSet's rollout after the KubeProxy stage
+// when some node's config moves kube-proxy (its sync changes the DaemonSet),
+// nil otherwise.
+func rolloutOf(s KubernetesStage, snap *discovery.Snapshot, steps []api.NodeStep) *api.Rollout {
+	if _, proxy := s.(KubeProxy); !proxy || !snap.KubeProxy.Present {
+		return nil
+	}
+
+	for _, n := range steps {
+		for _, c := range n.Changes {
+			if c.Component == string(discovery.KubeProxy) {
+				return &api.Rollout{
+					DaemonSet:      discovery.StaticPodNamespace + "/" + discovery.KubeProxyDaemonSet,
+					Pods:           int(snap.KubeProxy.Desired),
+					MaxUnavailable: max(1, snap.KubeProxy.MaxUnavailable),
+				}
+			}
+		}
+	}
+
+	return nil
 }
 
 // imagesAfter tracks each node's images as the earlier stages of a plan leave them.

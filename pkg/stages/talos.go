@@ -30,6 +30,9 @@ func (TalosOS) Description() string {
 	return "cordon, drain, Talos upgrade with the installer image, reboot, node Ready on the new version (and etcd healthy on control planes), uncordon"
 }
 
+// Work is what one of the stage's batches waits for: a drain and a reboot.
+func (TalosOS) Work() Work { return WorkReboot }
+
 // Installer returns the installer node n is upgraded with (ChooseInstaller
 // over what discovery read of it).
 func (t TalosOS) Installer(n discovery.Node) (Installer, error) {

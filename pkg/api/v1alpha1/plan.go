@@ -111,6 +111,19 @@ type Stage struct {
 	Nodes []NodeStep `json:"nodes"`
 	// After is what the stage does once its nodes are done, if anything.
 	After string `json:"after,omitempty"`
+	// Rollout is the DaemonSet rollout that follows the stage's nodes (the
+	// kube-proxy DaemonSet after KubeProxy), nil for none.
+	Rollout *Rollout `json:"rollout,omitempty"`
+}
+
+// Rollout is a DaemonSet's rolling update as the plan found the DaemonSet.
+type Rollout struct {
+	// DaemonSet is "namespace/name".
+	DaemonSet string `json:"daemonSet"`
+	// Pods is the number of its pods (status.desiredNumberScheduled).
+	Pods int `json:"pods"`
+	// MaxUnavailable is how many it replaces at once.
+	MaxUnavailable int `json:"maxUnavailable"`
 }
 
 // NodeStep is what a stage does to one node.
