@@ -135,6 +135,7 @@ func TestRunnerSucceeds(t *testing.T) {
 
 		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready")
 		cfg.Progress.(stages.StepProgress).Step("KubeProxy", "manifests", "applied 10 objects")
+		cfg.Progress.(stages.StepTimer).StepTime("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true})
 
 		return nil
 	})
@@ -168,6 +169,12 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.Equal(t, "APIServers", s.Stage)
 	assert.Equal(t, 4, s.StageCount)
 	assert.Equal(t, "manifests: applied 10 objects", s.Step)
+	require.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests), "the step's times are in the state")
+	assert.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests).Done)
+	require.Len(t, s.Runners, 1)
+	assert.Equal(t, "runner-pod-1", s.Runners[0].Pod)
+	assert.Equal(t, "cp-2", s.Runners[0].Node)
+	assert.NotNil(t, s.Runners[0].Ended, "its end is recorded")
 	assert.NotNil(t, s.StartedAt)
 	assert.NotNil(t, s.FinishedAt)
 	require.Len(t, s.Nodes, 1)
@@ -291,6 +298,8 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	assert.Equal(t, PhaseRunning, s.Phase, "the next runner continues")
 	require.Len(t, s.Nodes, 1, "the last progress is written")
 	assert.Equal(t, stages.PhaseDraining, s.Nodes[0].Phase)
+	require.Len(t, s.Runners, 1)
+	assert.NotNil(t, s.Runners[0].Ended, "the runner's end is written: the next one measures its wait from it")
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released for the next pod")
 }
 

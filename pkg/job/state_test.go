@@ -346,3 +346,53 @@ func TestStoreUpdateStartsFromItsLastWrite(t *testing.T) {
 	})
 	require.ErrorIs(t, err, errAborted)
 }
+
+func TestStepRecords(t *testing.T) {
+	var s OperationStatus
+
+	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0)
+	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0.Add(2*time.Second))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 5, Updated: 1, MaxUnavailable: 1}, t0.Add(3*time.Second))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, t0.Add(4*time.Second))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 5, Updated: 5, MaxUnavailable: 1}, t0.Add(9*time.Second))
+
+	require.Len(t, s.Steps, 2, "one record per stage and step")
+
+	m := s.StepOf("KubeProxy", stages.StepManifests)
+	require.NotNil(t, m)
+	assert.Equal(t, t0, m.Started.Time, "the first start")
+	assert.Equal(t, t0.Add(2*time.Second), m.Done.Time, "the last done: once per control plane")
+
+	r := s.StepOf("KubeProxy", stages.StepRollout)
+	require.NotNil(t, r)
+	assert.Equal(t, t0.Add(3*time.Second), r.Started.Time)
+	assert.Equal(t, 5, r.Updated)
+	assert.Equal(t, t0.Add(9*time.Second), r.Observed.Time)
+	assert.Nil(t, s.StepOf("Kubelets", stages.StepRollout))
+}
+
+func TestRunnerRecords(t *testing.T) {
+	var s OperationStatus
+
+	s.StartRunner("pod-1", "worker-1", false, t0, t0.Add(2*time.Second))
+	s.EndRunner(t0.Add(10 * time.Second))
+	s.StartRunner("pod-2", "cp-1", false, t0, t0.Add(21*time.Second))
+
+	// A runner that died without a word: idle since the last write.
+	updated := metav1.NewTime(t0.Add(30 * time.Second))
+	s.UpdatedAt = &updated
+	s.StartRunner("pod-3", "cp-2", true, t0, t0.Add(40*time.Second))
+
+	require.Len(t, s.Runners, 3)
+	assert.Equal(t, t0, s.Runners[0].Idle.Time, "the first runner waited from the launch")
+	assert.Equal(t, t0.Add(10*time.Second), s.Runners[1].Idle.Time, "the next from the previous one's end")
+	assert.Equal(t, t0.Add(30*time.Second), s.Runners[2].Idle.Time, "or from its last write")
+	assert.True(t, s.Runners[2].AfterPause)
+	assert.Equal(t, "cp-1", s.Runners[1].Node)
+
+	for i := range MaxRunners + 5 {
+		s.StartRunner("pod", "cp-1", false, t0, t0.Add(time.Duration(i)*time.Minute))
+	}
+
+	assert.Len(t, s.Runners, MaxRunners, "bounded")
+}

@@ -1,6 +1,7 @@
 package progress_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -97,4 +98,221 @@ func TestWithoutAPlanOnlyTheElapsedTime(t *testing.T) {
 	assert.Equal(t, int64(90), p.ElapsedSeconds)
 	assert.Zero(t, p.Total)
 	assert.Nil(t, p.RemainingSeconds)
+}
+
+// at is t0 plus s seconds.
+func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+
+func micro(s float64) *metav1.MicroTime {
+	m := metav1.NewMicroTime(at(s))
+
+	return &m
+}
+
+// kubePlan is a Kubernetes upgrade of three control planes and four workers,
+// two at a time, with kube-proxy on every node, one pod at a time; the runner
+// on worker-4 (it goes last).
+func kubePlan() *api.Plan {
+	cps := []string{"cp-1", "cp-2", "cp-3"}
+	proxy := []api.Change{{Component: "kube-proxy"}}
+
+	var apis, cpcs, proxies, kubelets []api.NodeStep
+
+	for i, n := range cps {
+		apis = append(apis, api.NodeStep{Node: n, Batch: i + 1})
+		cpcs = append(cpcs, api.NodeStep{Node: n, Batch: i + 1})
+		proxies = append(proxies, api.NodeStep{Node: n, Batch: i + 1, Changes: proxy})
+		kubelets = append(kubelets, api.NodeStep{Node: n, Batch: i + 1})
+	}
+
+	for i, n := range []string{"worker-1", "worker-2", "worker-3", "worker-4"} {
+		kubelets = append(kubelets, api.NodeStep{Node: n, Batch: 4 + i/2, Self: n == "worker-4"})
+	}
+
+	return &api.Plan{
+		Cluster: api.Cluster{ControlPlanes: 3, Workers: 4},
+		Stages: []api.Stage{
+			{Name: "APIServers", Nodes: apis},
+			{Name: "ControlPlaneComponents", Nodes: cpcs},
+			{Name: "KubeProxy", Nodes: proxies, Rollout: &api.Rollout{DaemonSet: "kube-system/kube-proxy", Pods: 7, MaxUnavailable: 1}},
+			{Name: "Kubelets", Nodes: kubelets},
+		},
+	}
+}
+
+// timeline builds an operation launched at t0 whose first runner, on node,
+// took the lock 2 s later (a pod's start of 2 s).
+type timeline struct{ op *job.Operation }
+
+func newTimeline(node string) *timeline {
+	op := &job.Operation{Spec: job.OperationSpec{CreatedAt: metav1.NewTime(t0)}, Status: job.OperationStatus{Phase: job.PhaseRunning}}
+	op.Status.StartRunner("runner-1", node, false, t0, at(2))
+	started := metav1.NewTime(at(2))
+	op.Status.StartedAt = &started
+
+	return &timeline{op: op}
+}
+
+// done marks the nodes done in stage at s seconds.
+func (tl *timeline) done(stage string, s float64, nodes ...string) *timeline {
+	for _, n := range nodes {
+		tl.op.Status.SetNode(stage, n, stages.PhaseApplying, "", at(s-0.5))
+		tl.op.Status.SetNode(stage, n, stages.PhaseDone, "", at(s))
+	}
+
+	return tl
+}
+
+// controlPlanes marks the three control planes done in stage, one every
+// 3 s from s + 3.
+func (tl *timeline) controlPlanes(stage string, s float64) *timeline {
+	return tl.done(stage, s+3, "cp-1").done(stage, s+6, "cp-2").done(stage, s+9, "cp-3")
+}
+
+func left(t *testing.T, p progress.Progress) float64 {
+	t.Helper()
+	require.NotNil(t, p.RemainingSeconds, "an estimate")
+
+	return float64(*p.RemainingSeconds)
+}
+
+func TestRolloutNotStartedTakesAPodsStartPerPod(t *testing.T) {
+	// APIServers done at 5, 8, 11: 3 s a batch. Left: 3 + 3 batches of
+	// 3 s, the rollout's 7 pods at the runner's pod start (2 s), 5
+	// Kubelets batches of 3 s, and the runner's replacement (the Job's
+	// 10 s backoff and a pod's start) before the batch of worker-4.
+	tl := newTimeline("worker-4").controlPlanes("APIServers", 2)
+	p := progress.Of(tl.op, kubePlan(), at(11))
+
+	assert.InDelta(t, 6*3+7*2+5*3+12, left(t, p), 1)
+	assert.Contains(t, p.Basis, "rollout 7 of 7 pods left at 2s per 1 (a pod's start, the runner's)")
+	assert.Contains(t, p.Basis, "runner replacement 12s (the Job's backoff and a pod's start)")
+}
+
+func TestRolloutUnderWayTakesItsOwnPace(t *testing.T) {
+	// The first manifest sync at 29 changed the DaemonSet; by 37 it had
+	// updated 4 of 7 pods: 2 s a pod, 3 left, observed 1 s ago.
+	tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
+		done("KubeProxy", 29, "cp-1").done("KubeProxy", 30, "cp-2").done("KubeProxy", 31, "cp-3")
+	s := &tl.op.Status
+	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(29))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 7, Updated: 1, MaxUnavailable: 1}, at(31))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 7, Updated: 4, MaxUnavailable: 1}, at(37))
+
+	p := progress.Of(tl.op, kubePlan(), at(38))
+
+	// 3 pods at 2 s less the second since, 5 Kubelets batches at the
+	// median of every batch (3 s: the KubeProxy ones, 1 s, are fewer),
+	// the replacement.
+	assert.InDelta(t, 3*2-1+5*3+12, left(t, p), 1)
+	assert.Contains(t, p.Basis, "rollout 3 of 7 pods left at 2s per 1 measured")
+}
+
+func TestTheRolloutIsInNoBatch(t *testing.T) {
+	// The rollout ran from 31 to 61; the first Kubelets batch was done 3 s
+	// after it: its cycle is 3 s, not 33 s, and nothing of the rollout is
+	// left.
+	tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
+		done("KubeProxy", 29, "cp-1").done("KubeProxy", 30, "cp-2").done("KubeProxy", 31, "cp-3").
+		done("Kubelets", 64, "cp-1")
+	s := &tl.op.Status
+	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(29))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, at(31))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(61))
+
+	p := progress.Of(tl.op, kubePlan(), at(64))
+
+	require.Len(t, p.Stages, 4)
+	assert.Equal(t, int64(3), p.Stages[3].BatchSeconds, "the first Kubelets batch without the rollout")
+	assert.InDelta(t, 4*3+12, left(t, p), 1, "four batches and the replacement")
+	assert.NotContains(t, p.Basis, "rollout")
+}
+
+func TestRunnerReplacement(t *testing.T) {
+	// Kubelets: the control planes done at 40, 43, 46, workers 1 and 2 at
+	// 49; the runner's node, worker-4, is in the last batch.
+	base := func() *timeline {
+		tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
+			controlPlanes("KubeProxy", 20).controlPlanes("Kubelets", 37).done("Kubelets", 49, "worker-1", "worker-2")
+		s := &tl.op.Status
+		s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, at(29))
+		s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+
+		return tl
+	}
+
+	t.Run("to come: the Job's backoff and a pod's start", func(t *testing.T) {
+		p := progress.Of(base().op, kubePlan(), at(49))
+
+		assert.InDelta(t, 12+3, left(t, p), 1, "the replacement, then the last batch")
+	})
+
+	t.Run("under way: the time without a runner counts", func(t *testing.T) {
+		tl := base()
+		tl.op.Status.SetNode("Kubelets", "worker-3", stages.PhaseDraining, "", at(50))
+		tl.op.Status.EndRunner(at(51))
+
+		p := progress.Of(tl.op, kubePlan(), at(55))
+
+		assert.InDelta(t, 12-4+3, left(t, p), 1)
+	})
+
+	t.Run("done: measured, and in no batch", func(t *testing.T) {
+		tl := base()
+		tl.op.Status.EndRunner(at(51))
+		tl.op.Status.StartRunner("runner-2", "cp-2", false, t0, at(62))
+		tl.done("Kubelets", 64, "worker-3", "worker-4")
+
+		// Not finished yet: a plan with one more Kubelets batch.
+		plan := kubePlan()
+		kubelets := &plan.Stages[3]
+		kubelets.Nodes = append(kubelets.Nodes, api.NodeStep{Node: "worker-5", Batch: 6})
+
+		p := progress.Of(tl.op, plan, at(64))
+
+		assert.Equal(t, int64(3), p.Stages[3].BatchSeconds, "the batch of the replacement without its 11 s")
+		assert.InDelta(t, 3, left(t, p), 1, "one batch; the runner, on cp-2, is not replaced again")
+	})
+}
+
+func TestResumedOperationKeepsWhatItMeasured(t *testing.T) {
+	// The rollout was measured and done before the pause; the operation
+	// paused at 50 in the Kubelets stage and was resumed an hour later.
+	tl := newTimeline("cp-1").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
+		done("KubeProxy", 21, "cp-1").done("KubeProxy", 22, "cp-2").done("KubeProxy", 23, "cp-3").
+		done("Kubelets", 40, "cp-1", "cp-2")
+	s := &tl.op.Status
+	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(21))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, at(23))
+	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+	s.EndRunner(at(41))
+	s.AddPause("Kubelets", "cp-3", "drain: a budget", at(41))
+	s.StartRunner("runner-2", "worker-1", true, t0, at(3641))
+	tl.done("Kubelets", 3643, "cp-3")
+
+	plan := kubePlan()
+	plan.Stages[3].Nodes = slices.DeleteFunc(plan.Stages[3].Nodes, func(n api.NodeStep) bool { return n.Node == "cp-2" })
+	p := progress.Of(tl.op, plan, at(3644))
+
+	// Kubelets: cp-1 after the rollout (3 s), cp-3 across the pause (1 s
+	// before it and 2 s after: the hour without a runner left out).
+	assert.Equal(t, int64(3), p.Stages[3].BatchSeconds)
+	// Left: workers 1-2 (the runner's node: its replacement first, at the
+	// prior, the resume's wait being the operator's), workers 3-4; no
+	// rollout.
+	assert.InDelta(t, 12+3+3, left(t, p), 1)
+	assert.NotContains(t, p.Basis, "rollout")
+}
+
+func TestStageWorkFromTheStageTypes(t *testing.T) {
+	for name, want := range map[string]stages.Work{
+		"APIServers": stages.WorkStaticPods, "ControlPlaneComponents": stages.WorkStaticPods,
+		"KubeProxy": stages.WorkConfig, "Kubelets": stages.WorkDrain, "TalosOS": stages.WorkReboot, "Unknown": "",
+	} {
+		assert.Equal(t, want, stages.StageWork(name), name)
+	}
+
+	assert.True(t, stages.WorkDrain.Drains())
+	assert.True(t, stages.WorkReboot.Drains())
+	assert.False(t, stages.WorkStaticPods.Drains())
 }

@@ -817,6 +817,10 @@ func (r *recorder) Step(stage, step, message string) {
 	r.add(fmt.Sprintf("%s [%s] %s", stage, step, message))
 }
 
+func (r *recorder) StepTime(stage, step string, t StepTiming) {
+	r.add(fmt.Sprintf("%s [%s] time done=%t pods=%d updated=%d maxUnavailable=%d", stage, step, t.Done, t.Pods, t.Updated, t.MaxUnavailable))
+}
+
 func (r *recorder) add(line string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -181,6 +181,11 @@ func TestEngineUpgradesInStages(t *testing.T) {
 			assert.NotEmpty(t, rec.with("APIServers cp-2 Done: node Ready, kube-apiserver "+tc.to+" Ready"))
 			assert.NotEmpty(t, rec.with("Kubelets worker-2 Done: drained 2 pod(s), node Ready, kubelet "+tc.to+", uncordoned"))
 			assert.NotEmpty(t, rec.with("KubeProxy [rollout] DaemonSet kube-proxy rolled out on "+tc.to))
+			// The stage's own steps are timed, the rollout with its pods.
+			assert.NotEmpty(t, rec.with("KubeProxy [pre-pull] time done=true"))
+			assert.NotEmpty(t, rec.with("KubeProxy [manifests] time done=true"))
+			assert.NotEmpty(t, rec.with("KubeProxy [rollout] time done=false"))
+			assert.NotEmpty(t, rec.with("KubeProxy [rollout] time done=true pods=5 updated=5 maxUnavailable=1"))
 			assert.Contains(t, out.String(), "Stage 4/4 Kubelets")
 
 			// A second run finds everything done: no apply, only verification.
