@@ -95,11 +95,17 @@ func (r *reporter) Step(stage, step, message string) {
 	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
 }
 
-// StepTime implements stages.StepTimer.
+// StepTime implements stages.StepTimer. It asks for no write of its own:
+// the engine reports the step's message right after (Step), and that write
+// carries both.
 func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
 	now := r.now()
 
-	r.change(func(s *OperationStatus) { s.SetStep(stage, step, t, now) })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	r.op.Status.SetStep(stage, step, t, now)
+	r.version++
 }
 
 // Get implements stages.Memo.

@@ -191,8 +191,8 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 		pulled, unsupported int
 	)
 
-	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s)", len(ips))
 	r.e.stepTime(stage, StepPrePull, StepTiming{})
+	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s)", len(ips))
 
 	pullCtx, cancel := context.WithTimeout(ctx, r.opts.PullTimeout)
 	defer cancel()
@@ -240,8 +240,8 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 		msg += fmt.Sprintf("; %d node(s) cannot pre-pull: skipped", unsupported)
 	}
 
-	r.e.step(stage, StepPrePull, "%s", msg)
 	r.e.stepTime(stage, StepPrePull, StepTiming{Done: true})
+	r.e.step(stage, StepPrePull, "%s", msg)
 
 	return nil
 }

@@ -842,8 +842,8 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), summarize(names))
 	}
 
-	r.e.step(stage, StepManifests, "%s", msg)
 	r.e.stepTime(stage, StepManifests, StepTiming{Done: true})
+	r.e.step(stage, StepManifests, "%s", msg)
 
 	return true, nil
 }
@@ -924,16 +924,16 @@ func kubeProxyImage(objs []*unstructured.Unstructured) string {
 // timing it as it advances (StepTimer).
 func (r *kubeRun) rollout(ctx context.Context, stage string) error {
 	tag := r.target.String()
-	r.e.step(stage, StepRollout, "waiting for DaemonSet %s/%s on %s", discovery.StaticPodNamespace, discovery.KubeProxyDaemonSet, tag)
 	r.e.stepTime(stage, StepRollout, r.rolloutTiming(false))
+	r.e.step(stage, StepRollout, "waiting for DaemonSet %s/%s on %s", discovery.StaticPodNamespace, discovery.KubeProxyDaemonSet, tag)
 
 	start := time.Now()
 
 	err := r.cache.Wait(ctx, r.opts.VerifyTimeout,
 		r.cache.DaemonSetRolledOut(discovery.KubeProxyDaemonSet, discovery.KubeProxyDaemonSet, tag),
 		func(waiting string) {
-			r.e.step(stage, StepRollout, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
 			r.e.stepTime(stage, StepRollout, r.rolloutTiming(false))
+			r.e.step(stage, StepRollout, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
 		})
 	if err != nil {
 		reason := "kube-proxy rollout: " + err.Error()

@@ -57,7 +57,9 @@ type StepProgress interface {
 // StepTimer may be implemented by a Progress to time a stage's own steps
 // (the pre-pull, the bootstrap manifests' sync, the kube-proxy rollout), so
 // that an estimate of the time left counts them: called when a step begins,
-// as a rollout advances, and when the step is done.
+// as a rollout advances, and when the step is done, each time just before
+// the StepProgress call that says it (an implementation may keep the timing
+// for that call's write).
 type StepTimer interface {
 	StepTime(stage, step string, t StepTiming)
 }
