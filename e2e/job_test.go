@@ -30,6 +30,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 const jobNamespace = "ichor-system"
@@ -549,6 +550,18 @@ func TestJobPauseAndResume(t *testing.T) {
 	final := c.operation(t)
 	assert.Equal(t, job.PhaseSucceeded, final.Status.Phase)
 	assert.Equal(t, 2, final.Status.Attempt)
+
+	// The state keeps what the estimate of the time left is made of: each
+	// runner's start and end (the one after the resume waited for the
+	// operator, not for a replacement), the stages' own steps.
+	require.GreaterOrEqual(t, len(final.Status.Runners), 2)
+	assert.NotNil(t, final.Status.Runners[0].Ended, "the paused runner's end")
+	assert.True(t, final.Status.Runners[1].AfterPause, "the runner after the resume")
+	rollout := final.Status.StepOf("KubeProxy", stages.StepRollout)
+	require.NotNil(t, rollout, "the kube-proxy rollout is timed")
+	assert.NotNil(t, rollout.Done)
+	assert.Positive(t, rollout.Pods)
+	assert.Equal(t, rollout.Pods, rollout.Updated)
 
 	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)
