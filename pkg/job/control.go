@@ -273,6 +273,8 @@ func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, er
 
 	op := NewOperation(req.Spec)
 	op.Status.Attempt = 1
+	launched := metav1.NewMicroTime(c.now().UTC())
+	op.Status.LaunchedAt = &launched
 	op.Status.Job = JobName(op.Spec.ID, 1)
 	op.Status.UpdatedAt = ptrTime(c.now())
 

@@ -199,6 +199,8 @@ func TestLaunch(t *testing.T) {
 	assert.Equal(t, PhasePending, state.Status.Phase)
 	assert.Equal(t, "op-1", state.Spec.ID)
 	assert.True(t, t0.Equal(state.Spec.CreatedAt.Time))
+	require.NotNil(t, state.Status.LaunchedAt, "the launch to the microsecond: the first runner's wait is measured from it")
+	assert.True(t, t0.Equal(state.Status.LaunchedAt.Time))
 
 	plan, err := f.ctl.Store().Plan(ctx)
 	require.NoError(t, err)

@@ -170,6 +170,9 @@ type OperationStatus struct {
 	// MaxRunners): when each started and ended, and how long the operation
 	// went without one before it.
 	Runners []RunnerRecord `json:"runners,omitempty"`
+	// LaunchedAt is when the operation was launched, to the microsecond (the
+	// first runner's wait for its pod and the lock is measured from it).
+	LaunchedAt *metav1.MicroTime `json:"launchedAt,omitempty"`
 	// StartedAt is when a runner first took the lock; UpdatedAt the last write;
 	// FinishedAt when the operation succeeded or was aborted.
 	StartedAt  *metav1.Time `json:"startedAt,omitempty"`
@@ -250,9 +253,13 @@ type RunnerRecord struct {
 }
 
 // StartRunner records a runner taking the lock at now; resumed says the
-// operation was resumed after a pause since the last runner.
+// operation was resumed after a pause since the last runner. The first
+// runner waited from the launch (LaunchedAt, else createdAt).
 func (s *OperationStatus) StartRunner(pod, node string, resumed bool, createdAt, now time.Time) {
 	idle := createdAt
+	if s.LaunchedAt != nil {
+		idle = s.LaunchedAt.Time
+	}
 
 	switch {
 	case len(s.Runners) > 0 && s.Runners[len(s.Runners)-1].Ended != nil:

@@ -388,6 +388,12 @@ func TestRunnerRecords(t *testing.T) {
 	assert.Equal(t, t0.Add(10*time.Second), s.Runners[1].Idle.Time, "the next from the previous one's end")
 	assert.Equal(t, t0.Add(30*time.Second), s.Runners[2].Idle.Time, "or from its last write")
 	assert.True(t, s.Runners[2].AfterPause)
+
+	// The first runner waits from the launch to the microsecond when known.
+	launched := metav1.NewMicroTime(t0.Add(300 * time.Millisecond))
+	fresh := OperationStatus{LaunchedAt: &launched}
+	fresh.StartRunner("pod-1", "worker-1", false, t0, t0.Add(2*time.Second))
+	assert.Equal(t, launched.Time, fresh.Runners[0].Idle.Time)
 	assert.Equal(t, "cp-1", s.Runners[1].Node)
 
 	for i := range MaxRunners + 5 {

@@ -160,7 +160,7 @@ func newModel(op *job.Operation, plan *api.Plan, now time.Time) *model {
 	}
 
 	// The first runner's start to the microsecond, when recorded.
-	if len(s.Runners) > 0 && s.Runners[0].Idle.Time.Equal(op.Spec.CreatedAt.Time) {
+	if firstRunner(s) {
 		m.prev = s.Runners[0].Started.Time
 	}
 
@@ -405,11 +405,17 @@ func (m *model) cycleFor(stage string, work stages.Work) time.Duration {
 	return median(m.all)
 }
 
+// firstRunner reports whether the status still holds the first runner's
+// record (it keeps the last job.MaxRunners).
+func firstRunner(s *job.OperationStatus) bool {
+	return len(s.Runners) > 0 && len(s.Runners) >= s.Runs
+}
+
 // podStart is a pod's start on this cluster as the first runner's showed it:
 // from the operation's launch to that runner taking the lock; 0 when unknown.
 func (m *model) podStart() time.Duration {
 	s := &m.op.Status
-	if len(s.Runners) > 0 && s.Runners[0].Idle.Time.Equal(m.op.Spec.CreatedAt.Time) && s.Runners[0].Started.After(s.Runners[0].Idle.Time) {
+	if firstRunner(s) && s.Runners[0].Started.After(s.Runners[0].Idle.Time) {
 		return s.Runners[0].Started.Sub(s.Runners[0].Idle.Time)
 	}
 

@@ -140,13 +140,17 @@ func kubePlan() *api.Plan {
 	}
 }
 
-// timeline builds an operation launched at t0 whose first runner, on node,
-// took the lock 2 s later (a pod's start of 2 s).
+// timeline builds an operation launched at t0 (0.2 s in: the spec's time is
+// truncated to the second) whose first runner, on node, took the lock 2 s
+// later (a pod's start of 2 s).
 type timeline struct{ op *job.Operation }
 
 func newTimeline(node string) *timeline {
 	op := &job.Operation{Spec: job.OperationSpec{CreatedAt: metav1.NewTime(t0)}, Status: job.OperationStatus{Phase: job.PhaseRunning}}
-	op.Status.StartRunner("runner-1", node, false, t0, at(2))
+	launched := metav1.NewMicroTime(at(0.2))
+	op.Status.LaunchedAt = &launched
+	op.Status.StartRunner("runner-1", node, false, t0, at(2.2))
+	op.Status.Runs = 1
 	started := metav1.NewTime(at(2))
 	op.Status.StartedAt = &started
 
@@ -261,6 +265,7 @@ func TestRunnerReplacement(t *testing.T) {
 		tl := base()
 		tl.op.Status.EndRunner(at(51))
 		tl.op.Status.StartRunner("runner-2", "cp-2", false, t0, at(62))
+		tl.op.Status.Runs = 2
 		tl.done("Kubelets", 64, "worker-3", "worker-4")
 
 		// Not finished yet: a plan with one more Kubelets batch.
@@ -288,6 +293,7 @@ func TestResumedOperationKeepsWhatItMeasured(t *testing.T) {
 	s.EndRunner(at(41))
 	s.AddPause("Kubelets", "cp-3", "drain: a budget", at(41))
 	s.StartRunner("runner-2", "worker-1", true, t0, at(3641))
+	s.Runs = 2
 	tl.done("Kubelets", 3643, "cp-3")
 
 	plan := kubePlan()
