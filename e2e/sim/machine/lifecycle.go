@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -161,24 +160,6 @@ func (m *Machine) MachinedLog() ([]byte, error) {
 	return []byte(strings.Join(m.machinedLog, "\n") + "\n"), nil
 }
 
-// Upgrade is the deprecated MachineService.Upgrade: it checks the request,
-// then in the background drains the node (BeforeReboot), pulls the
-// installer, stages the new version and reboots into it. It returns as soon
-// as the sequence is accepted, like Talos.
-func (m *Machine) Upgrade(_ context.Context, req *machineapi.UpgradeRequest) error {
-	image := req.GetImage()
-	version, err := InstallerVersion(image)
-	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return m.startSequence(true, func(ctx context.Context) error {
-		return m.StageUpgrade(ctx, image, func(msg string) error {
-			m.log.Info("upgrade", "version", version, "progress", msg)
-			return nil
-		})
-	})
-}
-
 // Reboot starts a reboot and returns at once: the machine goes down for
 // RebootDelay and comes back with a new boot ID, running the staged version
 // if an upgrade staged one (unless faults.ABFallback, which boots the old
@@ -238,6 +219,7 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 	case <-ctx.Done():
 		return
 	}
+	m.installStaged(ctx)
 	for m.State().StagedVersion != "" && m.faults().NeverBoots {
 		select {
 		case <-time.After(faultPollInterval):

@@ -161,3 +161,32 @@ func (ms *machineService) EtcdAlarmList(ctx context.Context, _ *emptypb.Empty) (
 
 	return &machineapi.EtcdAlarmListResponse{Messages: msgs}, nil
 }
+
+// etcdValidateForUpgrade is Talos' etcd check of a control plane's
+// MachineService.Upgrade (internal/pkg/etcd Client.ValidateForUpgrade): an
+// etcd of two members would lose its quorum; every member must be started
+// and answer a quorum read (Talos waits 15 s for each; the simulator knows
+// at once: a member whose machine is down or whose etcd is stopped does not
+// answer).
+func (s *Server) etcdValidateForUpgrade(context.Context) error {
+	var members []*machine.Machine
+
+	for _, m := range s.machines {
+		if m.ControlPlane() {
+			members = append(members, m)
+		}
+	}
+
+	if len(members) == 2 {
+		return fmt.Errorf("etcd member count(%d) is insufficient to maintain quorum if upgrade commences", len(members))
+	}
+
+	for _, m := range members {
+		if _, err := m.Version(); err != nil || m.EtcdStopped() {
+			return fmt.Errorf("etcd member %016x is not healthy; all members must be healthy to perform an upgrade: context deadline exceeded",
+				machine.EtcdMemberID(m.Name()))
+		}
+	}
+
+	return nil
+}
