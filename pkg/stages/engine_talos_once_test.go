@@ -30,30 +30,39 @@ func TestDecide(t *testing.T) {
 		"older, called":     {BootID: boot, Called: true},
 		"older, not yet":    {BootID: boot},
 		"install, fellBack": {BootID: boot, Step: stepInstall},
+		// MachineService.Upgrade answered (Talos before 1.13): the node reboots by itself.
+		"legacy, reboot":  {BootID: boot, Step: stepReboot, Legacy: true},
+		"legacy, install": {BootID: boot, Step: stepInstall, Legacy: true},
 	}
 
 	type node struct {
 		seen nodeSeen
-		// want by mark step (install marks, installed-or-reboot marks)
-		install, installed resumeAction
+		// want by mark: install marks, installed-or-reboot marks, legacy marks
+		install, installed, legacy resumeAction
 	}
 
 	nodes := map[string]node{
-		"unreachable":                    {nodeSeen{}, actFollow, actFollow},
-		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actVerify, actVerify},
-		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow},
-		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify},
-		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot},
-		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallFailed}, actInstall, actReboot},
-		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallRunning}, actWait, actReboot},
-		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallDone}, actReboot, actReboot},
-		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallUnknown}, actPause, actReboot},
+		"unreachable":                    {nodeSeen{}, actFollow, actFollow, actFollow},
+		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actVerify, actVerify, actVerify},
+		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow, actFollow},
+		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify, actVerify},
+		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot, actFollow},
+		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallFailed}, actInstall, actReboot, actInstall},
+		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallRunning}, actWait, actReboot, actFollow},
+		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallDone}, actReboot, actReboot, actFollow},
+		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallUnknown}, actPause, actReboot, actFollow},
+		// The log of MachineService.Upgrade's sequence, whatever the mark says.
+		"same boot, upgrade sequence": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallSequence}, actFollow, actFollow, actFollow},
 	}
 
 	for mn, mark := range marks {
 		for nn, n := range nodes {
 			want := n.installed
-			if mark.step() == stepInstall {
+
+			switch {
+			case mark.Legacy:
+				want = n.legacy
+			case mark.step() == stepInstall:
 				want = n.install
 			}
 

@@ -164,8 +164,20 @@ func (m *Machine) MachinedLog() ([]byte, error) {
 // RebootDelay and comes back with a new boot ID, running the staged version
 // if an upgrade staged one (unless faults.ABFallback, which boots the old
 // version again, or faults.NeverBoots, which keeps it down while set). Like
-// Talos' reboot sequence, it does not drain the node.
+// Talos' reboot sequence, it does not drain the node. As Talos runs it in
+// the background, a reboot or upgrade sequence already under way leaves the
+// call its answer: the new reboot is the one under way (Talos lets a reboot
+// take over a reboot) or fails on the lock ("reboot failed: locked": it
+// cannot take over an upgrade).
 func (m *Machine) Reboot() error {
+	m.logMachined("reboot via API received")
+	m.mu.Lock()
+	busy := m.st.Up && m.rebooting
+	m.mu.Unlock()
+	if busy {
+		m.logMachined("reboot failed: locked")
+		return nil
+	}
 	return m.startSequence(false, nil)
 }
 
