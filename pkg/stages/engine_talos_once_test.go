@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -68,6 +69,50 @@ func TestDecide(t *testing.T) {
 
 			assert.Equal(t, want.String(), decide(mark, n.seen, target).String(), "mark %s, node %s", mn, nn)
 		}
+	}
+}
+
+// TestTalosLegacyUpgradeOnce: on a Talos before 1.13 the Install is
+// MachineService.Upgrade, which reboots the node by itself: one call per
+// node, no Reboot call, even when cp-2's call answers Unavailable after its
+// sequence started (machined's log says it runs: followed, not called again)
+// and when the run is stopped after worker-1's call and a new one resumes.
+func TestTalosLegacyUpgradeOnce(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+
+	for name := range o.machines {
+		o.setFaults(name, func(f *osFaults) { f.legacy, f.rebootLag = true, 300*time.Millisecond })
+	}
+
+	o.setFaults("cp-2", func(f *osFaults) { f.installBreaks = true })
+
+	memo := newMemo()
+	ctx, cancel := context.WithCancel(context.Background())
+	o.onUpgrade = func(_ context.Context, name string) (bool, error) {
+		if name == "worker-1" {
+			cancel() // the runner dies just after worker-1's call
+		}
+
+		return false, nil
+	}
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", memo)
+	e.Progress = rec
+
+	require.Error(t, e.Run(ctx), "stopped after worker-1's call")
+
+	o.onUpgrade = nil
+	e = o.engine("v1.13.9", memo)
+	e.Progress = rec
+	require.NoError(t, e.Run(context.Background()))
+
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Len(t, o.upgradeNodes(), 5, "one Upgrade call per node: %v", o.upgradeNodes())
+	assert.NotEmpty(t, rec.with("TalosOS cp-2 Upgrading: the Install call broke off"))
+
+	for name := range o.machines {
+		assert.Zero(t, o.state(name).reboots, "%s: no Reboot call, the sequence reboots by itself", name)
 	}
 }
 
