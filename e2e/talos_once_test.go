@@ -35,7 +35,26 @@ import (
 // simulator's talos-install events) and booted into it once.
 func TestTalosUpgradeOnce(t *testing.T) {
 	t.Parallel()
+	testTalosUpgradeOnce(t, kube136, talos113, talos114)
+}
 
+// TestTalosUpgradeOnceLegacy is TestTalosUpgradeOnce from Talos v1.12.4, which has
+// no LifecycleService: each node gets one MachineService.Upgrade call, which answers
+// at once and drains, installs and reboots the node in the background. The faults
+// as that call meets them: cp-2's call starts its sequence and answers Unavailable
+// (the ack lost, the node still up: it reboots by itself); the state refuses
+// updates once cp-1 is done; worker-1's sequence holds after its install, before
+// its reboot, and the runner following it is killed there (the sequence then goes
+// on by itself). It ends with every node on v1.13.9, installed exactly once and
+// booted into it once.
+func TestTalosUpgradeOnceLegacy(t *testing.T) {
+	t.Parallel()
+	testTalosUpgradeOnce(t, "v1.35.4", talosFrom, talosTo)
+}
+
+// testTalosUpgradeOnce upgrades Talos 3+2 from from to to (Kubernetes kube)
+// through the Job with TestTalosUpgradeOnce's faults.
+func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 	faults := filepath.Join(t.TempDir(), "faults.yaml")
 	setFaults := func(doc string) {
 		t.Helper()
@@ -44,14 +63,14 @@ func TestTalosUpgradeOnce(t *testing.T) {
 
 	setFaults("nodes:\n  cp-2:\n    upgradeUnavailable: true\n  worker-1:\n    installHangs: true\n")
 
-	c := startJobCluster(t, "--kubernetes", kube136, "--talos", talos113, "--faults", faults)
+	c := startJobCluster(t, "--kubernetes", kube, "--talos", from, "--faults", faults)
 	addWorkload(t, c, 2)
 
 	ctx := context.Background()
 	tc := openTalos(t, c)
 
 	start := time.Now()
-	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talos114, "--yes", "--detach")
+	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", to, "--yes", "--detach")
 	r.requireExit(t, 0)
 
 	installs := func() map[string]int {
@@ -117,7 +136,8 @@ func TestTalosUpgradeOnce(t *testing.T) {
 	}
 
 	// 2. The runner dies between worker-1's install and its reboot: once worker-1's
-	// machined says the install completed (its Install call stays silent meanwhile).
+	// machined says the install completed (its Install call stays silent meanwhile;
+	// before Talos 1.13, its upgrade sequence holds before the reboot).
 	worker1 := c.Machine(t, "worker-1").IP
 
 	eventually(t, 8*time.Minute, "worker-1 installed", func(ctx context.Context) error {
@@ -130,7 +150,7 @@ func TestTalosUpgradeOnce(t *testing.T) {
 			return err
 		}
 
-		if state != talos.InstallDone {
+		if state != talos.InstallDone && state != talos.InstallSequence {
 			return fmt.Errorf("worker-1's machined log: %s", state)
 		}
 
@@ -160,18 +180,18 @@ func TestTalosUpgradeOnce(t *testing.T) {
 
 	r = c.ichor(t, 10*time.Minute, "status", "--watch")
 	r.requireExit(t, 0)
-	t.Logf("upgraded Talos 3+2 from %s to %s through the Job, with the faults, in %s", talos113, talos114, time.Since(start).Round(time.Millisecond))
+	t.Logf("upgraded Talos 3+2 from %s to %s through the Job, with the faults, in %s", from, to, time.Since(start).Round(time.Millisecond))
 
 	op := c.operation(t)
 	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
 	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the killed runner had a successor")
 
-	requireTalosAt(t, c, tc, talos114)
+	requireTalosAt(t, c, tc, to)
 	requireNothingCordoned(t, c)
 
 	evs := c.Events(t)
 	assert.Equal(t, map[string]int{"cp-1": 1, "cp-2": 1, "cp-3": 1, "worker-1": 1, "worker-2": 1}, installs(), "one install per node")
-	assert.ElementsMatch(t, []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"}, eventNodes(talosStarts(evs, talos114)), "one boot into %s per node", talos114)
+	assert.ElementsMatch(t, []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"}, eventNodes(talosStarts(evs, to)), "one boot into %s per node", to)
 	assert.Empty(t, invariantBreaks(evs))
 
 }

@@ -4,6 +4,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -343,6 +346,8 @@ func TestTalosEngineFaults(t *testing.T) {
 // next pod follows that node from the boot ID in the state, without calling Upgrade
 // again. The node the first runner ran on is upgraded in its turn (its drain evicts the
 // runner; a pod elsewhere finishes). Control planes go first, one node at a time.
+// Launched with --etcd-snapshot: a valid etcd snapshot of the cluster's real etcd is
+// saved through Talos before the Job (an existing file is refused, nothing launched).
 func TestTalosJobUpgrade(t *testing.T) {
 	t.Parallel()
 
@@ -357,11 +362,24 @@ func TestTalosJobUpgrade(t *testing.T) {
 	u := watchUnavailable(t, c)
 	runners := watchRunners(t, c)
 
+	// --etcd-snapshot never overwrites: refused before anything changes.
+	snapDir := t.TempDir()
+	taken := filepath.Join(snapDir, "taken.db")
+	require.NoError(t, os.WriteFile(taken, []byte("keep me"), 0o600))
+
+	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talosTo, "--yes", "--detach", "--etcd-snapshot", taken)
+	r.requireOneLineError(t, "--etcd-snapshot "+taken+": the file exists: pass a new file name")
+	jobs, err := c.Client.BatchV1().Jobs(jobNamespace).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, jobs.Items, "nothing launched")
+
+	snapshot := filepath.Join(snapDir, "etcd.db")
 	start := time.Now()
-	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talosTo, "--yes", "--detach")
+	r = c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talosTo, "--yes", "--detach", "--etcd-snapshot", snapshot)
 	r.requireExit(t, 0)
 	require.Contains(t, r.stdout, "Stage 1/1 TalosOS")
 	require.Contains(t, r.stdout, "Launched operation talos-v1-13-9-")
+	requireEtcdSnapshot(t, snapshot, r.stdout)
 
 	first := waitForRunner(t, c)
 	require.NotEmpty(t, first)
@@ -479,6 +497,32 @@ func TestTalosJobUpgrade(t *testing.T) {
 	assert.Contains(t, r.stdout, "operation "+op.Spec.ID+" Succeeded")
 	t.Logf("runner nodes: %v", runners.nodes())
 	assert.Greater(t, len(runners.nodes()), 1, "runners on more than one node: %v", runners.nodes())
+}
+
+// requireEtcdSnapshot checks path is an etcd snapshot as etcd's Maintenance.Snapshot
+// writes it, and etcdutl's snapshot status checks it: a bbolt database (its first meta
+// page's magic 0xED0CDAED) of whole 512-byte blocks followed by the database's sha256;
+// and that out reported its size and sha256.
+func requireEtcdSnapshot(t *testing.T, path, out string) {
+	t.Helper()
+
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Greater(t, len(b), 4096+sha256.Size, "a snapshot holds a database")
+	require.Equal(t, sha256.Size, len(b)%512, "the database (whole 512-byte blocks) and its sha256")
+
+	db, sum := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
+	want := sha256.Sum256(db)
+	assert.Equal(t, want[:], sum, "the trailing sha256 is the database's: etcd's snapshot hash check")
+	assert.Equal(t, uint32(0xED0CDAED), binary.LittleEndian.Uint32(db[16:20]), "bbolt's magic in the first meta page")
+
+	file := sha256.Sum256(b)
+	assert.Contains(t, out, fmt.Sprintf(" to %s: %d bytes, sha256 %s", path, len(b), hex.EncodeToString(file[:])))
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "Saved the etcd snapshot") {
+			t.Logf("%s", l)
+		}
+	}
 }
 
 func occurrences(list []string, s string) int {

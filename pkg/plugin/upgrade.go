@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -56,6 +57,10 @@ type upgradeOptions struct {
 	ManifestsForce []string
 	// Timeouts bound the engine's waits (0: its defaults).
 	ApplyTimeout, VerifyTimeout, DrainTimeout, UpgradeTimeout, RebootTimeout time.Duration
+
+	// beforeLaunch, when set, runs once the upgrade is confirmed, before anything
+	// is created in the cluster; an error stops the launch.
+	beforeLaunch func(ctx context.Context) error
 }
 
 func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
@@ -144,6 +149,12 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 
 	if !o.Yes {
 		if err := o.confirm(ctx, plan, ctl.Namespace); err != nil {
+			return err
+		}
+	}
+
+	if o.beforeLaunch != nil {
+		if err := o.beforeLaunch(ctx); err != nil {
 			return err
 		}
 	}
@@ -352,6 +363,9 @@ type UpgradeTalosOptions struct {
 
 	// Image is --image, the installer image for every node; "" keeps each node's repository.
 	Image string
+	// EtcdSnapshot is --etcd-snapshot: the file to save an etcd snapshot to before
+	// the Job is launched ("": none).
+	EtcdSnapshot string
 }
 
 // Complete fills the options from the command line.
@@ -365,7 +379,45 @@ func (o *UpgradeTalosOptions) Validate() error {
 
 	p := PlanTalosOptions{planOptions: o.planOptions, Image: o.Image}
 
-	return p.Validate()
+	if err := p.Validate(); err != nil {
+		return err
+	}
+
+	if o.EtcdSnapshot != "" {
+		return checkSnapshotPath(o.EtcdSnapshot)
+	}
+
+	return nil
+}
+
+// saveEtcdSnapshot saves --etcd-snapshot through Talos, from a control plane
+// whose etcd member the plan found healthy, and says where, how big and its
+// sha256.
+func (o *UpgradeTalosOptions) saveEtcdSnapshot(ctx context.Context) error {
+	tc, err := o.deps.talos(ctx, o.flags.talos)
+	if err != nil {
+		return err
+	}
+
+	if c, isCloser := tc.(io.Closer); isCloser {
+		defer c.Close() //nolint:errcheck
+	}
+
+	s, ok := tc.(etcdSnapshotter)
+	if !ok {
+		return errors.New("--etcd-snapshot: this Talos client cannot take an etcd snapshot")
+	}
+
+	writef(o.Out, "Saving an etcd snapshot to %s ...\n", o.EtcdSnapshot)
+
+	saved, err := saveEtcdSnapshot(ctx, s, o.etcd, o.EtcdSnapshot)
+	if err != nil {
+		return fmt.Errorf("%w: nothing was launched; take one with talosctl -n <control plane> etcd snapshot <file>, or run without --etcd-snapshot", err)
+	}
+
+	writef(o.Out, "Saved the etcd snapshot of %s to %s: %d bytes, sha256 %s\n", saved.Node, o.EtcdSnapshot, saved.Size, saved.SHA256)
+
+	return nil
 }
 
 // Run plans, confirms, launches the Job and follows it.
@@ -376,6 +428,10 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 	}
 
 	o.installed = true
+
+	if o.EtcdSnapshot != "" {
+		o.beforeLaunch = o.saveEtcdSnapshot
+	}
 
 	plan, err := o.plan(ctx, ctl, func(snap *discovery.Snapshot) (*api.Plan, error) {
 		return stages.PlanTalos(snap, o.target, o.Image, stages.Options{MaxUnavailable: o.MaxUnavailable})
@@ -415,6 +471,8 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", stages.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")
 	cmd.Flags().DurationVar(&o.RebootTimeout, "reboot-timeout", stages.DefaultRebootTimeout, "How long a node may take to come back after its reboot")
 	addEtcdFlags(cmd, &o.planOptions)
+	cmd.Flags().StringVar(&o.EtcdSnapshot, "etcd-snapshot", "",
+		"Save an etcd snapshot through Talos to this new FILE before the Job is launched (written whole or not at all; never overwrites)")
 
 	return cmd
 }

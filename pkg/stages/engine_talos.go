@@ -69,6 +69,10 @@ type upgradeMark struct {
 	// stepInstalled, stepReboot): written before its call, so that a run
 	// that finds it asks the node what happened (engine_talos_once.go).
 	Step string `json:"step,omitempty"`
+	// Legacy is true once the node answered the Upgrade call with
+	// MachineService.Upgrade (a Talos before 1.13): the node drains,
+	// installs and reboots by itself, in a sequence of its own.
+	Legacy bool `json:"legacy,omitempty"`
 	// Fallback is the boot ID in which the node came back on its old version
 	// (an A/B fallback) and the operation paused; the next run, a resume,
 	// tries the node's upgrade again.

@@ -90,6 +90,12 @@ type osFaults struct {
 	// rebootLag keeps the machine up, on the same boot, this long after its
 	// Upgrade call returned (as Talos does while it shuts down).
 	rebootLag time.Duration
+	// legacy: a Talos before 1.13 (no LifecycleService): Install is
+	// MachineService.Upgrade, which answers at once and reboots the machine
+	// by itself after rebootLag, its sequence in machined's log; a call
+	// while a sequence runs answers too and does nothing (Talos' lock).
+	// installBreaks then starts the sequence and answers Unavailable.
+	legacy bool
 }
 
 // osMachine is one machine's OS.
@@ -377,6 +383,14 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 	}
 
 	o.mu.Lock()
+	legacy := m.faults.legacy
+	o.mu.Unlock()
+
+	if legacy {
+		return o.legacyUpgrade(ctx, m, ip, image)
+	}
+
+	o.mu.Lock()
 	fails, breaks, hook, busy := m.faults.upgradeFails, m.faults.installBreaks, o.onUpgrade, m.installing
 	if !busy {
 		m.installing = true
@@ -426,6 +440,47 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 	}
 
 	return false, after
+}
+
+// legacyUpgrade is MachineService.Upgrade (osFaults.legacy).
+func (o *fakeOS) legacyUpgrade(ctx context.Context, m *osMachine, ip, image string) (bool, error) {
+	o.mu.Lock()
+	locked, breaks, hook := m.rebooting, m.faults.installBreaks, o.onUpgrade
+	o.mu.Unlock()
+
+	var after error
+
+	if hook != nil {
+		skip, err := hook(ctx, m.name)
+		if skip {
+			return true, fmt.Errorf("node %q: upgrade to %s: %w", ip, image, err)
+		}
+
+		after = err
+	}
+
+	o.mu.Lock()
+
+	if !locked {
+		o.upgrades = append(o.upgrades, m.name+" "+image)
+		m.staged = render.TagOf(image)
+		m.installed = talos.InstallSequence
+		m.reboots-- // the sequence's own reboot, not a Reboot call
+	}
+	o.mu.Unlock()
+
+	if !locked {
+		// The sequence runs whatever becomes of the caller.
+		if err := o.Reboot(context.WithoutCancel(ctx), ip); err != nil {
+			return true, err
+		}
+	}
+
+	if after == nil && breaks {
+		after = fmt.Errorf("node %q: upgrade: %w", ip, status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer"))
+	}
+
+	return true, after
 }
 
 // InstallEvidence is machined's log of the installs of the current boot.

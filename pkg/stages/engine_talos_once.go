@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/client"
@@ -101,6 +102,17 @@ func decide(mark upgradeMark, seen nodeSeen, target string) resumeAction {
 	}
 
 	// The same boot as the mark's, on the old version.
+	if mark.Legacy || seen.evidence == talos.InstallSequence {
+		// MachineService.Upgrade's sequence reboots the node by itself (a
+		// Reboot cannot take over an upgrade sequence): follow it, unless
+		// machined says it failed (the node did not reboot: call again).
+		if seen.evidence == talos.InstallFailed {
+			return actInstall
+		}
+
+		return actFollow
+	}
+
 	switch mark.step() {
 	case stepInstalled, stepReboot:
 		// Installed; the reboot never came (or is still shutting down):
@@ -135,6 +147,10 @@ func transientInstallError(err error) bool {
 
 	return false
 }
+
+// talosEtcdRefusal is how MachineService.Upgrade (Talos before 1.13) says
+// its etcd checks refused a control plane's upgrade.
+const talosEtcdRefusal = "error validating etcd for upgrade"
 
 // installAttempts bounds the Install calls tried again after a transient
 // error in one boot (each only when the node says no install ran).
@@ -283,7 +299,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				// asks the node what it did.
 				return fmt.Errorf("stage %s: node %q: upgrade: %w", stage, name, ctx.Err())
 			case err == nil && rebooting:
-				mark.Step = stepReboot
+				mark.Step, mark.Legacy = stepReboot, true
 				if err := r.writeMark(ctx, name, mark); err != nil {
 					return err
 				}
@@ -301,7 +317,14 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			case talos.IsInstallInProgress(err):
 				act, look = actWait, false
 			case transientInstallError(err):
+				// The legacy call's answer lost: its sequence may run all the same;
+				// machined's log says (the mark keeps stepInstall until it does).
 				r.e.node(stage, name, PhaseUpgrading, "the Install call broke off (%s): asking the node what it did", firstLine(err))
+			case strings.Contains(err.Error(), talosEtcdRefusal):
+				// MachineService.Upgrade's own etcd checks (Talos before 1.13),
+				// made after ichor's: etcd changed in between.
+				return r.undo(ctx, name, fmt.Errorf("node %q: upgrade to %s: %w", name, installer, err),
+					fmt.Sprintf("nothing was rebooted: Talos' own etcd checks refused the upgrade; look at etcd (talosctl -n %s etcd status; talosctl -n %s etcd members), then resume", ip, ip))
 			default:
 				return r.undo(ctx, name, fmt.Errorf("node %q: upgrade to %s: %w", name, installer, err),
 					"nothing was rebooted: check the installer image is reachable from the node (talosctl -n "+ip+" image pull "+installer+
@@ -342,7 +365,7 @@ func (r *talosRun) look(ctx context.Context, n *osNode, mark upgradeMark) (nodeS
 
 	seen := nodeSeen{reachable: true, bootID: boot, version: version}
 
-	if boot == mark.BootID && version != r.target.String() && mark.step() == stepInstall {
+	if boot == mark.BootID && version != r.target.String() && (mark.step() == stepInstall || mark.Legacy) {
 		ev, err := r.e.Talos.InstallEvidence(callCtx, ip)
 		if err != nil {
 			if talos.IsPermissionDenied(err) {

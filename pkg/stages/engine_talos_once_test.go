@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,35 +31,88 @@ func TestDecide(t *testing.T) {
 		"older, called":     {BootID: boot, Called: true},
 		"older, not yet":    {BootID: boot},
 		"install, fellBack": {BootID: boot, Step: stepInstall},
+		// MachineService.Upgrade answered (Talos before 1.13): the node reboots by itself.
+		"legacy, reboot":  {BootID: boot, Step: stepReboot, Legacy: true},
+		"legacy, install": {BootID: boot, Step: stepInstall, Legacy: true},
 	}
 
 	type node struct {
 		seen nodeSeen
-		// want by mark step (install marks, installed-or-reboot marks)
-		install, installed resumeAction
+		// want by mark: install marks, installed-or-reboot marks, legacy marks
+		install, installed, legacy resumeAction
 	}
 
 	nodes := map[string]node{
-		"unreachable":                    {nodeSeen{}, actFollow, actFollow},
-		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actVerify, actVerify},
-		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow},
-		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify},
-		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot},
-		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallFailed}, actInstall, actReboot},
-		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallRunning}, actWait, actReboot},
-		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallDone}, actReboot, actReboot},
-		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallUnknown}, actPause, actReboot},
+		"unreachable":                    {nodeSeen{}, actFollow, actFollow, actFollow},
+		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actVerify, actVerify, actVerify},
+		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow, actFollow},
+		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify, actVerify},
+		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot, actFollow},
+		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallFailed}, actInstall, actReboot, actInstall},
+		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallRunning}, actWait, actReboot, actFollow},
+		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallDone}, actReboot, actReboot, actFollow},
+		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallUnknown}, actPause, actReboot, actFollow},
+		// The log of MachineService.Upgrade's sequence, whatever the mark says.
+		"same boot, upgrade sequence": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallSequence}, actFollow, actFollow, actFollow},
 	}
 
 	for mn, mark := range marks {
 		for nn, n := range nodes {
 			want := n.installed
-			if mark.step() == stepInstall {
+
+			switch {
+			case mark.Legacy:
+				want = n.legacy
+			case mark.step() == stepInstall:
 				want = n.install
 			}
 
 			assert.Equal(t, want.String(), decide(mark, n.seen, target).String(), "mark %s, node %s", mn, nn)
 		}
+	}
+}
+
+// TestTalosLegacyUpgradeOnce: on a Talos before 1.13 the Install is
+// MachineService.Upgrade, which reboots the node by itself: one call per
+// node, no Reboot call, even when cp-2's call answers Unavailable after its
+// sequence started (machined's log says it runs: followed, not called again)
+// and when the run is stopped after worker-1's call and a new one resumes.
+func TestTalosLegacyUpgradeOnce(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+
+	for name := range o.machines {
+		o.setFaults(name, func(f *osFaults) { f.legacy, f.rebootLag = true, 300*time.Millisecond })
+	}
+
+	o.setFaults("cp-2", func(f *osFaults) { f.installBreaks = true })
+
+	memo := newMemo()
+	ctx, cancel := context.WithCancel(context.Background())
+	o.onUpgrade = func(_ context.Context, name string) (bool, error) {
+		if name == "worker-1" {
+			cancel() // the runner dies just after worker-1's call
+		}
+
+		return false, nil
+	}
+
+	rec := &recorder{}
+	e := o.engine("v1.13.9", memo)
+	e.Progress = rec
+
+	require.Error(t, e.Run(ctx), "stopped after worker-1's call")
+
+	o.onUpgrade = nil
+	e = o.engine("v1.13.9", memo)
+	e.Progress = rec
+	require.NoError(t, e.Run(context.Background()))
+
+	requireTalosFinished(t, o, "v1.13.9")
+	assert.Len(t, o.upgradeNodes(), 5, "one Upgrade call per node: %v", o.upgradeNodes())
+	assert.NotEmpty(t, rec.with("TalosOS cp-2 Upgrading: the Install call broke off"))
+
+	for name := range o.machines {
+		assert.Zero(t, o.state(name).reboots, "%s: no Reboot call, the sequence reboots by itself", name)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"regexp"
 	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
@@ -73,6 +74,10 @@ const (
 	// InstallDone: the last install ended with exit code 0: the new version
 	// is installed and boots on the next reboot.
 	InstallDone
+	// InstallSequence: an upgrade sequence of MachineService.Upgrade (the
+	// call of a Talos before 1.13) started and has not failed: it drains,
+	// installs and reboots the node by itself.
+	InstallSequence
 )
 
 func (s InstallState) String() string {
@@ -85,6 +90,8 @@ func (s InstallState) String() string {
 		return "the last install failed"
 	case InstallDone:
 		return "installed, waiting for a reboot"
+	case InstallSequence:
+		return "an upgrade sequence runs: the node installs and reboots by itself"
 	default:
 		return "unknown (machined's log no longer reaches back to the boot)"
 	}
@@ -96,14 +103,24 @@ func (s InstallState) String() string {
 // upgrade's start and end: Talos 1.13 "starting upgrade: installer_image=…",
 // "upgrade completed successfully: exit_code=0", "upgrade failed:
 // exit_code=N"; Talos 1.14 the same events as structured lines ("starting
-// upgrade", "upgrade completed", "upgrade failed"). The log is the boot's:
-// it starts with "machined logger initialized".
+// upgrade", "upgrade completed", "upgrade failed"). MachineService.Upgrade
+// (Talos 1.12) logs the sequence it runs in the background: "upgrade
+// sequence: 13 phase(s)" once it holds the lock ("stageUpgrade sequence: …"
+// for a staged one), "upgrade sequence: failed" and "upgrade failed: <why>"
+// when it fails; a sequence that could not take the lock logs "upgrade
+// failed: locked" and ran nothing. The log is the boot's: it starts with
+// "machined logger initialized".
 const (
-	logBootStart     = "machined logger initialized"
-	logInstallStart  = "starting upgrade"
-	logInstallDone   = "upgrade completed"
-	logInstallFailed = "upgrade failed"
+	logBootStart      = "machined logger initialized"
+	logInstallStart   = "starting upgrade"
+	logInstallDone    = "upgrade completed"
+	logInstallFailed  = "upgrade failed"
+	logSequenceFailed = "upgrade sequence: failed"
+	logSequenceLocked = "upgrade failed: locked"
 )
+
+// logSequenceStart is the start of MachineService.Upgrade's sequence.
+var logSequenceStart = regexp.MustCompile(`\b(upgrade|stageUpgrade) sequence: \d+ phase\(s\)`)
 
 // InstallEvidence reads the node's machined log (talosctl logs machined) and
 // says what it shows of the installs of the current boot.
@@ -143,6 +160,12 @@ func ParseInstallEvidence(r io.Reader) (InstallState, error) {
 		switch {
 		case strings.Contains(line, logBootStart):
 			bootStart = true
+		case strings.Contains(line, logSequenceLocked):
+			// A second sequence that ran nothing.
+		case strings.Contains(line, logSequenceFailed) && started:
+			state = InstallFailed
+		case logSequenceStart.MatchString(line):
+			started, state = true, InstallSequence
 		case strings.Contains(line, logInstallStart):
 			started, state = true, InstallRunning
 		case strings.Contains(line, logInstallDone) && started:

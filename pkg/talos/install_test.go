@@ -8,10 +8,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestParseInstallEvidence reads machined logs as Talos 1.13 (log.Printf)
-// and 1.14 (structured) write them.
+// TestParseInstallEvidence reads machined logs as Talos 1.12's
+// MachineService.Upgrade, 1.13 (log.Printf) and 1.14 (structured) write them.
 func TestParseInstallEvidence(t *testing.T) {
-	const boot = "[talos] 2026/11/30 10:00:00 machined logger initialized\n"
+	const (
+		boot    = "[talos] 2026/11/30 10:00:00 machined logger initialized\n"
+		request = "[talos] 2026/11/30 10:01:00 upgrade request received: staged false, force false, reboot mode DEFAULT\n" +
+			"[talos] 2026/11/30 10:01:00 validating \"ghcr.io/siderolabs/installer:v1.13.9\"\n"
+		sequence = "[talos] 2026/11/30 10:01:02 upgrade sequence: 13 phase(s)\n" +
+			"[talos] 2026/11/30 10:01:02 phase drain (1/13): 1 tasks(s)\n"
+		installed = "[talos] task upgrade (9/13): 2026/11/30 10:01:30 performing upgrade via \"ghcr.io/siderolabs/installer:v1.13.9\"\n" +
+			"[talos] task upgrade (9/13): 2026/11/30 10:01:40 upgrade successful\n"
+	)
 
 	for _, tc := range []struct {
 		name string
@@ -35,6 +43,16 @@ func TestParseInstallEvidence(t *testing.T) {
 		},
 		{
 			"failed, then started again", boot + "[talos] starting upgrade: a\n[talos] upgrade failed: exit_code=1\n[talos] starting upgrade: b\n", InstallRunning,
+		},
+		{"1.12 request, its checks under way", boot + request, InstallNone},
+		{"1.12 sequence started", boot + request + sequence, InstallSequence},
+		{"1.12 sequence installed, its reboot to come", boot + request + sequence + installed, InstallSequence},
+		{"1.12 sequence, a second request locked out", boot + request + sequence + installed + request + "[talos] 2026/11/30 10:01:50 upgrade failed: locked\n", InstallSequence},
+		{"1.12 locked out alone", boot + request + "[talos] upgrade failed: locked\n", InstallNone},
+		{"1.12 staged", boot + request + "[talos] stageUpgrade sequence: 5 phase(s)\n", InstallSequence},
+		{
+			"1.12 sequence failed", boot + request + sequence + "[talos] task upgrade (9/13): performing upgrade via \"x\"\n" +
+				"[talos] phase upgrade (9/13): failed\n[talos] upgrade sequence: failed\n[talos] upgrade failed: error running phase 9 in upgrade sequence: exit status 1\n", InstallFailed,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

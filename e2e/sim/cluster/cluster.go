@@ -136,6 +136,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		Machines: machines,
 		CACert:   g.bundle.Certs.OS.Crt,
 		CAKey:    g.bundle.Certs.OS.Key,
+		EtcdURL:  cp.etcdURL,
 		Log:      log,
 	})
 	if err != nil {

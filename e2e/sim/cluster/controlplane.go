@@ -36,6 +36,8 @@ type controlPlane struct {
 	// kubeletClient is the apiserver's client certificate for kubelets; the
 	// simulated kubelets' log endpoints trust the CA that signed it.
 	caPEM []byte
+	// etcdURL is the client URL of the real etcd.
+	etcdURL string
 }
 
 func (c *controlPlane) stop() {
@@ -132,6 +134,7 @@ func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *
 		}
 	}()
 	etcdURL := fmt.Sprintf("http://%s:%d", host, etcdPort)
+	cp.etcdURL = etcdURL
 	etcd, err := startProcess("etcd", logs, bin("etcd"),
 		"--name=ichor-sim", "--data-dir="+filepath.Join(opts.Dir, "etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,

@@ -12,10 +12,25 @@
 //	    unreachable: true            # the Talos API refuses connections while this is set
 //	    abFallback: true             # a Talos upgrade boots back into the old version
 //	    neverBoots: true             # a Talos upgrade reboots and never comes back
-//	    upgradeUnavailable: true     # LifecycleService.Upgrade installs, then answers Unavailable (the stream reset), no reboot
-//	    installHangs: true           # LifecycleService.Upgrade installs, then sends nothing until the caller gives up
+//	    upgradeUnavailable: true     # the Upgrade call does its work, then answers Unavailable (see below)
+//	    installHangs: true           # the install ends, then the upgrade stalls before its reboot (see below)
 //	    etcdStopped: true            # its etcd member is stopped but still listed: its etcd calls wait for the caller's deadline
 //	    etcdAlarm: NOSPACE           # its etcd member raised this alarm (NOSPACE or CORRUPT)
+//
+// The two upgrade faults mean what the call the node's Talos has would show.
+// From Talos 1.13 the upgrade is LifecycleService.Upgrade, which installs
+// while the caller waits and leaves the reboot to a Reboot call:
+// upgradeUnavailable installs, then answers Unavailable (the stream reset)
+// and nothing reboots; installHangs installs, then the stream sends nothing
+// until the caller gives up. Before 1.13 only MachineService.Upgrade exists:
+// the call checks, answers an ack at once and the node drains, installs and
+// reboots by itself in the background, so upgradeUnavailable starts that
+// sequence and answers Unavailable instead of the ack (the answer lost; the
+// node, still up when the caller hears it, installs and reboots by itself),
+// and installHangs holds the sequence after its install, before its reboot,
+// while the fault is set (the node up, cordoned, installed, in the same
+// boot; the caller had its ack long before), as a sequence stuck in its
+// last phases would.
 package faults
 
 import (
@@ -37,8 +52,8 @@ type Node struct {
 	Unreachable           bool     `json:"unreachable,omitempty"`
 	ABFallback            bool     `json:"abFallback,omitempty"`
 	NeverBoots            bool     `json:"neverBoots,omitempty"`
-	UpgradeUnavailable    bool     `json:"upgradeUnavailable,omitempty"`
-	InstallHangs          bool     `json:"installHangs,omitempty"`
+	UpgradeUnavailable    bool     `json:"upgradeUnavailable,omitempty"` // see the package comment
+	InstallHangs          bool     `json:"installHangs,omitempty"`       // see the package comment
 	EtcdStopped           bool     `json:"etcdStopped,omitempty"`
 	EtcdAlarm             string   `json:"etcdAlarm,omitempty"`
 }

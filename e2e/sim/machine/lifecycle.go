@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -161,30 +160,24 @@ func (m *Machine) MachinedLog() ([]byte, error) {
 	return []byte(strings.Join(m.machinedLog, "\n") + "\n"), nil
 }
 
-// Upgrade is the deprecated MachineService.Upgrade: it checks the request,
-// then in the background drains the node (BeforeReboot), pulls the
-// installer, stages the new version and reboots into it. It returns as soon
-// as the sequence is accepted, like Talos.
-func (m *Machine) Upgrade(_ context.Context, req *machineapi.UpgradeRequest) error {
-	image := req.GetImage()
-	version, err := InstallerVersion(image)
-	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return m.startSequence(true, func(ctx context.Context) error {
-		return m.StageUpgrade(ctx, image, func(msg string) error {
-			m.log.Info("upgrade", "version", version, "progress", msg)
-			return nil
-		})
-	})
-}
-
 // Reboot starts a reboot and returns at once: the machine goes down for
 // RebootDelay and comes back with a new boot ID, running the staged version
 // if an upgrade staged one (unless faults.ABFallback, which boots the old
 // version again, or faults.NeverBoots, which keeps it down while set). Like
-// Talos' reboot sequence, it does not drain the node.
+// Talos' reboot sequence, it does not drain the node. As Talos runs it in
+// the background, a reboot or upgrade sequence already under way leaves the
+// call its answer: the new reboot is the one under way (Talos lets a reboot
+// take over a reboot) or fails on the lock ("reboot failed: locked": it
+// cannot take over an upgrade).
 func (m *Machine) Reboot() error {
+	m.logMachined("reboot via API received")
+	m.mu.Lock()
+	busy := m.st.Up && m.rebooting
+	m.mu.Unlock()
+	if busy {
+		m.logMachined("reboot failed: locked")
+		return nil
+	}
 	return m.startSequence(false, nil)
 }
 
@@ -238,6 +231,7 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 	case <-ctx.Done():
 		return
 	}
+	m.installStaged(ctx)
 	for m.State().StagedVersion != "" && m.faults().NeverBoots {
 		select {
 		case <-time.After(faultPollInterval):

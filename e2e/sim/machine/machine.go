@@ -181,6 +181,9 @@ type Machine struct {
 	// machined); installing is a LifecycleService.Upgrade under way.
 	machinedLog []string
 	installing  bool
+	// stagedImage is the installer a staged MachineService.Upgrade left for
+	// the next boot (Talos' META tag).
+	stagedImage string
 	manifestGen uint64 // the latest scheduled manifest render
 
 	ctx    context.Context //nolint:containedctx // lifetime of background work

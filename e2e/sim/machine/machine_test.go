@@ -373,24 +373,6 @@ func TestUpgradeThenRebootBootsNewVersion(t *testing.T) {
 	}
 }
 
-func TestLegacyUpgradeDrainsAndReboots(t *testing.T) {
-	t.Parallel()
-	f := newMachine(t, false, "")
-	before := f.m.State()
-	require.NoError(t, f.m.Upgrade(t.Context(), &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.9"}))
-	select {
-	case <-f.drained:
-	case <-time.After(5 * time.Second):
-		t.Fatal("BeforeReboot not called")
-	}
-	after := waitState(t, f.m, "new version", func(s simmachine.State) bool { return s.Up && s.TalosVersion == "v1.13.9" })
-	assert.NotEqual(t, before.BootID, after.BootID)
-	assert.Equal(t, "ghcr.io/siderolabs/installer:v1.13.9", after.InstallerImage)
-
-	err := f.m.Upgrade(t.Context(), &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:latest"})
-	assert.Equal(t, codes.InvalidArgument, status.Code(err))
-}
-
 func TestABFallbackBootsOldVersion(t *testing.T) {
 	t.Parallel()
 	f := newMachine(t, true, "nodes:\n  node-1:\n    abFallback: true\n")

@@ -26,6 +26,7 @@ func rules() map[string]role.Set {
 		"/machine.MachineService/ApplyConfiguration": role.MakeSet(role.Admin),
 		"/machine.MachineService/EtcdAlarmList":      role.MakeSet(role.Admin, role.Operator, role.Reader, role.EtcdBackup),
 		"/machine.MachineService/EtcdMemberList":     role.MakeSet(role.Admin, role.Operator, role.Reader, role.EtcdBackup),
+		"/machine.MachineService/EtcdSnapshot":       role.MakeSet(role.Admin, role.Operator, role.EtcdBackup),
 		"/machine.MachineService/EtcdStatus":         role.MakeSet(role.Admin, role.Operator, role.Reader, role.EtcdBackup),
 		"/machine.MachineService/ImagePull":          role.MakeSet(role.Admin, role.Operator),
 		"/machine.MachineService/Kubeconfig":         role.MakeSet(role.Admin),

@@ -32,7 +32,10 @@
 //     PermissionDenied.
 //
 // Served: MachineService Version, ApplyConfiguration, ImagePull, Kubeconfig,
-// EtcdMemberList, Upgrade (deprecated), Reboot, Read, ServiceList,
+// EtcdMemberList, EtcdStatus, EtcdAlarmList, EtcdSnapshot (the real etcd's),
+// Upgrade (deprecated), Reboot, Read, Logs (machined's), ServiceList,
 // ServiceStart, ServiceStop, ServiceRestart (the rest answer Unimplemented);
-// ImageService.Pull; LifecycleService.Upgrade; COSI State Get/List/Watch.
+// ImageService.Pull and LifecycleService.Upgrade on a target running Talos
+// 1.13 or later (before, machined has neither service: Unimplemented
+// "unknown service", as gRPC answers); COSI State Get/List/Watch.
 package talosapi

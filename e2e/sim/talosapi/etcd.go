@@ -2,11 +2,18 @@ package talosapi
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -160,4 +167,101 @@ func (ms *machineService) EtcdAlarmList(ctx context.Context, _ *emptypb.Empty) (
 	}
 
 	return &machineapi.EtcdAlarmListResponse{Messages: msgs}, nil
+}
+
+// etcdValidateForUpgrade is Talos' etcd check of a control plane's
+// MachineService.Upgrade (internal/pkg/etcd Client.ValidateForUpgrade): an
+// etcd of two members would lose its quorum; every member must be started
+// and answer a quorum read (Talos waits 15 s for each; the simulator knows
+// at once: a member whose machine is down or whose etcd is stopped does not
+// answer).
+func (s *Server) etcdValidateForUpgrade(context.Context) error {
+	var members []*machine.Machine
+
+	for _, m := range s.machines {
+		if m.ControlPlane() {
+			members = append(members, m)
+		}
+	}
+
+	if len(members) == 2 {
+		return fmt.Errorf("etcd member count(%d) is insufficient to maintain quorum if upgrade commences", len(members))
+	}
+
+	for _, m := range members {
+		if _, err := m.Version(); err != nil || m.EtcdStopped() {
+			return fmt.Errorf("etcd member %016x is not healthy; all members must be healthy to perform an upgrade: context deadline exceeded",
+				machine.EtcdMemberID(m.Name()))
+		}
+	}
+
+	return nil
+}
+
+// EtcdSnapshot streams a snapshot of etcd as Talos takes it from the control
+// plane's own member (etcd's Maintenance.Snapshot: the bbolt database, then
+// its sha256), in common.Data chunks. The simulated members share the one
+// real etcd of the cluster: its snapshot is read through etcd's gRPC gateway
+// (POST /v3/maintenance/snapshot, a stream of JSON results). A worker
+// refuses as Talos does; a stopped member waits for the caller's deadline.
+func (ms *machineService) EtcdSnapshot(_ *machineapi.EtcdSnapshotRequest, srv grpc.ServerStreamingServer[common.Data]) error {
+	t, err := ms.s.single(srv.Context(), ms.self)
+	if err != nil {
+		return err
+	}
+
+	if err := etcdMachine(t.m, "etcd snapshot"); err != nil {
+		return err
+	}
+
+	if t.m.EtcdStopped() {
+		return waitStoppedEtcd(srv.Context(), "failed reading etcd snapshot")
+	}
+
+	if ms.s.etcdURL == "" {
+		return status.Error(codes.Unknown, "failed to create etcd client: the simulated cluster has no etcd")
+	}
+
+	req, err := http.NewRequestWithContext(srv.Context(), http.MethodPost, ms.s.etcdURL+"/v3/maintenance/snapshot", strings.NewReader("{}"))
+	if err != nil {
+		return err
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return status.Errorf(codes.Unknown, "failed reading etcd snapshot: %v", err)
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	if resp.StatusCode != http.StatusOK {
+		return status.Errorf(codes.Unknown, "failed reading etcd snapshot: etcd answered %s", resp.Status)
+	}
+
+	dec := json.NewDecoder(resp.Body)
+
+	for {
+		var msg struct {
+			Result *struct {
+				Blob []byte `json:"blob"`
+			} `json:"result"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+
+		err := dec.Decode(&msg)
+
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return status.Errorf(codes.Unknown, "failed reading etcd snapshot: %v", err)
+		case msg.Error != nil:
+			return status.Errorf(codes.Unknown, "failed reading etcd snapshot: %s", msg.Error.Message)
+		case msg.Result != nil && len(msg.Result.Blob) > 0:
+			if err := srv.Send(&common.Data{Bytes: msg.Result.Blob}); err != nil {
+				return err
+			}
+		}
+	}
 }

@@ -185,12 +185,20 @@ func memberID(name string) uint64 {
 	return h.Sum64()
 }
 
-// Upgrade is the deprecated MachineService upgrade: drain, install, reboot.
+// Upgrade is MachineService.Upgrade (see machine.Upgrade): its checks in the
+// call, then an ack while the upgrade sequence (drain, install, reboot) runs
+// in the background. A control plane's call runs Talos' etcd checks. Under
+// the upgradeUnavailable fault the sequence starts and the ack is lost on
+// the way: the call answers Unavailable (a connection reset), the node
+// still up; it installs and reboots by itself.
 func (ms *machineService) Upgrade(ctx context.Context, req *machineapi.UpgradeRequest) (*machineapi.UpgradeResponse, error) {
 	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Upgrade { return &machineapi.Upgrade{} },
 		func(ctx context.Context, m *machine.Machine) (*machineapi.Upgrade, error) {
-			if err := m.Upgrade(ctx, req); err != nil {
+			if err := m.Upgrade(ctx, req, ms.s.etcdValidateForUpgrade); err != nil {
 				return nil, err
+			}
+			if m.Faults().UpgradeUnavailable {
+				return nil, status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer")
 			}
 			return &machineapi.Upgrade{Ack: "Upgrade request received", ActorId: newActorID()}, nil
 		})

@@ -47,6 +47,9 @@ type Options struct {
 	CACert, CAKey []byte
 	// Port overrides the API port (default 50000, constants.ApidPort).
 	Port int
+	// EtcdURL is the client URL (plain HTTP) of the cluster's real etcd,
+	// whose snapshot EtcdSnapshot serves ("": none, the call fails).
+	EtcdURL string
 	// Log receives diagnostics; nil discards them.
 	Log *slog.Logger
 }
@@ -60,6 +63,7 @@ type Server struct {
 	byName   map[string]*machine.Machine
 	byIP     map[netip.Addr]*machine.Machine
 	authz    authorizer
+	etcdURL  string
 
 	endpoints []*endpoint
 	cancel    context.CancelFunc
@@ -94,6 +98,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		byName:   map[string]*machine.Machine{},
 		byIP:     map[netip.Addr]*machine.Machine{},
 		authz:    authorizer{rules: rules()},
+		etcdURL:  opts.EtcdURL,
 	}
 	for _, m := range opts.Machines {
 		if _, dup := s.byName[m.Name()]; dup {

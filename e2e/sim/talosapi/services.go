@@ -14,7 +14,8 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 )
 
-// imageService is ImageService on one endpoint: Pull only.
+// imageService is ImageService on one endpoint: Pull only; a target
+// before Talos 1.13 answers Unimplemented (served).
 type imageService struct {
 	machineapi.UnimplementedImageServiceServer
 
@@ -27,6 +28,9 @@ type imageService struct {
 func (is *imageService) Pull(req *machineapi.ImageServicePullRequest, srv grpc.ServerStreamingServer[machineapi.ImageServicePullResponse]) error {
 	t, err := is.s.single(srv.Context(), is.self)
 	if err != nil {
+		return err
+	}
+	if err := served(t.m, "machine.ImageService"); err != nil {
 		return err
 	}
 	switch ns := req.GetContainerd().GetNamespace(); ns {
@@ -48,7 +52,8 @@ func (is *imageService) Pull(req *machineapi.ImageServicePullRequest, srv grpc.S
 	return srv.Send(&machineapi.ImageServicePullResponse{Response: &machineapi.ImageServicePullResponse_Name{Name: req.GetImageRef()}})
 }
 
-// lifecycleService is LifecycleService on one endpoint: Upgrade only.
+// lifecycleService is LifecycleService on one endpoint: Upgrade only; a
+// target before Talos 1.13 answers Unimplemented (served).
 type lifecycleService struct {
 	machineapi.UnimplementedLifecycleServiceServer
 
@@ -62,6 +67,9 @@ type lifecycleService struct {
 func (ls *lifecycleService) Upgrade(req *machineapi.LifecycleServiceUpgradeRequest, srv grpc.ServerStreamingServer[machineapi.LifecycleServiceUpgradeResponse]) error {
 	t, err := ls.s.single(srv.Context(), ls.self)
 	if err != nil {
+		return err
+	}
+	if err := served(t.m, "machine.LifecycleService"); err != nil {
 		return err
 	}
 	image := req.GetSource().GetImageName()
@@ -87,6 +95,17 @@ func (ls *lifecycleService) Upgrade(req *machineapi.LifecycleServiceUpgradeReque
 		return status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer")
 	}
 	return send(&machineapi.LifecycleServiceInstallProgress{Response: &machineapi.LifecycleServiceInstallProgress_ExitCode{ExitCode: 0}})
+}
+
+// served answers a call to a service the target machine's Talos does not
+// have as gRPC does for a service nobody registered (machined before 1.13
+// has neither ImageService nor LifecycleService; apid proxies the call to
+// it all the same).
+func served(m *machine.Machine, service string) error {
+	if m.Serves(service) {
+		return nil
+	}
+	return status.Errorf(codes.Unimplemented, "unknown service %s", service)
 }
 
 func protoreflectValue(md *common.Metadata) protoreflect.Value {

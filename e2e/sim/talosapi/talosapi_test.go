@@ -292,12 +292,39 @@ func TestTalosAPI(t *testing.T) {
 		assert.Equal(t, codes.PermissionDenied, client.StatusCode(err))
 	})
 
-	t.Run("lifecycle upgrade and reboot of the routed node", func(t *testing.T) {
-		nctx := client.WithNode(ctx, c.cpIP)
-		before := readBootID(t, cl, nctx)
+	t.Run("services by the target's version", func(t *testing.T) {
+		// cp-1 runs v1.12.4: no LifecycleService, no ImageService, whichever
+		// endpoint proxies the call (w-1 runs v1.13.9).
+		for _, via := range []*client.Client{cl, c.clientVia(t, c.wIP)} {
+			nctx := client.WithNode(ctx, c.cpIP)
+			up, err := via.LifecycleClient.Upgrade(nctx, &machineapi.LifecycleServiceUpgradeRequest{
+				Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
+				Source:     &machineapi.InstallArtifactsSource{ImageName: "ghcr.io/siderolabs/installer:v1.13.9"},
+			})
+			if err == nil {
+				_, err = up.Recv()
+			}
+			assert.Equal(t, codes.Unimplemented, client.StatusCode(err), "%v", err)
+			assert.ErrorContains(t, err, "unknown service machine.LifecycleService")
+
+			pull, err := via.ImageClient.Pull(nctx, &machineapi.ImageServicePullRequest{
+				Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CRI, Namespace: common.ContainerdNamespace_NS_CRI},
+				ImageRef:   "registry.k8s.io/kube-proxy:v1.36.3",
+			})
+			if err == nil {
+				_, err = pull.Recv()
+			}
+			assert.Equal(t, codes.Unimplemented, client.StatusCode(err), "%v", err)
+			assert.ErrorContains(t, err, "unknown service machine.ImageService")
+		}
+		assert.Empty(t, c.cp.State().StagedVersion, "nothing installed")
+	})
+
+	t.Run("lifecycle install on Talos 1.13", func(t *testing.T) {
+		nctx := client.WithNode(ctx, c.wIP)
 		stream, err := cl.LifecycleClient.Upgrade(nctx, &machineapi.LifecycleServiceUpgradeRequest{
 			Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
-			Source:     &machineapi.InstallArtifactsSource{ImageName: "ghcr.io/siderolabs/installer:v1.13.9"},
+			Source:     &machineapi.InstallArtifactsSource{ImageName: "ghcr.io/siderolabs/installer:v1.14.1"},
 		})
 		require.NoError(t, err)
 		exit := int32(-1)
@@ -312,12 +339,17 @@ func TestTalosAPI(t *testing.T) {
 			}
 		}
 		assert.Equal(t, int32(0), exit)
+		assert.Equal(t, "v1.14.1", c.worker.State().StagedVersion, "installed, for the next reboot")
 
 		// machined's log says the install ran and ended, as talosctl logs
 		// machined reads it: what tells a staged upgrade on Talos.
 		evidence, err := ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, cl, nctx)))
 		require.NoError(t, err)
 		assert.Equal(t, ichortalos.InstallDone.String(), evidence.String())
+	})
+
+	t.Run("legacy upgrade of the routed node on Talos 1.12: it reboots by itself", func(t *testing.T) {
+		before := readBootID(t, cl, client.WithNode(ctx, c.cpIP))
 
 		// Talk to the control plane through the worker's endpoint so the
 		// client survives the control plane's listener going away.
@@ -329,7 +361,9 @@ func TestTalosAPI(t *testing.T) {
 		require.NoError(t, wcl.COSI.Watch(watchCtx,
 			resource.NewMetadata(k8s.NamespaceName, k8s.NodenameType, k8s.NodenameID, resource.VersionUndefined), watchEvents))
 		require.Equal(t, state.Created, (<-watchEvents).Type)
-		require.NoError(t, wcl.Reboot(wctx))
+		resp, err := wcl.UpgradeWithOptions(wctx, client.WithUpgradeImage("ghcr.io/siderolabs/installer:v1.13.9")) //nolint:staticcheck // the call of Talos 1.12
+		require.NoError(t, err)
+		assert.Equal(t, "Upgrade request received", resp.GetMessages()[0].GetAck(), "an ack at once; the sequence runs in the background")
 
 		require.Eventually(t, func() bool {
 			conn, err := net.DialTimeout("tcp", net.JoinHostPort(c.cpIP, "50000"), time.Second)
@@ -355,7 +389,7 @@ func TestTalosAPI(t *testing.T) {
 		}, 10*time.Second, 50*time.Millisecond)
 		assert.NotEqual(t, before, readBootID(t, wcl, wctx))
 
-		evidence, err = ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, wcl, wctx)))
+		evidence, err := ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, wcl, wctx)))
 		require.NoError(t, err)
 		assert.Equal(t, ichortalos.InstallNone.String(), evidence.String(), "a new boot, a new log")
 	})
@@ -417,4 +451,36 @@ func TestUnreachableFaultClosesListener(t *testing.T) {
 	resp, err := c.clientVia(t, c.wIP).Version(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, "v1.13.9", resp.GetMessages()[0].GetVersion().GetTag())
+}
+
+// TestLegacyUpgradeFaults: MachineService.Upgrade runs Talos' etcd checks on
+// a control plane (force skips them), and under upgradeUnavailable answers
+// Unavailable although its sequence started: the node reboots by itself.
+func TestLegacyUpgradeFaults(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := c.clientVia(t, c.wIP)
+	ctx := t.Context()
+	upgrade := func(ip string, opts ...client.UpgradeOption) error {
+		opts = append([]client.UpgradeOption{client.WithUpgradeImage("ghcr.io/siderolabs/installer:v1.13.9")}, opts...)
+		_, err := cl.UpgradeWithOptions(client.WithNode(ctx, ip), opts...) //nolint:staticcheck // the call of Talos 1.12
+		return err
+	}
+
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes:\n  cp-1:\n    etcdStopped: true\n"), 0o644))
+	err := upgrade(c.cpIP)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "error validating etcd for upgrade: etcd member")
+	assert.Contains(t, err.Error(), "is not healthy; all members must be healthy to perform an upgrade")
+	assert.Empty(t, c.cp.State().StagedVersion, "nothing installed")
+
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes:\n  cp-1:\n    etcdStopped: true\n  w-1:\n    upgradeUnavailable: true\n"), 0o644))
+	err = upgrade(c.wIP, client.WithUpgradeImage("ghcr.io/siderolabs/installer:v1.14.1"))
+	assert.Equal(t, codes.Unavailable, client.StatusCode(err), "%v", err)
+	require.Eventually(t, func() bool { s := c.worker.State(); return s.Up && s.TalosVersion == "v1.14.1" },
+		10*time.Second, 20*time.Millisecond, "the sequence ran all the same")
+
+	require.NoError(t, upgrade(c.cpIP, client.WithUpgradeForce(true)), "force skips the etcd checks")
+	require.Eventually(t, func() bool { s := c.cp.State(); return s.Up && s.TalosVersion == "v1.13.9" },
+		10*time.Second, 20*time.Millisecond)
 }
