@@ -260,9 +260,11 @@ func TestMachineStatusAcrossAReboot(t *testing.T) {
 
 	after := waitState(t, f.m, "up again", func(s simmachine.State) bool { return s.Up && s.BootID != before.BootID })
 	assert.True(t, after.KubeletRunning)
-	s := status()
-	assert.Equal(t, runtime.MachineStageRunning, s.Stage)
-	assert.False(t, s.Status.Ready, "a new boot knows nothing of the Node yet")
+	// The stage moves on from booting once the boot's services run, as machined's does:
+	// after the machine is up, not with it.
+	require.Eventually(t, func() bool { return status().Stage == runtime.MachineStageRunning }, 10*time.Second, 20*time.Millisecond,
+		"the new boot reaches the running stage")
+	assert.False(t, status().Status.Ready, "a new boot knows nothing of the Node yet")
 	_, err := safe.StateGetByID[*k8s.StaticPodStatus](t.Context(), f.m.COSI(), "kube-system/kube-apiserver-node-1")
 	assert.True(t, state.IsNotFoundError(err), "nor of the static pods")
 }
