@@ -196,7 +196,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	}
 
 	log.Info("applying the bootstrap manifests")
-	if err := applyBootstrapManifests(ctx, cp.restConfig, machines[0]); err != nil {
+	if err := applyBootstrapManifests(ctx, cp.restConfig, machines[0], log); err != nil {
 		return fmt.Errorf("bootstrap manifests: %w", err)
 	}
 	if opts.TalosAPIAccess {

@@ -3,9 +3,12 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sort"
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -27,10 +30,14 @@ const (
 	inventoryName       = "talos-bootstrap-manifests-inventory"
 )
 
-// applyBootstrapManifests does what Talos does once a cluster bootstraps:
-// server-side apply the control plane's Manifest resources with field
-// manager "talos", on Talos 1.14 with its inventory annotation.
-func applyBootstrapManifests(ctx context.Context, cfg *rest.Config, m *machine.Machine) error {
+// applyBootstrapManifests does what Talos' ManifestApplyController does once a
+// cluster bootstraps: server-side apply the objects of the control plane's
+// Manifest resources (in ID order, Namespaces then CustomResourceDefinitions
+// first) with field manager "talos", on Talos 1.14 with its inventory
+// annotation. An object Talos takes for a problem of the manifest (a kind the
+// cluster does not serve, one the apiserver rejects as bad or invalid) is
+// logged and left out, and the others are applied; any other error stops it.
+func applyBootstrapManifests(ctx context.Context, cfg *rest.Config, m *machine.Machine, log *slog.Logger) error {
 	list, err := safe.StateListAll[*k8s.Manifest](ctx, m.COSI())
 	if err != nil {
 		return fmt.Errorf("list manifests of %s: %w", m.Name(), err)
@@ -51,42 +58,68 @@ func applyBootstrapManifests(ctx context.Context, cfg *rest.Config, m *machine.M
 	if err != nil {
 		return err
 	}
+	var objs []*unstructured.Unstructured
 	for res := range list.All() {
 		for _, item := range res.TypedSpec().Items {
-			obj := (&unstructured.Unstructured{Object: item.Object}).DeepCopy()
-			if inventory {
-				annotations := obj.GetAnnotations()
-				if annotations == nil {
-					annotations = map[string]string{}
-				}
-				annotations[inventoryAnnotation] = inventoryName
-				obj.SetAnnotations(annotations)
+			objs = append(objs, (&unstructured.Unstructured{Object: item.Object}).DeepCopy())
+		}
+	}
+	sort.SliceStable(objs, func(i, j int) bool { return applyRank(objs[i]) < applyRank(objs[j]) })
+	for _, obj := range objs {
+		if inventory {
+			annotations := obj.GetAnnotations()
+			if annotations == nil {
+				annotations = map[string]string{}
 			}
-			gvk := obj.GroupVersionKind()
-			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			annotations[inventoryAnnotation] = inventoryName
+			obj.SetAnnotations(annotations)
+		}
+		gvk := obj.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			mapper.Reset()
+			if mapping, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version); meta.IsNoMatchError(err) {
+				log.Warn("bootstrap manifests: left out", "object", gvk.Kind+" "+obj.GetName(), "err", err)
+				continue
+			}
 			if err != nil {
-				mapper.Reset()
-				if mapping, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
-					return fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err)
-				}
+				return fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err)
 			}
-			data, err := obj.MarshalJSON()
-			if err != nil {
-				return err
+		}
+		data, err := obj.MarshalJSON()
+		if err != nil {
+			return err
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			ns := obj.GetNamespace()
+			if ns == "" {
+				ns = metav1.NamespaceDefault
 			}
-			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-			if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-				ns := obj.GetNamespace()
-				if ns == "" {
-					ns = metav1.NamespaceDefault
-				}
-				ri = dyn.Resource(mapping.Resource).Namespace(ns)
-			}
-			force := true
-			if _, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "talos", Force: &force}); err != nil {
-				return fmt.Errorf("apply %s %s/%s: %w", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
-			}
+			ri = dyn.Resource(mapping.Resource).Namespace(ns)
+		}
+		force := true
+		_, err = ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "talos", Force: &force})
+		if apierrors.IsBadRequest(err) || apierrors.IsInvalid(err) || apierrors.IsMethodNotSupported(err) {
+			log.Warn("bootstrap manifests: left out", "object", gvk.Kind+" "+obj.GetNamespace()+"/"+obj.GetName(), "err", err)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("apply %s %s/%s: %w", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
 		}
 	}
 	return nil
+}
+
+// applyRank puts Namespaces, then CustomResourceDefinitions, before
+// everything else, as Talos sorts the objects it applies.
+func applyRank(obj *unstructured.Unstructured) int {
+	switch obj.GroupVersionKind().GroupKind().String() {
+	case "Namespace":
+		return 0
+	case "CustomResourceDefinition.apiextensions.k8s.io":
+		return 1
+	default:
+		return 2
+	}
 }
