@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -321,6 +322,75 @@ func TestJobManifestKindNotServedPausesThenResumes(t *testing.T) {
 	out, err = c.kubectl(t, "get", "gadgets.example.com", "g1", "-n", "default", "-o", "jsonpath={.metadata.managedFields[*].manager}")
 	require.NoError(t, err, out)
 	assert.Equal(t, "talos", out, "the sync created the Gadget as Talos would")
+
+	requireUpgraded(t, c, tc, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+const readerRoleManifest = `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: cni-secrets-reader
+rules:
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch"]
+`
+
+// TestJobManifestRoleTheJobMayNotCreate bootstraps an inline manifest holding a
+// ClusterRole that grants what the Job does not hold (reading every Secret), then deletes
+// it live. The Job may re-apply the role as it is, never create it: Kubernetes refuses
+// the create as an escalation. The sync's dry run pauses the stage before it changes
+// anything, naming the role and what to do; once the operator re-creates the role,
+// resume finishes and the role is as the manifest says.
+func TestJobManifestRoleTheJobMayNotCreate(t *testing.T) {
+	t.Parallel()
+
+	c := startJobCluster(t, inlineManifest(t, "cni-rbac", readerRoleManifest)...)
+	ctx := context.Background()
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	const object = "ClusterRole cni-secrets-reader"
+
+	roles := c.Client.RbacV1().ClusterRoles()
+	_, err := roles.Get(ctx, "cni-secrets-reader", metav1.GetOptions{})
+	require.NoError(t, err, "Talos created the inline manifest's role")
+	require.NoError(t, roles.Delete(ctx, "cni-secrets-reader", metav1.DeleteOptions{}))
+
+	r := c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, job.ExitPaused)
+	require.Contains(t, r.stderr, "paused: KubeProxy ")
+
+	op := c.operation(t)
+	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	assert.Equal(t, "KubeProxy", op.Status.Stage)
+	assert.Contains(t, op.Status.Reason, "sync bootstrap manifests (0 of ")
+	assert.Contains(t, op.Status.Reason, "dry-run apply "+object)
+	assert.Contains(t, op.Status.Reason, "forbidden")
+	assert.Contains(t, op.Status.Action, "the Job may not write the object")
+	assert.Contains(t, op.Status.Action, "apply it yourself as a cluster admin")
+
+	image, _ := containerImage(t, c, "kube-proxy")
+	assert.Equal(t, "registry.k8s.io/kube-proxy:v1.35.4", image, "nothing applied: kube-proxy not moved")
+
+	_, err = roles.Get(ctx, "cni-secrets-reader", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "the role is not created: %v", err)
+
+	// The operator re-creates the role; the Job may re-apply it as it is.
+	file := filepath.Join(t.TempDir(), "role.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(readerRoleManifest), 0o644))
+	out, err := c.kubectl(t, "apply", "--server-side", "-f", file)
+	require.NoError(t, err, out)
+
+	r = c.ichor(t, 10*time.Minute, "resume")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+
+	role, err := roles.Get(ctx, "cni-secrets-reader", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"get", "list", "watch"}, role.Rules[0].Verbs)
 
 	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)

@@ -860,7 +860,8 @@ func syncAction(err error, ip string) string {
 		return "the Job may not write the object (its access is computed from the manifests at launch and on resume; an admission policy may refuse it too): " +
 			"apply it yourself as a cluster admin, lift the policy, " + fix + ", then resume (kubectl ichor resume)"
 	default:
-		return "the apiserver refuses the object: apply it yourself, " + fix + ", then resume (kubectl ichor resume)"
+		return "the apiserver refuses the object (its validation or an admission policy, as the error says): fix the object or lift the policy, " +
+			fix + ", then resume (kubectl ichor resume)"
 	}
 }
 

@@ -24,7 +24,7 @@ func TestSyncAction(t *testing.T) {
 			"the cluster does not serve the object's kind: install its CustomResourceDefinition"},
 		{"forbidden", apierrors.NewForbidden(gadgets, "g1", errors.New("no")),
 			"the Job may not write the object"},
-		{"invalid", apierrors.NewBadRequest("bad"), "the apiserver refuses the object: apply it yourself"},
+		{"invalid", apierrors.NewBadRequest("bad"), "the apiserver refuses the object (its validation or an admission policy, as the error says)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := syncAction(fmt.Errorf("dry-run apply Gadget default/g1: %w", tc.err), "10.0.0.1")
