@@ -204,6 +204,11 @@ func TestJobInlineManifestKeepsHelmsUpgrade(t *testing.T) {
 	assert.Contains(t, strings.Join(stepEvents(t, c), "\n"), "skipped 1 changed by another field manager: "+object, "the operation's events keep it")
 	assert.Equal(t, job.PhaseSucceeded, c.operation(t).Status.Phase)
 
+	r = c.ichor(t, time.Minute, "status")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^  bootstrap manifests: applied \d+ .*; skipped 1 changed by another field manager: `+object+`$`, r.stdout,
+		"the finished operation still says what the sync left alone")
+
 	image, mf = containerImage(t, c, "kube-flannel")
 	assert.Equal(t, helms, image, "Helm's upgrade is kept")
 	assert.True(t, ownsField(mf, "helm", "f:image"))

@@ -841,7 +841,7 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), summarize(names))
 	}
 
-	r.e.step(stage, "manifests", "%s", msg)
+	r.e.step(stage, StepManifests, "%s", msg)
 
 	return true, nil
 }

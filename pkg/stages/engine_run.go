@@ -54,6 +54,9 @@ type StepProgress interface {
 	Step(stage, step, message string)
 }
 
+// StepManifests is the KubeProxy stage's step that syncs the bootstrap manifests.
+const StepManifests = "manifests"
+
 // Engine runs one upgrade to completion, or until it pauses. It holds no
 // state of its own: every Run re-derives where the upgrade is from the
 // cluster (each node's active config against the render for the current
