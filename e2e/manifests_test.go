@@ -306,7 +306,8 @@ func TestJobManifestKindNotServedPausesThenResumes(t *testing.T) {
 	assert.Contains(t, op.Status.Reason, "sync bootstrap manifests (0 of ")
 	assert.Contains(t, op.Status.Reason, "dry-run apply "+object)
 	assert.Contains(t, op.Status.Action, "install its CustomResourceDefinition")
-	assert.Contains(t, op.Status.Action, "then resume (kubectl ichor resume)")
+	assert.True(t, strings.HasSuffix(op.Status.Action, ", then resume"), op.Status.Action)
+	require.Contains(t, r.stderr, ", then kubectl ichor resume\n", "the error names the command once")
 
 	// The dry run stopped the sync before it changed anything.
 	image, _ := containerImage(t, c, "kube-proxy")

@@ -855,13 +855,13 @@ func syncAction(err error, ip string) string {
 	switch {
 	case meta.IsNoMatchError(err):
 		return "the cluster does not serve the object's kind: install its CustomResourceDefinition (resume grants the Job access to the object), " +
-			fix + ", then resume (kubectl ichor resume)"
+			fix + ", then resume"
 	case apierrors.IsForbidden(err):
 		return "the Job may not write the object (its access is computed from the manifests at launch and on resume; an admission policy may refuse it too): " +
-			"apply it yourself as a cluster admin, lift the policy, " + fix + ", then resume (kubectl ichor resume)"
+			"apply it yourself as a cluster admin, lift the policy, " + fix + ", then resume"
 	default:
 		return "the apiserver refuses the object (its validation or an admission policy, as the error says): fix the object or lift the policy, " +
-			fix + ", then resume (kubectl ichor resume)"
+			fix + ", then resume"
 	}
 }
 
