@@ -91,7 +91,12 @@ func (r *reporter) Node(stage, node string, phase stages.NodePhase, message stri
 
 // Step implements stages.StepProgress.
 func (r *reporter) Step(stage, step, message string) {
-	r.change(func(s *OperationStatus) { s.Step = step + ": " + message })
+	r.change(func(s *OperationStatus) {
+		s.Step = step + ": " + message
+		if step == stages.StepManifests {
+			s.Manifests = message
+		}
+	})
 	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
 }
 

@@ -134,8 +134,10 @@ func TestRunnerSucceeds(t *testing.T) {
 		assert.Equal(t, "b-1", v)
 
 		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready")
-		cfg.Progress.(stages.StepProgress).Step("KubeProxy", "manifests", "applied 10 objects")
 		cfg.Progress.(stages.StepTimer).StepTime("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true})
+		cfg.Progress.(stages.StepProgress).Step("KubeProxy", stages.StepManifests, "applied 10 objects")
+		cfg.Progress.(stages.StepProgress).Step("KubeProxy", "rollout", "kube-proxy rolled out")
+		cfg.Progress.Stage(4, 4, "Kubelets")
 
 		return nil
 	})
@@ -166,9 +168,10 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.Equal(t, PhaseSucceeded, s.Phase)
 	assert.Equal(t, "runner-pod-1", s.Runner)
 	assert.Equal(t, 1, s.Runs)
-	assert.Equal(t, "APIServers", s.Stage)
+	assert.Equal(t, "Kubelets", s.Stage)
 	assert.Equal(t, 4, s.StageCount)
-	assert.Equal(t, "manifests: applied 10 objects", s.Step)
+	assert.Empty(t, s.Step, "a stage's steps end with it")
+	assert.Equal(t, "applied 10 objects", s.Manifests, "what the manifest sync did stays")
 	require.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests), "the step's times are in the state")
 	assert.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests).Done)
 	require.Len(t, s.Runners, 1)
@@ -204,7 +207,7 @@ func TestRunnerSucceeds(t *testing.T) {
 		reasons = append(reasons, e.Reason)
 	}
 
-	assert.ElementsMatch(t, []string{"Running", "Stage", "Step", "Succeeded"}, reasons)
+	assert.ElementsMatch(t, []string{"Running", "Stage", "Step", "Step", "Stage", "Succeeded"}, reasons)
 }
 
 func leaseHolderOf(l *coordinationv1.Lease) string {

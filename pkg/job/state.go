@@ -143,6 +143,10 @@ type OperationStatus struct {
 	StageCount int `json:"stageCount,omitempty"`
 	// Step is the stage's own step that belongs to no node (manifest sync, rollout).
 	Step string `json:"step,omitempty"`
+	// Manifests is what the last bootstrap manifest sync did: what it applied, and the
+	// objects it left to another field manager. It stays when the next step or stage
+	// begins, so a finished operation still says it.
+	Manifests string `json:"manifests,omitempty"`
 	// Reason says why the operation paused or was aborted; Action what to do about it.
 	Reason string `json:"reason,omitempty"`
 	Action string `json:"action,omitempty"`

@@ -89,6 +89,10 @@ func (v view) frame() []string {
 	case job.PhaseAborted:
 		lines = append(lines, "Aborted: "+s.Reason)
 	case job.PhaseSucceeded:
+		if s.Manifests != "" {
+			lines = append(lines, "  bootstrap manifests: "+s.Manifests)
+		}
+
 		lines = append(lines, fmt.Sprintf("Succeeded in %s", duration(v.elapsed())))
 	}
 

@@ -276,6 +276,7 @@ func TestStatusOfEndedOperations(t *testing.T) {
 
 	second := operation(job.PhaseSucceeded)
 	second.Status.FinishedAt = &metav1.Time{Time: now0.Add(time.Hour)}
+	second.Status.Manifests = "applied 9 bootstrap manifest object(s) from cp-1; skipped 1 changed by another field manager: DaemonSet kube-system/kube-flannel"
 
 	c := newJobCluster(stateOf(t, first, raw))
 	store := &job.Store{Client: c.kube.CoreV1(), Namespace: job.DefaultNamespace}
@@ -284,6 +285,7 @@ func TestStatusOfEndedOperations(t *testing.T) {
 	stdout, stderr, code := runWith(t, c.with(deps{}), "status")
 	require.Equal(t, ExitOK, code, stderr)
 	assert.Contains(t, stdout, "Earlier (kubectl ichor status --operation <id>):\n  kubernetes-v1-36-3-first  Kubernetes to v1.36.3  Succeeded")
+	assert.Contains(t, stdout, "\n  bootstrap manifests: "+second.Status.Manifests+"\nSucceeded in ", "what the sync left alone stays said")
 
 	stdout, stderr, code = runWith(t, c.with(deps{}), "status", "--operation", "kubernetes-v1-36-3-first")
 	require.Equal(t, ExitOK, code, stderr)

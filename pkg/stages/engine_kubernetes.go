@@ -13,6 +13,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -821,10 +822,8 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 	res2, err := r.applier.Sync(ctx, objs, kube.SyncOptions{Force: r.opts.ManifestsForce})
 	if err != nil {
 		reason := fmt.Sprintf("node %q: sync bootstrap manifests (%d of %d applied, nothing after): %v", sn.Name, len(res2.Applied), len(objs), err)
-		action := "the object named is refused (the runner may not write it, or the apiserver rejects it): apply it yourself, " +
-			"or fix the manifest in the machine config (talosctl -n <node> get manifests), then resume"
 
-		return false, r.pause(ctx, stage, sn.Name, reason, action, errors.New(reason))
+		return false, r.pause(ctx, stage, sn.Name, reason, syncAction(err, sn.InternalIP), errors.New(reason))
 	}
 
 	for _, sk := range res2.Skipped {
@@ -846,6 +845,25 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 	r.e.step(stage, StepManifests, "%s", msg)
 
 	return true, nil
+}
+
+// syncAction says what to do about the object a manifest sync stopped at (err names it).
+// The Job's access to the manifests' objects is computed from them when the operation is
+// launched or resumed, so a kind the cluster serves by the resume is covered then.
+func syncAction(err error, ip string) string {
+	fix := fmt.Sprintf("or take it out of the machine config's inline or extra manifests (talosctl -n %s get manifests)", ip)
+
+	switch {
+	case meta.IsNoMatchError(err):
+		return "the cluster does not serve the object's kind: install its CustomResourceDefinition (resume grants the Job access to the object), " +
+			fix + ", then resume"
+	case apierrors.IsForbidden(err):
+		return "the Job may not write the object (its access is computed from the manifests at launch and on resume; an admission policy may refuse it too): " +
+			"apply it yourself as a cluster admin, lift the policy, " + fix + ", then resume"
+	default:
+		return "the apiserver refuses the object (its validation or an admission policy, as the error says): fix the object or lift the policy, " +
+			fix + ", then resume"
+	}
 }
 
 // renderedManifests reads node's bootstrap manifests once Talos has re-rendered them

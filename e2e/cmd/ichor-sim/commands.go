@@ -108,6 +108,22 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 		o.Schematics[node] = id
 		return nil
 	})
+	fs.Func("inline-manifest", "NAME=FILE: the control planes carry FILE (multi-document YAML) in cluster.inlineManifests as NAME (repeatable)", func(v string) error {
+		name, file, ok := strings.Cut(v, "=")
+		if !ok || name == "" || file == "" {
+			return fmt.Errorf("want NAME=FILE, got %q", v)
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		o.InlineManifests = append(o.InlineManifests, cluster.InlineManifest{Name: name, Contents: string(b)})
+		return nil
+	})
+	fs.Func("extra-manifest", "URL: the control planes carry URL in cluster.extraManifests, fetched as Talos does (repeatable)", func(v string) error {
+		o.ExtraManifests = append(o.ExtraManifests, v)
+		return nil
+	})
 	fs.DurationVar(&o.Latency.StaticPodRestart, "static-pod-restart", o.Latency.StaticPodRestart, "how long a static pod takes to restart on a new image")
 	fs.DurationVar(&o.Latency.Ready, "ready-latency", o.Latency.Ready, "how long a started container takes to become Ready")
 	fs.DurationVar(&o.Latency.KubeletRestart, "kubelet-restart", o.Latency.KubeletRestart, "how long a node is NotReady while its kubelet restarts")

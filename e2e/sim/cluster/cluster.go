@@ -197,9 +197,20 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	}
 
 	log.Info("applying the bootstrap manifests")
-	if err := applyBootstrapManifests(ctx, cp.restConfig, machines[0]); err != nil {
+	manifests, err := newManifestApplier(cp.restConfig, log)
+	if err != nil {
 		return fmt.Errorf("bootstrap manifests: %w", err)
 	}
+	if err := manifests.apply(ctx, machines[0]); err != nil {
+		return fmt.Errorf("bootstrap manifests: %w", err)
+	}
+	var controlPlanes []*machine.Machine
+	for _, m := range machines {
+		if m.ControlPlane() {
+			controlPlanes = append(controlPlanes, m)
+		}
+	}
+	go manifests.watch(kctx, controlPlanes)
 	if opts.TalosAPIAccess {
 		if err := startTalosAccess(kctx, cp, g, machines[0], log); err != nil {
 			return fmt.Errorf("talos API access: %w", err)

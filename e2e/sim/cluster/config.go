@@ -125,7 +125,7 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 				return nil, fmt.Errorf("machine %s: %w", spec.Name, err)
 			}
 		}
-		cfg, err := personalize(base, spec, opts.TalosAPIAccess)
+		cfg, err := personalize(base, spec, opts)
 		if err != nil {
 			return nil, fmt.Errorf("machine %s: %w", spec.Name, err)
 		}
@@ -179,8 +179,11 @@ func mixLayouts(multi, legacy config.Provider) (config.Provider, error) {
 // access from Kubernetes that the product's Job uses: as a
 // KubeTalosAPIAccessConfig document on a config that keeps its Kubernetes
 // settings in documents, as machine.features.kubernetesTalosAPIAccess
-// otherwise (an operator adds the form their config uses).
-func personalize(base config.Provider, spec machineSpec, talosAPIAccess bool) (config.Provider, error) {
+// otherwise (an operator adds the form their config uses). A control plane
+// also gets the user's inline and extra manifests, in cluster.inlineManifests
+// and cluster.extraManifests, which every Talos version reads.
+func personalize(base config.Provider, spec machineSpec, opts Options) (config.Provider, error) {
+	talosAPIAccess := opts.TalosAPIAccess
 	var docs []configconfig.Document
 	accessDocument := talosAPIAccess && spec.ControlPlane && base.Has(k8s.KubeControllerManagerConfig)
 	if accessDocument {
@@ -209,6 +212,16 @@ func personalize(base config.Provider, spec machineSpec, talosAPIAccess bool) (c
 				cfg.MachineConfig.MachineNetwork = &v1alpha1.NetworkConfig{} //nolint:staticcheck
 			}
 			cfg.MachineConfig.MachineNetwork.NetworkHostname = spec.Name //nolint:staticcheck
+		}
+		if spec.ControlPlane && (len(opts.InlineManifests) > 0 || len(opts.ExtraManifests) > 0) {
+			if cfg.ClusterConfig == nil {
+				cfg.ClusterConfig = &v1alpha1.ClusterConfig{}
+			}
+			for _, m := range opts.InlineManifests {
+				cfg.ClusterConfig.ClusterInlineManifests = append(cfg.ClusterConfig.ClusterInlineManifests, //nolint:staticcheck // the form every Talos reads
+					v1alpha1.ClusterInlineManifest{InlineManifestName: m.Name, InlineManifestContents: m.Contents})
+			}
+			cfg.ClusterConfig.ExtraManifests = append(cfg.ClusterConfig.ExtraManifests, opts.ExtraManifests...)
 		}
 		if talosAPIAccess && spec.ControlPlane && !accessDocument {
 			if cfg.MachineConfig.MachineFeatures == nil {

@@ -57,8 +57,23 @@ type Options struct {
 	// was installed from (its virtual "schematic" extension, built by
 	// https://factory.talos.dev).
 	Schematics map[string]string
+	// InlineManifests are the control planes' cluster.inlineManifests: Talos
+	// renders each as bootstrap manifest "99-<name>" and creates its objects
+	// when the cluster bootstraps.
+	InlineManifests []InlineManifest
+	// ExtraManifests are the control planes' cluster.extraManifests: URLs
+	// (http or https) Talos fetches each as bootstrap manifest "99-<url>".
+	ExtraManifests []string
 	// Latency is how long simulated things take.
 	Latency Latency
+}
+
+// InlineManifest is one of cluster.inlineManifests.
+type InlineManifest struct {
+	// Name names the manifest (its Manifest resource is "99-<name>").
+	Name string
+	// Contents is its multi-document YAML.
+	Contents string
 }
 
 // Latency holds the simulated durations.
@@ -155,6 +170,9 @@ func (o *Options) Validate() error {
 		return errors.New("--bin-dir is required: the directory with etcd and the kube-* binaries (make cluster-bins)")
 	}
 	if err := o.validateExtensions(); err != nil {
+		return err
+	}
+	if err := o.validateManifests(); err != nil {
 		return err
 	}
 	if o.Latency == (Latency{}) {
@@ -272,4 +290,22 @@ func (o *Options) machineExtensions(node string) []simmachine.Extension {
 		out = append(out, simmachine.Extension{Name: simmachine.SchematicExtensionName, Version: id, Author: "Image Factory (https://factory.talos.dev)"})
 	}
 	return out
+}
+
+// validateManifests checks --inline-manifest names (one each, as Talos
+// requires) and --extra-manifest URLs.
+func (o *Options) validateManifests() error {
+	seen := map[string]bool{}
+	for _, m := range o.InlineManifests {
+		if m.Name == "" || seen[m.Name] {
+			return fmt.Errorf("--inline-manifest %q: give each inline manifest a name of its own (NAME=FILE)", m.Name)
+		}
+		seen[m.Name] = true
+	}
+	for _, u := range o.ExtraManifests {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return fmt.Errorf("--extra-manifest %q: want an http or https URL, as Talos fetches", u)
+		}
+	}
+	return nil
 }

@@ -27,6 +27,11 @@ func TestValidate(t *testing.T) {
 		{"talos not a version", func(o *Options) { o.TalosVersion = "latest" }, "want a version like v1.12.4"},
 		{"pairing", func(o *Options) { o.KubernetesVersion = "v1.37.0" }, "pick a pair that Talos supports"},
 		{"no bin dir", func(o *Options) { o.BinDir = "" }, "make cluster-bins"},
+		{"inline manifest without a name", func(o *Options) { o.InlineManifests = []InlineManifest{{Contents: "a: b"}} }, "a name of its own"},
+		{"inline manifests of one name", func(o *Options) {
+			o.InlineManifests = []InlineManifest{{Name: "cni", Contents: "a: b"}, {Name: "cni", Contents: "c: d"}}
+		}, `--inline-manifest "cni": give each inline manifest a name of its own`},
+		{"extra manifest not a URL", func(o *Options) { o.ExtraManifests = []string{"/tmp/x.yaml"} }, "want an http or https URL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good()
@@ -83,6 +88,31 @@ func TestGeneratedConfigs(t *testing.T) {
 	require.Contains(t, string(g.machines[2].Config), "ghcr.io/siderolabs/kubelet:v1.35.4")
 	require.NotContains(t, string(g.machines[2].Config), "kubernetesTalosAPIAccess", "only control planes serve it")
 	require.Equal(t, []string{p.machine(0).String(), p.machine(1).String()}, g.talosconfig.Contexts[g.talosconfig.Context].Endpoints)
+	require.NotContains(t, string(g.machines[0].Config), "inlineManifests")
+
+	// The user's manifests go to the control planes only.
+	o.InlineManifests = []InlineManifest{{Name: "cni", Contents: "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cni\n"}}
+	o.ExtraManifests = []string{"http://127.0.0.1:1/cni.yaml"}
+	g, err = generateConfigs(o, p)
+	require.NoError(t, err)
+	for _, m := range g.machines {
+		cfg, err := configloader.NewFromBytes(m.Config)
+		require.NoError(t, err)
+		var names, urls []string
+		for _, im := range cfg.K8sInlineManifestConfigs() {
+			names = append(names, im.Name())
+		}
+		for _, em := range cfg.K8sExternalManifestConfigs() {
+			urls = append(urls, em.URL())
+		}
+		if m.ControlPlane {
+			require.Equal(t, []string{"cni"}, names, m.Name)
+			require.Equal(t, o.ExtraManifests, urls, m.Name)
+		} else {
+			require.Empty(t, names, m.Name)
+			require.Empty(t, urls, m.Name)
+		}
+	}
 }
 
 func TestConfigLayoutOption(t *testing.T) {

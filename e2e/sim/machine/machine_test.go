@@ -2,6 +2,9 @@ package machine_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
 	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
@@ -24,6 +28,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
@@ -480,4 +485,86 @@ func TestManifestsRerenderAfterTheApply(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "manifests not re-rendered for %s in 30s", newProxy)
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// manifestKinds are the objects of a Manifest resource as "Kind namespace/name", nil
+// when there is no such resource.
+func manifestKinds(t *testing.T, m *simmachine.Machine, id string) []string {
+	t.Helper()
+
+	r, err := safe.StateGetByID[*k8s.Manifest](t.Context(), m.COSI(), id)
+	if state.IsNotFoundError(err) {
+		return nil
+	}
+
+	require.NoError(t, err)
+
+	var out []string
+
+	for _, item := range r.TypedSpec().Items {
+		u := unstructured.Unstructured{Object: item.Object}
+		out = append(out, u.GetKind()+" "+u.GetNamespace()+"/"+u.GetName())
+	}
+
+	return out
+}
+
+// A control plane renders the user's inline and extra manifests as Talos does: Manifest
+// "99-<name>" each (an extra manifest named by its URL), after the default ones, a List
+// unwrapped and comment-only documents dropped; a manifest taken out of the config goes.
+func TestManifestsRenderInlineAndExtraManifests(t *testing.T) {
+	t.Parallel()
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Token") != "secret" {
+			http.Error(w, "no token", http.StatusForbidden)
+			return
+		}
+		_, _ = io.WriteString(w, "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: a, namespace: extra}\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: b, namespace: extra}\n")
+	}))
+	t.Cleanup(srv.Close)
+
+	f := newMachine(t, true, "")
+	ctx := t.Context()
+	url := srv.URL + "/extra.yaml"
+
+	_, err := f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) {
+			c.ClusterConfig.ClusterInlineManifests = v1alpha1.ClusterInlineManifests{{
+				InlineManifestName:     "cni",
+				InlineManifestContents: "# a comment only\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: cni\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: cni\n  namespace: cni\n",
+			}}
+			c.ClusterConfig.ExtraManifests = []string{url}
+			c.ClusterConfig.ExtraManifestHeaders = map[string]string{"X-Token": "secret"}
+		}),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for manifestKinds(t, f.m, "99-cni") == nil {
+		require.True(t, time.Now().Before(deadline), "inline manifest not rendered in 30s")
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	assert.Equal(t, []string{"Namespace /cni", "DaemonSet cni/cni"}, manifestKinds(t, f.m, "99-cni"))
+	assert.Equal(t, []string{"ConfigMap extra/a", "ConfigMap extra/b"}, manifestKinds(t, f.m, "99-"+url))
+
+	ms, err := safe.StateGetByID[*k8s.ManifestStatus](ctx, f.m.COSI(), k8s.ManifestStatusID)
+	require.NoError(t, err)
+	applied := ms.TypedSpec().ManifestsApplied
+	assert.Equal(t, []string{"99-cni", "99-" + url}, applied[len(applied)-2:], "the user's manifests come last")
+
+	_, err = f.m.ApplyConfiguration(ctx, &machineapi.ApplyConfigurationRequest{
+		Data: bytesOf(t, f.cfg),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+
+	for manifestKinds(t, f.m, "99-cni") != nil {
+		require.True(t, time.Now().Before(deadline.Add(30*time.Second)), "inline manifest not removed")
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	assert.Nil(t, manifestKinds(t, f.m, "99-"+url))
 }

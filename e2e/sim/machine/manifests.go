@@ -1,12 +1,22 @@
 package machine
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"slices"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
 
@@ -74,11 +84,18 @@ func newManifestData(cfg config.Config) (manifestData, error) {
 }
 
 // renderManifests renders the bootstrap manifests for cfg: manifest ID ->
-// objects, as the maps Talos puts in Manifest resources.
-func renderManifests(cfg config.Config) (ids []string, objects map[string][]map[string]any, err error) {
+// objects, as the maps Talos puts in Manifest resources, IDs sorted as Talos
+// lists them. Besides its own templates, a control plane renders the user's
+// manifests as Talos' ExtraManifestController does: each inline manifest
+// (cluster.inlineManifests, KubeInlineManifestConfig) and each extra manifest
+// (cluster.extraManifests, KubeExternalManifestConfig, fetched with fetch)
+// becomes Manifest "99-<name>" (the name of an extraManifests URL is the
+// URL), after every default one. A URL that cannot be fetched is in failed:
+// Talos keeps its last render and retries.
+func renderManifests(cfg config.Config, fetch fetchFunc) (ids []string, objects map[string][]map[string]any, failed map[string]error, err error) {
 	data, err := newManifestData(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	objects = map[string][]map[string]any{}
 	for _, t := range manifestTemplates() {
@@ -87,25 +104,109 @@ func renderManifests(cfg config.Config) (ids []string, objects map[string][]map[
 		}
 		tmpl, err := template.New(t.id).Parse(t.text)
 		if err != nil {
-			return nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
+			return nil, nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
 		}
 		var buf bytes.Buffer
 		if err := tmpl.Execute(&buf, data); err != nil {
-			return nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
+			return nil, nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
 		}
-		for _, doc := range strings.Split(buf.String(), "\n---\n") {
-			if strings.TrimSpace(doc) == "" {
-				continue
-			}
-			var obj map[string]any
-			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-				return nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
-			}
-			objects[t.id] = append(objects[t.id], obj)
+		if objects[t.id], err = parseManifest(buf.Bytes()); err != nil {
+			return nil, nil, nil, fmt.Errorf("manifest %s: %w", t.id, err)
 		}
 		ids = append(ids, t.id)
 	}
-	return ids, objects, nil
+	for _, m := range cfg.K8sExternalManifestConfigs() {
+		id := userManifestPriority + "-" + m.Name()
+		body, err := fetch(m.URL(), m.Headers())
+		if err == nil {
+			objects[id], err = parseManifest(body)
+		}
+		if err != nil {
+			if failed == nil {
+				failed = map[string]error{}
+			}
+			failed[id] = fmt.Errorf("extra manifest %q: %w", m.URL(), err)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	for _, m := range cfg.K8sInlineManifestConfigs() {
+		id := userManifestPriority + "-" + m.Name()
+		if objects[id], err = parseManifest([]byte(m.Contents())); err != nil {
+			return nil, nil, nil, fmt.Errorf("inline manifest %q: %w", m.Name(), err)
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids), objects, failed, nil
+}
+
+// userManifestPriority is the ID prefix of the user's manifests: Talos puts
+// them last ("make sure extra manifests come last").
+const userManifestPriority = "99"
+
+// fetchFunc fetches an extra manifest's URL with its headers.
+type fetchFunc func(url string, headers map[string]string) ([]byte, error)
+
+// fetchManifest gets url over HTTP with headers, as Talos' go-getter does for
+// an extra manifest, within a bound.
+func fetchManifest(url string, headers map[string]string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range headers {
+		req.Header.Add(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("bad response code: %d", resp.StatusCode)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+// parseManifest splits multi-document YAML into objects as Talos does: empty
+// and comment-only documents are dropped, a List is unwrapped into its items.
+func parseManifest(b []byte) ([]map[string]any, error) {
+	var out []map[string]any
+	r := k8syaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		doc = bytes.TrimSpace(doc)
+		if len(doc) == 0 {
+			continue
+		}
+		var obj map[string]any
+		if err := yaml.Unmarshal(doc, &obj); err != nil {
+			return nil, err
+		}
+		if len(obj) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		if !u.IsList() {
+			out = append(out, obj)
+			continue
+		}
+		if err := u.EachListItem(func(item runtime.Object) error {
+			out = append(out, item.(*unstructured.Unstructured).Object)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
 }
 
 const kubeProxyTemplate = `apiVersion: v1

@@ -278,8 +278,6 @@ func imageTag(image string) string {
 	return ref[i+1:]
 }
 
-// syncManifests writes the bootstrap Manifest resources (removing those the
-// config no longer renders) and the ManifestStatus listing them as applied.
 // renderManifestsLater renders the bootstrap manifests for cfg: at once on a boot's
 // first render, else ManifestRenderDelay later (Talos' controllers re-render them
 // asynchronously after a config change); a later render supersedes an earlier one
@@ -323,10 +321,16 @@ func (m *Machine) renderManifestsLater(ctx context.Context, cfg config.Config) e
 	return nil
 }
 
+// syncManifests writes the bootstrap Manifest resources (removing those the
+// config no longer renders, keeping those whose URL could not be fetched) and
+// the ManifestStatus listing them as applied.
 func (m *Machine) syncManifests(ctx context.Context, st state.State, cfg config.Config) error {
-	ids, objects, err := renderManifests(cfg)
+	ids, objects, failed, err := renderManifests(cfg, fetchManifest)
 	if err != nil {
 		return err
+	}
+	for id, err := range failed {
+		m.log.Warn("render bootstrap manifests: kept the last render", "manifest", id, "err", err)
 	}
 	for _, id := range ids {
 		items := make([]k8s.SingleManifest, 0, len(objects[id]))
@@ -345,7 +349,7 @@ func (m *Machine) syncManifests(ctx context.Context, st state.State, cfg config.
 		return fmt.Errorf("list manifests: %w", err)
 	}
 	for r := range existing.All() {
-		if !slices.Contains(ids, r.Metadata().ID()) {
+		if _, kept := failed[r.Metadata().ID()]; !kept && !slices.Contains(ids, r.Metadata().ID()) {
 			if err := st.Destroy(ctx, r.Metadata()); err != nil {
 				return fmt.Errorf("remove manifest %s: %w", r.Metadata().ID(), err)
 			}
