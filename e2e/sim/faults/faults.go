@@ -16,6 +16,7 @@
 //	    installHangs: true           # LifecycleService.Upgrade installs, then sends nothing until the caller gives up
 //	    etcdStopped: true            # its etcd member is stopped but still listed: its etcd calls wait for the caller's deadline
 //	    etcdAlarm: NOSPACE           # its etcd member raised this alarm (NOSPACE or CORRUPT)
+//	    poweredOff: true             # the machine is off: from `up` it boots (and joins) once cleared; set later, it loses power
 package faults
 
 import (
@@ -41,6 +42,7 @@ type Node struct {
 	InstallHangs          bool     `json:"installHangs,omitempty"`
 	EtcdStopped           bool     `json:"etcdStopped,omitempty"`
 	EtcdAlarm             string   `json:"etcdAlarm,omitempty"`
+	PoweredOff            bool     `json:"poweredOff,omitempty"`
 }
 
 // NeverReadyComponent reports whether component never gets Ready on this node.
