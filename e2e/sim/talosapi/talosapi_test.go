@@ -47,10 +47,10 @@ type cluster struct {
 	cp, worker *simmachine.Machine
 	cpIP, wIP  string
 	// joining is cp-2, powered off from the start (newJoiningCluster only).
-	joining *simmachine.Machine
-	talosconf  string
-	dir        string
-	faults     string
+	joining   *simmachine.Machine
+	talosconf string
+	dir       string
+	faults    string
 }
 
 // randomIPs returns n consecutive random loopback addresses whose API port
