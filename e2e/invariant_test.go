@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -22,6 +24,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -251,6 +254,152 @@ func TestJobHoldRemovedMidRun(t *testing.T) {
 	requireCaughtUp(t, c, c.Events(t), "cp-3")
 }
 
+// TestJobControlPlaneJoinsMidUpgrade starts a 4+2 cluster with cp-4 powered off, as
+// a control plane an operator adds later from its saved machine config (the cluster's
+// original versions), and switches it on once the upgrade through the Job is in the
+// ControlPlaneComponents stage. cp-4 boots and joins at v1.35.4: its old apiserver is
+// skew the join brings, not an apply. The next stage takes cp-4 first, from the
+// APIServers stage, one stage's worth per apply, and nothing else moves until cp-4's
+// apiserver is on the target; the run ends with every node on it.
+func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
+	t.Parallel()
+
+	faults := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(faults, []byte("nodes:\n  cp-4:\n    poweredOff: true\n"), 0o644))
+
+	c := startJobCluster(t, "--control-planes", "4", "--faults", faults)
+	ctx := context.Background()
+
+	// cp-4 is off: no Node, no etcd member, its Talos API unreachable.
+	_, err := c.Client.CoreV1().Nodes().Get(ctx, "cp-4", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "no Node cp-4 while it is off: %v", err)
+
+	tcount := openTalos(t, c)
+	before := map[string]config.Provider{}
+
+	for _, m := range c.Info.Machines {
+		if m.Name == "cp-4" {
+			continue
+		}
+
+		cfg, err := tcount.MachineConfig(ctx, m.IP)
+		require.NoError(t, err, m.Name)
+
+		before[m.Name] = cfg
+	}
+
+	memberNames := func() []string {
+		t.Helper()
+
+		members, err := tcount.EtcdMembers(ctx, c.Machine(t, "cp-1").IP)
+		require.NoError(t, err)
+
+		var names []string
+		for _, m := range members {
+			names = append(names, m.Hostname)
+		}
+
+		return names
+	}
+
+	assert.Equal(t, []string{"cp-1", "cp-2", "cp-3"}, memberNames(), "cp-4 is no etcd member while off")
+
+	joined := make(chan error, 1)
+
+	go func() {
+		joined <- powerOnWhen(ctx, c, faults, "the ControlPlaneComponents stage", func(op *job.Operation) bool {
+			return op.Status.Stage == "ControlPlaneComponents"
+		})
+	}()
+
+	r := c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
+	r.requireExit(t, 0)
+	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
+	require.NoError(t, <-joined)
+	assert.Equal(t, 1, c.operation(t).Status.Attempt, "no pause")
+
+	requireUpgraded(t, c, tcount, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+
+	// cp-4's own config is on the target too, only its image tags changed.
+	cfg, err := tcount.MachineConfig(ctx, c.Machine(t, "cp-4").IP)
+	require.NoError(t, err)
+
+	for comp, image := range render.Images(cfg) {
+		assert.Equal(t, "v1.36.3", render.TagOf(image), "cp-4 %s", comp)
+	}
+
+	assert.Equal(t, []string{"cp-1", "cp-2", "cp-3", "cp-4"}, memberNames(), "cp-4 an etcd member once it joined")
+
+	evs := c.Events(t)
+	at := firstAt(evs, "v1.36.3")
+	joinedAt, ok := firstAt(evs, "v1.35.4")[events.APIServer+" cp-4"]
+	require.True(t, ok, "cp-4's apiserver started at its config's v1.35.4")
+
+	caughtUp, ok := at[events.APIServer+" cp-4"]
+	require.True(t, ok, "cp-4's apiserver at v1.36.3")
+
+	// From the join to cp-4's apiserver on the target, nothing but cp-4's own
+	// start moved (no apply made the skew worse); after, the invariant holds.
+	for i := joinedAt + 1; i < caughtUp; i++ {
+		if e := evs[i]; e.Node != "cp-4" && e.Component != events.Talos && e.Component != events.TalosInstall {
+			assert.Fail(t, "a component moved while cp-4's apiserver was behind", "event %d: %s %s %s", i, e.Node, e.Component, e.Version)
+		}
+	}
+
+	for _, broken := range invariantBreaks(evs) {
+		var i int
+
+		_, err := fmt.Sscanf(broken, "event %d", &i)
+		require.NoError(t, err, broken)
+		assert.True(t, i >= joinedAt && i < caughtUp, "the only skew is the one cp-4's join brought, until its apiserver caught up: %s", broken)
+		assert.Contains(t, broken, "newer than apiserver v1.35.4", broken)
+	}
+
+	for _, comp := range []string{events.ControllerManager, events.Scheduler, events.Kubelet} {
+		i, ok := at[comp+" cp-4"]
+		require.True(t, ok, "cp-4's %s at v1.36.3", comp)
+		assert.Less(t, caughtUp, i, "cp-4's apiserver on the target before its %s", comp)
+	}
+
+	assert.Less(t, max(at[events.ControllerManager+" cp-4"], at[events.Scheduler+" cp-4"]), at[events.Kubelet+" cp-4"])
+
+	requireStageTimeline(t, c, "cp-4")
+}
+
+// powerOnWhen clears every fault (cp-4's poweredOff) once the operation runs and
+// cond holds, and checks that it still did after. It runs beside the test, so it
+// returns what went wrong rather than failing the test.
+func powerOnWhen(ctx context.Context, c *Cluster, faults, what string, cond func(*job.Operation) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+
+	for {
+		op, err := c.control().Get(ctx)
+		if err == nil && op != nil && op.Status.Phase == job.PhaseRunning && cond(op) {
+			if err := os.WriteFile(faults, []byte("nodes: {}\n"), 0o644); err != nil {
+				return err
+			}
+
+			if op, err = c.control().Get(ctx); err != nil {
+				return err
+			}
+
+			if op.Status.Phase != job.PhaseRunning || !cond(op) {
+				return fmt.Errorf("powered on once the operation was %s in %s, not in %s", op.Status.Phase, op.Status.Stage, what)
+			}
+
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the operation never reached %s", what)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 // requireCaughtUp checks that node, released from its hold mid-upgrade, caught up one
 // stage's worth per apply: the invariant held at every event of the simulator; its
 // apiserver reached the target before any controller-manager or scheduler did, then its
@@ -275,6 +424,14 @@ func requireCaughtUp(t *testing.T, c *Cluster, evs []events.Event, node string) 
 	}
 
 	assert.Less(t, max(of(events.ControllerManager, node), of(events.Scheduler, node)), of(events.Kubelet, node))
+
+	requireStageTimeline(t, c, node)
+}
+
+// requireStageTimeline checks that the operation's timeline of node shows an apply
+// for each of the four stages, in their order, each done before the next began.
+func requireStageTimeline(t *testing.T, c *Cluster, node string) {
+	t.Helper()
 
 	status := c.operation(t).Status.Node(node)
 	require.NotNil(t, status, "%s in the operation's status", node)

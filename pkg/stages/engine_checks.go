@@ -257,6 +257,10 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
 	}
 
+	if err := r.joined(running); err != nil {
+		return err
+	}
+
 	inv := JudgeInvariant(running)
 	if err := r.unknownApiservers(ctx, stage, node, inv); err != nil {
 		return err
@@ -307,6 +311,10 @@ func (r *kubeRun) recheckInvariant(ctx context.Context, stage, node string) erro
 
 // notWorse pauses when running cannot be judged, or is worse than the stage's start.
 func (r *kubeRun) notWorse(ctx context.Context, stage, node string, running []kube.Running, action string) error {
+	if err := r.joined(running); err != nil {
+		return err
+	}
+
 	inv := JudgeInvariant(running)
 	if err := r.unknownApiservers(ctx, stage, node, inv); err != nil {
 		return err
@@ -359,7 +367,12 @@ func withRender(running []kube.Running, node string, res *render.Result, all boo
 // components replaced by the render's (such as a held control plane whose apiserver
 // stays behind).
 func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
-	after := JudgeInvariant(withRender(r.cache.Running(), sn.Name, res, true))
+	running := r.cache.Running()
+	if err := r.joined(running); err != nil {
+		return err
+	}
+
+	after := JudgeInvariant(withRender(running, sn.Name, res, true))
 	if err := r.unknownApiservers(ctx, stage, sn.Name, after); err != nil {
 		return err
 	}
@@ -377,7 +390,12 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 // while some apiserver is older (as the watches last saw them), unless that skew was
 // there at the stage's start already.
 func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) error {
-	running := append(r.cache.Running(),
+	running := r.cache.Running()
+	if err := r.joined(running); err != nil {
+		return err
+	}
+
+	running = append(running,
 		kube.Running{Node: "every node", Component: discovery.KubeProxy, Version: r.target.String(), Source: "the bootstrap manifests"})
 
 	after := JudgeInvariant(running)

@@ -43,6 +43,76 @@ type kubeRun struct {
 	applier *kube.ManifestApplier
 	// base is the invariant as judged at the stage's start: no apply may make it worse.
 	base Invariant
+	// known are the nodes the stage read at its start: a control plane not among
+	// them joined the cluster since (see joinedError).
+	known map[string]bool
+}
+
+// joinedError stops a stage when a control plane joined the cluster after the stage
+// read it: its components run its own config's versions, behind the cluster, so the
+// stage reads the cluster again and takes it first (from the APIServers stage) rather
+// than pause on the skew the join brought.
+type joinedError struct{ nodes []string }
+
+func (e *joinedError) Error() string {
+	return "control plane joined during the stage: " + strings.Join(e.nodes, ", ")
+}
+
+// joined returns the control planes of running (an apiserver, its version read or
+// not) that the stage did not read at its start, or a joinedError naming them.
+func (r *kubeRun) joined(running []kube.Running) error {
+	if r.known == nil {
+		return nil
+	}
+
+	var nodes []string
+
+	for _, run := range running {
+		if run.Component == discovery.APIServer && !r.known[run.Node] && !slices.Contains(nodes, run.Node) {
+			nodes = append(nodes, run.Node)
+		}
+	}
+
+	if len(nodes) == 0 {
+		return nil
+	}
+
+	slices.Sort(nodes)
+
+	return &joinedError{nodes: nodes}
+}
+
+// waitJoined waits, bounded by the verify timeout, until each joined control plane's
+// Node is Ready and its apiserver shows its version (a control plane that just registered its
+// Node starts its static pods next). At the bound the stage goes on, and its
+// invariant check says what it cannot read.
+func (r *kubeRun) waitJoined(ctx context.Context, stage string, nodes []string) error {
+	err := r.cache.Wait(ctx, r.opts.VerifyTimeout, func() (bool, string) {
+		for _, name := range nodes {
+			if node, ok := r.cache.Node(name); !ok || !nodeReady(node) {
+				return false, fmt.Sprintf("Node %s to be Ready", name)
+			}
+		}
+
+		for _, run := range r.cache.Running() {
+			if run.Component != discovery.APIServer || !slices.Contains(nodes, run.Node) {
+				continue
+			}
+
+			if _, err := ParseVersion(run.Version); err != nil {
+				return false, fmt.Sprintf("kube-apiserver on %s to show its version", run.Node)
+			}
+		}
+
+		return true, ""
+	}, func(waiting string) { r.e.step(stage, "joined", "waiting for %s", waiting) })
+
+	var timeout *kube.WaitTimeoutError
+	if errors.As(err, &timeout) {
+		return nil
+	}
+
+	return err
 }
 
 // stageNode is a node a stage visits, as read at the stage's start.
@@ -105,7 +175,7 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 	name := s.Name()
 	r.e.stage(index, total, name)
 
-	held, err := r.runNodes(ctx, s, nil)
+	held, err := r.runJoined(ctx, s, nil)
 
 	for err == nil && s.VisitsWorkers() && len(held) > 0 {
 		var released map[string]bool
@@ -117,10 +187,33 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 		names := slices.Sorted(maps.Keys(released))
 		r.e.step(name, "released", "hold removed during the stage: %s, taken now", strings.Join(names, ", "))
 
-		held, err = r.runNodes(ctx, s, released)
+		held, err = r.runJoined(ctx, s, released)
 	}
 
 	return err
+}
+
+// runJoined is runNodes, started again on the whole stage whenever a control plane
+// joins the cluster while it runs (a joinedError): the joined node, behind the
+// cluster, goes first.
+func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
+	for {
+		held, err := r.runNodes(ctx, s, only)
+
+		var joined *joinedError
+		if !errors.As(err, &joined) {
+			return held, err
+		}
+
+		r.e.step(s.Name(), "joined", "control plane %s joined during the stage: reading the cluster again, it goes first",
+			strings.Join(joined.nodes, ", "))
+
+		if err := r.waitJoined(ctx, s.Name(), joined.nodes); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name(), err)
+		}
+
+		only = nil
+	}
 }
 
 // released returns the nodes of held that no longer carry the hold annotation.
@@ -281,7 +374,11 @@ func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Sn
 		byIP             = map[string]*discovery.Node{}
 	)
 
+	r.known = map[string]bool{}
+
 	for _, n := range snap.Nodes {
+		r.known[n.Name] = true
+
 		if !n.ControlPlane && !s.VisitsWorkers() {
 			continue
 		}

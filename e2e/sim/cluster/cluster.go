@@ -108,6 +108,10 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	}()
 	drainer := &talosDrainer{client: cp.client, log: log}
 	discovery := machine.NewDiscovery()
+	// The first control plane bootstraps the cluster: it cannot start off.
+	if first := g.machines[0].Name; fs.For(first).PoweredOff {
+		return fmt.Errorf("faults: %s bootstraps the cluster and cannot start poweredOff: power off another machine", first)
+	}
 	for _, spec := range g.machines {
 		m, err := machine.New(machine.Options{
 			Name:               spec.Name,
@@ -216,8 +220,21 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			return fmt.Errorf("talos API access: %w", err)
 		}
 	}
+	// A machine powered off (a fault) is not waited for: it joins when
+	// switched on.
+	nodes, upControlPlanes := 0, 0
+	for _, m := range machines {
+		if !m.State().Up {
+			log.Info("not waiting for a powered-off machine", "machine", m.Name())
+			continue
+		}
+		nodes++
+		if m.ControlPlane() {
+			upControlPlanes++
+		}
+	}
 	log.Info("waiting for nodes and static pods to be Ready")
-	if err := waitClusterReady(ctx, cp, len(machines), opts.ControlPlanes, 3*time.Minute); err != nil {
+	if err := waitClusterReady(ctx, cp, nodes, upControlPlanes, 3*time.Minute); err != nil {
 		return err
 	}
 	info := Info{

@@ -16,6 +16,7 @@
 //	    installHangs: true           # the install ends, then the upgrade stalls before its reboot (see below)
 //	    etcdStopped: true            # its etcd member is stopped but still listed: its etcd calls wait for the caller's deadline
 //	    etcdAlarm: NOSPACE           # its etcd member raised this alarm (NOSPACE or CORRUPT)
+//	    poweredOff: true             # the machine is off: from `up` it boots (and joins) once cleared; set later, it loses power
 //
 // The two upgrade faults mean what the call the node's Talos has would show.
 // From Talos 1.13 the upgrade is LifecycleService.Upgrade, which installs
@@ -56,6 +57,7 @@ type Node struct {
 	InstallHangs          bool     `json:"installHangs,omitempty"`       // see the package comment
 	EtcdStopped           bool     `json:"etcdStopped,omitempty"`
 	EtcdAlarm             string   `json:"etcdAlarm,omitempty"`
+	PoweredOff            bool     `json:"poweredOff,omitempty"`
 }
 
 // NeverReadyComponent reports whether component never gets Ready on this node.

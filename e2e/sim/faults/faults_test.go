@@ -27,8 +27,11 @@ nodes:
     unreachable: true
     abFallback: true
     neverBoots: true
+    poweredOff: true
 `, want: Node{ApplyBlocks: true, NeverReady: []string{"kube-scheduler"}, StayNotReady: true, PullFails: true,
-			UnreachableAfterApply: Duration{20 * time.Second}, Unreachable: true, ABFallback: true, NeverBoots: true}},
+			UnreachableAfterApply: Duration{20 * time.Second}, Unreachable: true, ABFallback: true, NeverBoots: true, PoweredOff: true}},
+		{name: "powered off", doc: "nodes:\n  cp-2:\n    poweredOff: true\n    neverReady: [kube-scheduler]\n",
+			want: Node{PoweredOff: true, NeverReady: []string{"kube-scheduler"}}},
 		{name: "unknown field", doc: "nodes:\n  cp-1:\n    applyBlock: true\n", wantErr: "unknown field"},
 		{name: "bad duration", doc: "nodes:\n  cp-1:\n    unreachableAfterApply: soon\n", wantErr: "write it like 20s"},
 	} {

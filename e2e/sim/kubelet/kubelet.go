@@ -105,8 +105,10 @@ type Kubelets struct {
 	wg     sync.WaitGroup
 }
 
-// Start registers every node and starts its kubelet. It returns once the
-// Nodes exist; Ready tells when they are Ready.
+// Start registers the node of every machine that is up and starts every
+// kubelet. It returns once those Nodes exist; Ready tells when they are
+// Ready. The kubelet of a machine not up yet registers its Node when the
+// machine boots.
 func Start(ctx context.Context, opts Options, machines []Machine) (*Kubelets, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
@@ -114,8 +116,12 @@ func Start(ctx context.Context, opts Options, machines []Machine) (*Kubelets, er
 	k := &Kubelets{opts: opts, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
 	for _, m := range machines {
 		n := newNode(k, m)
-		if err := n.register(ctx); err != nil {
-			return nil, fmt.Errorf("node %s: register: %w", m.Name(), err)
+		// A machine that has not booted yet (powered off) registers its
+		// Node when it first boots, as a joining node's kubelet does.
+		if m.Current().Up {
+			if err := n.register(ctx); err != nil {
+				return nil, fmt.Errorf("node %s: register: %w", m.Name(), err)
+			}
 		}
 		k.nodes[m.Name()] = n
 	}

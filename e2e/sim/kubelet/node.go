@@ -30,7 +30,8 @@ type node struct {
 	m    Machine
 	name string
 
-	// Owned by run.
+	// Owned by run (registered by Start before run starts).
+	registered     bool
 	up             bool
 	bootID         string
 	kubeletVersion string
@@ -90,7 +91,11 @@ func (n *node) register(ctx context.Context) error {
 	}
 	n.kubeletImage = st.KubeletImage
 	n.kubeletVersion = VersionOf(st.KubeletImage)
-	return n.writeStatus(ctx, st, false, "KubeletNotReady", "kubelet is starting")
+	if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "kubelet is starting"); err != nil {
+		return err
+	}
+	n.registered = true
+	return nil
 }
 
 // writeStatus writes the Node's status: addresses, node info and the Ready
@@ -231,6 +236,15 @@ func (n *node) sync(ctx context.Context) {
 			}
 		}
 		return
+	}
+	if !n.registered {
+		// The machine's first boot (it was powered off): the kubelet
+		// registers its Node, NotReady until it starts below.
+		if err := n.register(ctx); err != nil {
+			logf("register", "err", err)
+			return
+		}
+		logf("machine booted: node registered")
 	}
 	if !n.up || n.bootID != st.BootID {
 		// A (re)boot: pods may run again; the kubelet starts with its service.

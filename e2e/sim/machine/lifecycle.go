@@ -243,6 +243,17 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 	m.opMu.Lock()
 	defer m.opMu.Unlock()
 	m.mu.Lock()
+	m.rebooting = false
+	m.mu.Unlock()
+	m.bootNext(ctx)
+}
+
+// bootNext boots the machine after it was down (a reboot, a power cycle):
+// into the staged Talos version if an upgrade staged one (unless
+// faults.ABFallback), with a config applied in STAGED mode made active. The
+// caller holds opMu.
+func (m *Machine) bootNext(ctx context.Context) {
+	m.mu.Lock()
 	if staged := m.st.StagedVersion; staged != "" {
 		if m.faults().ABFallback {
 			m.log.Info("upgrade boot failed, falling back to the previous boot slot (fault)", "version", m.st.TalosVersion, "staged", staged)
@@ -254,7 +265,6 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 		m.st.StagedExtensions = nil
 	}
 	next, configStaged := m.persistent, m.st.ConfigStaged
-	m.rebooting = false
 	m.mu.Unlock()
 	if configStaged {
 		if err := m.setActiveConfig(ctx, next); err != nil {

@@ -185,6 +185,10 @@ type Machine struct {
 	// the next boot (Talos' META tag).
 	stagedImage string
 	manifestGen uint64 // the latest scheduled manifest render
+	// poweredOff is a machine down under the poweredOff fault; joined is
+	// one that has booted at least once.
+	poweredOff bool
+	joined     bool
 
 	ctx    context.Context //nolint:containedctx // lifetime of background work
 	cancel context.CancelFunc
@@ -255,16 +259,83 @@ func New(opts Options) (*Machine, error) {
 		},
 	}
 	opts.Discovery.join(m)
-	if err := m.boot(ctx); err != nil {
+	if m.faults().PoweredOff {
+		// Off from the start: no boot, so no boot ID, services, Node or
+		// affiliate; an empty state until the first boot.
+		st, err := newBootState(ctx, talosMinor(opts.TalosVersion))
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("machine %s: %w", opts.Name, err)
+		}
+		m.states.set(st)
+		m.poweredOff = true
+		m.log.Info("powered off (fault): boots once the fault is cleared")
+	} else if err := m.boot(ctx); err != nil {
 		cancel()
 		return nil, fmt.Errorf("machine %s: boot: %w", opts.Name, err)
 	}
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
 		m.refreshStaticPodStatuses()
 	}()
+	go func() {
+		defer m.wg.Done()
+		m.followPower()
+	}()
 	return m, nil
+}
+
+// followPower follows the poweredOff fault until the machine is closed: set
+// on a running machine, it loses power (everything down at once, no drain);
+// cleared, the machine boots, as when it is switched on. A control plane's
+// first boot makes it join the cluster: its etcd member is added (see
+// EtcdMember), it publishes itself to the discovery service and its kubelet
+// registers its Node, all from its own machine config.
+func (m *Machine) followPower() {
+	tick := time.NewTicker(faultPollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		off := m.faults().PoweredOff
+		m.opMu.Lock()
+		m.mu.Lock()
+		up, rebooting, poweredOff := m.st.Up, m.rebooting, m.poweredOff
+		m.mu.Unlock()
+		switch {
+		case off && up && !rebooting:
+			m.log.Info("power lost (fault)")
+			if err := m.stopServices(m.ctx); err != nil {
+				m.log.Error("power off", "err", err)
+			}
+			m.mu.Lock()
+			m.st.Up, m.poweredOff = false, true
+			m.kubelet = KubeletView{}
+			m.mu.Unlock()
+			m.notify()
+		case !off && poweredOff:
+			m.log.Info("powered on")
+			m.mu.Lock()
+			m.poweredOff = false
+			m.mu.Unlock()
+			m.bootNext(m.ctx)
+		}
+		m.opMu.Unlock()
+	}
+}
+
+// EtcdMember tells whether the machine is a member of the cluster's etcd: a
+// control plane that has booted at least once. Like Talos' etcd service, a
+// control plane's first boot adds its member to the running cluster; the
+// member stays listed while the machine is down.
+func (m *Machine) EtcdMember() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.opts.ControlPlane && m.joined
 }
 
 // Close stops the machine's background work (pending reboots, kubelet
@@ -399,7 +470,7 @@ func (m *Machine) boot(ctx context.Context) error {
 		return err
 	}
 	m.mu.Lock()
-	m.st.Up = true
+	m.st.Up, m.joined = true, true
 	m.mu.Unlock()
 	if err := m.publishAffiliate(ctx); err != nil {
 		return err

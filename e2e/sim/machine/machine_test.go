@@ -568,3 +568,48 @@ func TestManifestsRenderInlineAndExtraManifests(t *testing.T) {
 
 	assert.Nil(t, manifestKinds(t, f.m, "99-"+url))
 }
+
+// TestPoweredOffJoinsWhenSwitchedOn: a control plane powered off from the start
+// has not booted (no boot ID, no Talos start, unreachable) and is no etcd member;
+// cleared, it boots from its own config, static pods at its config's images, and
+// joins etcd. Set again, it loses power but stays a member; cleared, it boots anew.
+func TestPoweredOffJoinsWhenSwitchedOn(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "nodes:\n  node-1:\n    poweredOff: true\n")
+
+	off := f.m.State()
+	assert.False(t, off.Up)
+	assert.Empty(t, off.BootID)
+	assert.Empty(t, off.StaticPods)
+	assert.False(t, f.m.Reachable())
+	assert.False(t, f.m.EtcdMember())
+	_, err := f.m.Version()
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Empty(t, talosEvents(t, f.events))
+
+	require.NoError(t, os.WriteFile(f.faults, []byte("nodes: {}\n"), 0o644))
+	on := waitState(t, f.m, "booted", func(s simmachine.State) bool { return s.Up })
+	assert.NotEmpty(t, on.BootID)
+	assert.True(t, f.m.Reachable())
+	assert.True(t, f.m.EtcdMember())
+	assert.Equal(t, f.cfg.K8sAPIServerConfig().Image(), on.StaticPods["kube-apiserver"].Image, "its own config's apiserver")
+	assert.Equal(t, f.cfg.K8sKubeletConfig().Image(), on.KubeletImage)
+	assert.Equal(t, []string{"v1.12.4"}, talosEvents(t, f.events))
+
+	require.NoError(t, os.WriteFile(f.faults, []byte("nodes:\n  node-1:\n    poweredOff: true\n"), 0o644))
+	waitState(t, f.m, "power lost", func(s simmachine.State) bool { return !s.Up })
+	assert.False(t, f.m.Reachable())
+	assert.True(t, f.m.EtcdMember(), "a member stays listed while down")
+
+	require.NoError(t, os.WriteFile(f.faults, []byte("nodes: {}\n"), 0o644))
+	again := waitState(t, f.m, "booted again", func(s simmachine.State) bool { return s.Up })
+	assert.NotEqual(t, on.BootID, again.BootID)
+	assert.Equal(t, []string{"v1.12.4", "v1.12.4"}, talosEvents(t, f.events))
+}
+
+// TestWorkerIsNoEtcdMember: only control planes join etcd.
+func TestWorkerIsNoEtcdMember(t *testing.T) {
+	t.Parallel()
+	assert.False(t, newMachine(t, false, "").m.EtcdMember())
+	assert.True(t, newMachine(t, true, "").m.EtcdMember())
+}

@@ -34,7 +34,7 @@ func (s *Server) etcdLeader() uint64 {
 	var names []string
 
 	for _, m := range s.machines {
-		if m.ControlPlane() && !m.EtcdStopped() {
+		if m.EtcdMember() && !m.EtcdStopped() {
 			if _, err := m.Version(); err == nil {
 				names = append(names, m.Name())
 			}
@@ -55,7 +55,7 @@ func (s *Server) etcdAlarms() []*machineapi.EtcdMemberAlarm {
 	var out []*machineapi.EtcdMemberAlarm
 
 	for _, m := range s.machines {
-		if !m.ControlPlane() || m.EtcdAlarm() == "" {
+		if !m.EtcdMember() || m.EtcdAlarm() == "" {
 			continue
 		}
 

@@ -87,3 +87,37 @@ func TestEtcdCalls(t *testing.T) {
 		assert.Equal(t, "cp-1", members.GetMessages()[0].GetMembers()[0].GetHostname())
 	})
 }
+
+// TestEtcdMemberJoinsOnFirstBoot: a control plane powered off since the start
+// is no etcd member and its Talos API is unreachable; switched on, it boots and
+// its member is listed, the first control plane still leading.
+func TestEtcdMemberJoinsOnFirstBoot(t *testing.T) {
+	t.Parallel()
+	c := newJoiningCluster(t)
+	cl := c.client(t, c.talosconf)
+	ctx := client.WithNode(t.Context(), c.cpIP)
+
+	hostnames := func() []string {
+		t.Helper()
+		members, err := cl.EtcdMemberList(ctx, &machineapi.EtcdMemberListRequest{})
+		require.NoError(t, err)
+		var out []string
+		for _, m := range members.GetMessages()[0].GetMembers() {
+			out = append(out, m.GetHostname())
+		}
+		return out
+	}
+
+	assert.Equal(t, []string{"cp-1"}, hostnames())
+	assert.False(t, c.joining.Reachable())
+
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes: {}\n"), 0o644))
+	require.Eventually(t, c.joining.Reachable, 10*time.Second, 50*time.Millisecond, "cp-2 boots")
+
+	assert.Equal(t, []string{"cp-1", "cp-2"}, hostnames())
+
+	resp, err := cl.MachineClient.EtcdStatus(client.WithNode(t.Context(), c.joining.IP().String()), &emptypb.Empty{})
+	require.NoError(t, err)
+	assert.Equal(t, simmachine.EtcdMemberID("cp-1"), resp.GetMessages()[0].GetMemberStatus().GetLeader())
+	assert.Equal(t, simmachine.EtcdMemberID("cp-2"), resp.GetMessages()[0].GetMemberStatus().GetMemberId())
+}

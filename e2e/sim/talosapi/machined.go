@@ -141,8 +141,10 @@ func (ms *machineService) ImagePull(ctx context.Context, req *machineapi.ImagePu
 	return &machineapi.ImagePullResponse{Messages: msgs}, nil
 }
 
-// EtcdMemberList lists the etcd members: every control-plane machine, as a
-// voter, whether its etcd runs or not (a stopped member stays listed).
+// EtcdMemberList lists the etcd members: every control-plane machine that
+// has joined (booted at least once: one powered off since `up` is not a
+// member yet), as a voter, whether its etcd runs or not (a stopped or
+// powered-off member stays listed).
 // Workers run no etcd. Asked of the machine's own etcd (query_local) while
 // it is stopped, it waits for the caller's deadline as Talos' etcd client
 // does.
@@ -160,7 +162,7 @@ func (ms *machineService) EtcdMemberList(ctx context.Context, req *machineapi.Et
 			}
 			var members []*machineapi.EtcdMember
 			for _, cp := range ms.s.machines {
-				if !cp.ControlPlane() {
+				if !cp.EtcdMember() {
 					continue
 				}
 				ip := cp.IP().String()

@@ -46,9 +46,11 @@ type cluster struct {
 	cpCfg      config.Provider
 	cp, worker *simmachine.Machine
 	cpIP, wIP  string
-	talosconf  string
-	dir        string
-	faults     string
+	// joining is cp-2, powered off from the start (newJoiningCluster only).
+	joining   *simmachine.Machine
+	talosconf string
+	dir       string
+	faults    string
 }
 
 // randomIPs returns n consecutive random loopback addresses whose API port
@@ -77,12 +79,21 @@ func randomIPs(t *testing.T, n int) []netip.Addr {
 	return nil
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t *testing.T) *cluster { return newClusterOf(t, false) }
+
+// newJoiningCluster is newCluster with a second control plane, cp-2, powered
+// off (the poweredOff fault) until the test clears the faults file.
+func newJoiningCluster(t *testing.T) *cluster { return newClusterOf(t, true) }
+
+func newClusterOf(t *testing.T, joining bool) *cluster {
 	t.Helper()
 	ctx := t.Context()
-	ips := randomIPs(t, 2)
+	ips := randomIPs(t, 3)
 	c := &cluster{cpIP: ips[0].String(), wIP: ips[1].String(), dir: t.TempDir()}
 	c.faults = filepath.Join(c.dir, "faults.yaml")
+	if joining {
+		require.NoError(t, os.WriteFile(c.faults, []byte("nodes:\n  cp-2:\n    poweredOff: true\n"), 0o644))
+	}
 	store, err := faults.Load(c.faults)
 	require.NoError(t, err)
 
@@ -116,8 +127,14 @@ func newCluster(t *testing.T) *cluster {
 	c.cp = newMachine("cp-1", ips[0], true, "v1.12.4", c.cpCfg)
 	c.worker = newMachine("w-1", ips[1], false, "v1.13.9", wCfg)
 
+	machines := []*simmachine.Machine{c.cp, c.worker}
+	if joining {
+		c.joining = newMachine("cp-2", ips[2], true, "v1.12.4", c.cpCfg)
+		machines = append(machines, c.joining)
+	}
+
 	srv, err := talosapi.Start(ctx, talosapi.Options{
-		Machines: []*simmachine.Machine{c.cp, c.worker},
+		Machines: machines,
 		CACert:   c.bundle.Certs.OS.Crt,
 		CAKey:    c.bundle.Certs.OS.Key,
 	})
