@@ -928,3 +928,45 @@ func TestEngineControlPlaneJoinsMidUpgrade(t *testing.T) {
 		assert.Equal(t, "v1.36.3", n.Status.NodeInfo.KubeletVersion, n.Name)
 	}
 }
+
+// TestEngineNodeJoinedAfterTheLastCheckPauses: a worker registers while the Kubelets
+// stage applies its last node, after every stage has read the cluster. The run does not
+// say it succeeded: it pauses naming the worker, and the next run upgrades it.
+func TestEngineNodeJoinedAfterTheLastCheckPauses(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+	ctx := context.Background()
+
+	// worker-2 has no Node yet (the fake's kube-proxy rollout still counts its pod).
+	require.NoError(t, f.cs.CoreV1().Nodes().Delete(ctx, "worker-2", metav1.DeleteOptions{}))
+	f.events = slices.DeleteFunc(f.events, func(e event) bool { return e.node == "worker-2" })
+
+	var once sync.Once
+
+	f.beforeApply = func(_ context.Context, m *fakeMachine) {
+		if m.name != "worker-1" {
+			return
+		}
+
+		once.Do(func() {
+			_, err := f.cs.CoreV1().Nodes().Create(ctx, f.nodeObject(f.machine("worker-2"), "v1.35.4"), metav1.CreateOptions{})
+			assert.NoError(t, err)
+		})
+	}
+
+	err := f.engine("v1.36.3").Run(ctx)
+
+	var pause *PauseError
+	require.ErrorAs(t, err, &pause)
+	assert.Equal(t, "Kubelets", pause.Stage)
+	assert.Equal(t, "worker-2", pause.Node)
+	assert.Contains(t, pause.Reason, "worker-2 (kubelet v1.35.4) joined after the stages had read the cluster")
+	assert.Contains(t, pause.Action, "the next run takes it through every stage from APIServers")
+	assert.Zero(t, appliesOn(f, "worker-2"), "the joined node is not touched by the run that missed it")
+
+	require.NoError(t, f.engine("v1.36.3").Run(ctx), "the next run takes it")
+	assert.Equal(t, 1, appliesOn(f, "worker-2"))
+
+	node, err := f.cs.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "v1.36.3", node.Status.NodeInfo.KubeletVersion)
+}
