@@ -142,6 +142,22 @@ func talosEvents(t *testing.T, path string) []string {
 	return out
 }
 
+// talosStarts counts the Talos starts in the events file, -1 while it cannot be read
+// (for polling from require.Eventually, which must not fail the test itself).
+func talosStarts(path string) int {
+	evs, err := events.Read(path)
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Component == events.Talos {
+			n++
+		}
+	}
+	return n
+}
+
 func TestNewControlPlane(t *testing.T) {
 	t.Parallel()
 	f := newMachine(t, true, "")
@@ -594,6 +610,8 @@ func TestPoweredOffJoinsWhenSwitchedOn(t *testing.T) {
 	assert.True(t, f.m.EtcdMember())
 	assert.Equal(t, f.cfg.K8sAPIServerConfig().Image(), on.StaticPods["kube-apiserver"].Image, "its own config's apiserver")
 	assert.Equal(t, f.cfg.K8sKubeletConfig().Image(), on.KubeletImage)
+	// The boot's Talos start is recorded by the boot, a moment after the machine is up.
+	require.Eventually(t, func() bool { return talosStarts(f.events) == 1 }, 10*time.Second, 20*time.Millisecond, "one Talos start")
 	assert.Equal(t, []string{"v1.12.4"}, talosEvents(t, f.events))
 
 	require.NoError(t, os.WriteFile(f.faults, []byte("nodes:\n  node-1:\n    poweredOff: true\n"), 0o644))
@@ -604,6 +622,7 @@ func TestPoweredOffJoinsWhenSwitchedOn(t *testing.T) {
 	require.NoError(t, os.WriteFile(f.faults, []byte("nodes: {}\n"), 0o644))
 	again := waitState(t, f.m, "booted again", func(s simmachine.State) bool { return s.Up })
 	assert.NotEqual(t, on.BootID, again.BootID)
+	require.Eventually(t, func() bool { return talosStarts(f.events) == 2 }, 10*time.Second, 20*time.Millisecond, "a second Talos start")
 	assert.Equal(t, []string{"v1.12.4", "v1.12.4"}, talosEvents(t, f.events))
 }
 
