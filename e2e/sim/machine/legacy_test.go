@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,7 +136,9 @@ func TestLegacyUpgradeLockedWhileOneRuns(t *testing.T) {
 	after := waitState(t, f.m, "new version", func(s simmachine.State) bool { return s.Up && s.TalosVersion == "v1.13.9" })
 	assert.NotEqual(t, before.BootID, after.BootID)
 	assert.Equal(t, []string{"v1.13.9"}, installEvents(t, f.events), "one install")
-	assert.Equal(t, []string{"v1.12.4", "v1.13.9"}, talosEvents(t, f.events))
+	// The boot's event is logged as the machine comes up, not before its state says so.
+	assert.Eventually(t, func() bool { return slices.Equal([]string{"v1.12.4", "v1.13.9"}, talosEvents(t, f.events)) },
+		5*time.Second, 10*time.Millisecond, "a boot event per version: %v", talosEvents(t, f.events))
 }
 
 func TestLegacyStagedUpgradeRebootsWithoutDrain(t *testing.T) {
