@@ -352,6 +352,7 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 
 		// A Pending operation that had runners was paused, then resumed.
 		o.Status.StartRunner(r.Identity, r.Node, o.Status.Phase == PhasePending && o.Status.Runs > 0, o.Spec.CreatedAt.Time, now)
+		o.Status.Runners[len(o.Status.Runners)-1].StaysOnNode = r.StayOnNode
 		o.Status.Phase = PhaseRunning
 		o.Status.Runner = r.Identity
 		o.Status.Runs++

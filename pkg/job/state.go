@@ -254,6 +254,9 @@ type RunnerRecord struct {
 	// AfterPause is true when the operation was paused before it started:
 	// the time without a runner was the operator's.
 	AfterPause bool `json:"afterPause,omitempty"`
+	// StaysOnNode is true when its pod tolerates the cordon because no other
+	// node could host it: its node's drain keeps it (JobParams.StayOnNode).
+	StaysOnNode bool `json:"staysOnNode,omitempty"`
 }
 
 // StartRunner records a runner taking the lock at now; resumed says the

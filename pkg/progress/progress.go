@@ -67,8 +67,9 @@ type Stage struct {
 //     the DaemonSet; before it shows one, at the pace of a pod's start on
 //     this cluster as the first runner's showed it (launch to lock);
 //   - the runner's replacement, once, before the batch that drains the node
-//     the runner runs on: the median of the replacements measured, else the
-//     Job's failure backoff plus that pod start.
+//     the runner runs on (or, when its pod stays on its node for want of
+//     another, reboots it): the median of the replacements measured, else
+//     the Job's failure backoff plus that pod start.
 //
 // The item under way has been going since the last batch or step done (a
 // rollout: since it was last observed).
@@ -138,8 +139,10 @@ type model struct {
 	all     []time.Duration
 
 	// runnerNode is the node the current runner runs on (the plan's self
-	// node when no runner was recorded).
-	runnerNode string
+	// node when no runner was recorded); runnerStays says its pod stays on
+	// that node through the node's drain (a cluster with no other node for it).
+	runnerNode  string
+	runnerStays bool
 
 	items []item
 	// notes say what the rollout's and the replacement's times came from.
@@ -170,7 +173,7 @@ func newModel(op *job.Operation, plan *api.Plan, now time.Time) *model {
 		}
 
 		m.mark = later(m.mark, r.Started.Time)
-		m.runnerNode = r.Node
+		m.runnerNode, m.runnerStays = r.Node, r.StaysOnNode
 	}
 
 	// A runner that ended, with none after it yet: idle since.
@@ -276,7 +279,7 @@ func (m *model) stage(st *api.Stage) Stage {
 
 	for _, b := range order {
 		if batchLeft[b] {
-			if runnerIn[b] && work.Drains() {
+			if runnerIn[b] && m.replaced(work) {
 				m.items = append(m.items, item{kind: itemReplacement})
 			}
 
@@ -457,6 +460,17 @@ func (m *model) rolloutLeft(it item) time.Duration {
 	batches := math.Ceil(float64(max(0, pods-updated)) / float64(max(1, mu)))
 
 	return time.Duration(batches * float64(perBatch))
+}
+
+// replaced says whether a batch of work on the runner's node replaces the
+// runner: its drain evicts it, unless its pod stays on the node, which only a
+// reboot then takes down (a kubelet restart leaves its containers running).
+func (m *model) replaced(work stages.Work) bool {
+	if m.runnerStays {
+		return work == stages.WorkReboot
+	}
+
+	return work.Drains()
 }
 
 // replacement is the runner's replacement after its node's drain: the

@@ -278,6 +278,34 @@ func TestRunnerReplacement(t *testing.T) {
 		assert.Equal(t, int64(3), p.Stages[3].BatchSeconds, "the batch of the replacement without its 11 s")
 		assert.InDelta(t, 3, left(t, p), 1, "one batch; the runner, on cp-2, is not replaced again")
 	})
+
+	t.Run("a runner that stays on its node through a kubelet restart is not replaced", func(t *testing.T) {
+		tl := base()
+		tl.op.Status.Runners[0].StaysOnNode = true
+
+		p := progress.Of(tl.op, kubePlan(), at(49))
+
+		assert.InDelta(t, 3, left(t, p), 1, "the last batch only")
+		assert.NotContains(t, p.Basis, "replacement")
+	})
+}
+
+func TestRunnerStayingOnItsNodeIsReplacedAfterItsReboot(t *testing.T) {
+	// A Talos upgrade whose runner's pod stays on cp-3 through its drain:
+	// the reboot takes it down, and the Job's next pod continues.
+	plan := &api.Plan{
+		Cluster: api.Cluster{ControlPlanes: 3},
+		Stages: []api.Stage{{Name: "TalosOS", Nodes: []api.NodeStep{
+			{Node: "cp-1", Batch: 1}, {Node: "cp-2", Batch: 2}, {Node: "cp-3", Batch: 3, Self: true},
+		}}},
+	}
+	tl := newTimeline("cp-3").done("TalosOS", 12, "cp-1").done("TalosOS", 22, "cp-2")
+	tl.op.Status.Runners[0].StaysOnNode = true
+
+	p := progress.Of(tl.op, plan, at(22))
+
+	assert.Contains(t, p.Basis, "runner replacement")
+	assert.InDelta(t, 12+10, left(t, p), 1, "the replacement, then the last batch")
 }
 
 func TestResumedOperationKeepsWhatItMeasured(t *testing.T) {
