@@ -160,53 +160,8 @@ func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
 		}
 	}
 
-	return r.leftBehind(ctx, all[len(all)-1].Name())
-}
-
-// leftBehind is the run's last look at the cluster: a node that is not held and
-// whose kubelet is still older than the target joined after the stages had read
-// the cluster (a worker, or a control plane, registering after the Kubelets
-// stage's last check). The run does not say it succeeded with such a node
-// behind: it pauses naming it, and the next run takes it through every stage
-// from APIServers, as any node behind the cluster.
-func (r *kubeRun) leftBehind(ctx context.Context, stage string) error {
-	var nodes *corev1.NodeList
-
-	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
-		var err error
-
-		nodes, err = r.e.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-
-		return err
-	})
-	if err != nil {
-		return r.pause(ctx, stage, "", "read the Nodes for the run's last check: "+err.Error(), actionResume, err)
-	}
-
-	var behind []string
-
-	for _, n := range nodes.Items {
-		if _, held := n.Annotations[discovery.HoldAnnotation]; held {
-			continue
-		}
-
-		v, err := ParseVersion(n.Status.NodeInfo.KubeletVersion)
-		if err != nil || v.Compare(r.target) >= 0 {
-			continue // an unreadable version was the stages' to refuse; a newer one is not behind
-		}
-
-		behind = append(behind, fmt.Sprintf("%s (kubelet %s)", n.Name, n.Status.NodeInfo.KubeletVersion))
-	}
-
-	if len(behind) == 0 {
-		return nil
-	}
-
-	slices.Sort(behind)
-	reason := fmt.Sprintf("%s joined after the stages had read the cluster: behind the target %s", summarize(behind), r.target)
-
-	return r.pause(ctx, stage, strings.SplitN(behind[0], " ", 2)[0], reason,
-		"let it finish joining (kubectl get node), then resume: the next run takes it through every stage from APIServers", errors.New(reason))
+	return e.leftBehind(ctx, all[len(all)-1].Name(), target, kubeletBehind(target),
+		"the next run takes it through every stage from APIServers")
 }
 
 // runStage runs one stage: read the stage's nodes, plan each one's render,
