@@ -46,6 +46,10 @@ type kubeRun struct {
 	// known are the nodes the stage read at its start: a control plane not among
 	// them joined the cluster since (see joinedError).
 	known map[string]bool
+	// restarts counts the times the stage started again because control planes
+	// joined, and joins how often each did (see runJoined).
+	restarts int
+	joins    map[string]int
 }
 
 // joinedError stops a stage when a control plane joined the cluster after the stage
@@ -175,6 +179,7 @@ func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
 func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesStage) error {
 	name := s.Name()
 	r.e.stage(index, total, name)
+	r.restarts, r.joins = 0, map[string]int{}
 
 	held, err := r.runJoined(ctx, s, nil)
 
@@ -194,9 +199,14 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 	return err
 }
 
+// maxJoinRestarts caps how often one stage starts again because a control plane
+// joined: more joins than that in one stage are a node flapping in and out of the
+// cluster (its Node deleted and registered again), not machines being added.
+const maxJoinRestarts = 5
+
 // runJoined is runNodes, started again on the whole stage whenever a control plane
 // joins the cluster while it runs (a joinedError): the joined node, behind the
-// cluster, goes first.
+// cluster, goes first. Past maxJoinRestarts in the stage it pauses instead.
 func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
 	for {
 		held, err := r.runNodes(ctx, s, only)
@@ -204,6 +214,14 @@ func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[str
 		var joined *joinedError
 		if !errors.As(err, &joined) {
 			return held, err
+		}
+
+		for _, n := range joined.nodes {
+			r.joins[n]++
+		}
+
+		if r.restarts++; r.restarts > maxJoinRestarts {
+			return nil, r.tooManyJoins(ctx, s.Name())
 		}
 
 		r.e.step(s.Name(), "joined", "control plane %s joined during the stage: reading the cluster again, it goes first",
@@ -215,6 +233,31 @@ func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[str
 
 		only = nil
 	}
+}
+
+// tooManyJoins pauses a stage that control planes joined more than maxJoinRestarts
+// times, naming them, the most frequent first.
+func (r *kubeRun) tooManyJoins(ctx context.Context, stage string) error {
+	names := slices.Collect(maps.Keys(r.joins))
+	slices.SortFunc(names, func(a, b string) int {
+		if c := r.joins[b] - r.joins[a]; c != 0 {
+			return c
+		}
+
+		return strings.Compare(a, b)
+	})
+
+	seen := make([]string, 0, len(names))
+	for _, n := range names {
+		seen = append(seen, fmt.Sprintf("%s %d time(s)", n, r.joins[n]))
+	}
+
+	reason := fmt.Sprintf("control planes joined the cluster %d times during the stage (%s), more than the %d restarts a stage takes: "+
+		"a node flapping in and out of the cluster?", r.restarts, summarize(seen), maxJoinRestarts)
+
+	return r.pause(ctx, stage, names[0], reason,
+		fmt.Sprintf("find why it comes and goes (kubectl get node %s -w; talosctl -n <its IP> logs kubelet), fix it "+
+			"or hold it (kubectl annotate node %s %s=flapping), then resume", names[0], names[0], discovery.HoldAnnotation), errors.New(reason))
 }
 
 // released returns the nodes of held that no longer carry the hold annotation.

@@ -970,3 +970,26 @@ func TestEngineNodeJoinedAfterTheLastCheckPauses(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "v1.36.3", node.Status.NodeInfo.KubeletVersion)
 }
+
+// TestEngineJoinRestartsAreCapped: a control plane whose Node is gone while its mirror
+// pods run (a node flapping in and out of the cluster) looks joined at every read of
+// the stage. The stage starts again a bounded number of times, then pauses naming it
+// rather than loop.
+func TestEngineJoinRestartsAreCapped(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+	require.NoError(t, f.cs.CoreV1().Nodes().Delete(context.Background(), "cp-3", metav1.DeleteOptions{}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 50 * time.Millisecond })
+	e.Progress = rec
+
+	pause := requirePause(t, e.Run(ctx), "APIServers", "cp-3",
+		fmt.Sprintf("control planes joined the cluster %d times during the stage (cp-3 %d time(s)), more than the %d restarts a stage takes",
+			maxJoinRestarts+1, maxJoinRestarts+1, maxJoinRestarts))
+	assert.Contains(t, pause.Action, "kubectl annotate node cp-3 ichor.dev/hold=flapping")
+	assert.Len(t, rec.with("APIServers [joined] control plane cp-3 joined during the stage"), maxJoinRestarts)
+	assert.Empty(t, f.realApplies(), "nothing applied while the stage could not settle")
+}
