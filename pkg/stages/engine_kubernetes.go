@@ -260,18 +260,26 @@ func (r *kubeRun) tooManyJoins(ctx context.Context, stage string) error {
 			"or hold it (kubectl annotate node %s %s=flapping), then resume", names[0], names[0], discovery.HoldAnnotation), errors.New(reason))
 }
 
-// released returns the nodes of held that no longer carry the hold annotation.
+// released returns the nodes of held that no longer carry the hold annotation, as
+// the run's watch cache has them (a Node it does not have is read from the
+// apiserver). A hold removed a moment before that the cache has not seen yet is
+// caught by the run's last look (leftBehind).
 func (r *kubeRun) released(ctx context.Context, stage string, held []discovery.Node) (map[string]bool, error) {
 	out := map[string]bool{}
 
 	for _, n := range held {
-		node, err := r.getNode(ctx, n.Name)
-		if apierrors.IsNotFound(err) {
-			continue
-		}
+		node, ok := r.cache.Node(n.Name)
+		if !ok {
+			var err error
 
-		if err != nil {
-			return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
+			node, err = r.getNode(ctx, n.Name)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+
+			if err != nil {
+				return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
+			}
 		}
 
 		if _, still := node.Annotations[discovery.HoldAnnotation]; !still {

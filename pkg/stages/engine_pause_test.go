@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
@@ -992,4 +993,23 @@ func TestEngineJoinRestartsAreCapped(t *testing.T) {
 	assert.Contains(t, pause.Action, "kubectl annotate node cp-3 ichor.dev/hold=flapping")
 	assert.Len(t, rec.with("APIServers [joined] control plane cp-3 joined during the stage"), maxJoinRestarts)
 	assert.Empty(t, f.realApplies(), "nothing applied while the stage could not settle")
+}
+
+// TestEngineReleasedReadsTheCache: after the Kubelets stage, a node still held is read
+// from the run's watch cache, not fetched from the apiserver; its hold kept, it is
+// left alone.
+func TestEngineReleasedReadsTheCache(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+	setHold(t, f, "worker-1", "disk")
+	f.cs.ClearActions()
+
+	require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+
+	for _, a := range f.cs.Actions() {
+		if get, ok := a.(k8stesting.GetAction); ok && a.GetResource().Resource == "nodes" {
+			assert.NotEqual(t, "worker-1", get.GetName(), "the held Node is read from the cache")
+		}
+	}
+
+	assert.Zero(t, appliesOn(f, "worker-1"))
 }
