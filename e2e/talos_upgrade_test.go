@@ -340,6 +340,95 @@ func TestTalosEngineFaults(t *testing.T) {
 	})
 }
 
+// TestTalosEngineMachineJoinsMidUpgrade starts a 1+2 cluster on Talos v1.12.4 with
+// worker-2 powered off, and switches it on as the engine upgrades worker-1: worker-2
+// boots and joins on v1.12.4 after the run read the cluster. The run does not say it
+// succeeded with worker-2 behind: its last look pauses naming it, and the next run (a
+// resume) upgrades it.
+func TestTalosEngineMachineJoinsMidUpgrade(t *testing.T) {
+	t.Parallel()
+
+	faults := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(faults, []byte("nodes:\n  worker-2:\n    poweredOff: true\n"), 0o644))
+
+	c := startCluster(t, "--control-planes", "1", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", talosFrom, "--faults", faults)
+	tc := openTalos(t, c)
+	memo := &memoMap{}
+	ctx := context.Background()
+
+	_, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "no Node worker-2 while it is off: %v", err)
+
+	// worker-2 is switched on when worker-1's upgrade starts; worker-1's last line
+	// waits for worker-2's Node to be Ready, so that the join lands before the run's
+	// last look rather than race it.
+	var (
+		powerOn, joined sync.Once
+		joinErr         error
+	)
+
+	progress := &lines{}
+	progress.onLine = func(line string) {
+		switch {
+		case strings.HasPrefix(line, "TalosOS worker-1 Upgrading:"):
+			powerOn.Do(func() { joinErr = os.WriteFile(faults, []byte("nodes: {}\n"), 0o644) })
+		case strings.HasPrefix(line, "TalosOS worker-1 Done:"):
+			joined.Do(func() {
+				if joinErr == nil {
+					joinErr = waitNodeReady(ctx, c, "worker-2", 5*time.Minute)
+				}
+			})
+		}
+	}
+
+	err = talosEngineFor(t, c, tc, talosTo, memo, progress).Run(ctx)
+	require.NoError(t, joinErr)
+
+	var pause *stages.PauseError
+	require.ErrorAs(t, err, &pause, "the run does not succeed with worker-2 behind: %v", err)
+	t.Logf("paused: %v", err)
+	assert.Equal(t, "TalosOS", pause.Stage)
+	assert.Equal(t, "worker-2", pause.Node)
+	assert.Contains(t, pause.Reason, "worker-2 (Talos "+talosFrom+") joined after the stages had read the cluster: behind the target "+talosTo)
+	assert.Contains(t, pause.Action, "kubectl ichor resume")
+
+	v, err := tc.Version(ctx, c.Machine(t, "worker-2").IP)
+	require.NoError(t, err)
+	assert.Equal(t, talosFrom, v, "worker-2 untouched by the run that missed it")
+
+	require.NoError(t, talosEngineFor(t, c, tc, talosTo, memo, &lines{}).Run(ctx), "the next run takes worker-2")
+	requireTalosAt(t, c, tc, talosTo)
+
+	eventually(t, time.Minute, "the boots into "+talosTo, func(context.Context) error {
+		if got := eventNodes(talosStarts(c.Events(t), talosTo)); !slices.Equal(got, []string{"cp-1", "worker-1", "worker-2"}) {
+			return fmt.Errorf("boots into %s: %v", talosTo, got)
+		}
+
+		return nil
+	})
+}
+
+// waitNodeReady waits, at most timeout, for node's Node to be Ready. It runs beside
+// the test (in the engine's Progress), so it returns what went wrong rather than fail
+// the test.
+func waitNodeReady(ctx context.Context, c *Cluster, node string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	for {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err == nil && nodeReady(n) {
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node %s not Ready within %s (last: %v)", node, timeout, err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 // TestTalosJobUpgrade runs a 3+2 Talos upgrade from v1.12.4 to v1.13.9 through the Job,
 // as an operator would: `kubectl ichor upgrade talos`. The runner is killed while a
 // control plane reboots (held down by a fault until the next runner has taken over): the

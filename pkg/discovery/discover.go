@@ -80,7 +80,7 @@ func (d *Discoverer) Discover(ctx context.Context) (*Snapshot, error) {
 	staticPods := staticPodsByNode(pods.Items)
 
 	for i := range nodes.Items {
-		n := nodeFrom(&nodes.Items[i])
+		n := NodeFrom(&nodes.Items[i])
 		n.StaticPods = staticPods[n.Name]
 		snap.Nodes = append(snap.Nodes, n)
 	}
@@ -236,7 +236,9 @@ func talosError(node, ip, what string, err error) error {
 	return fmt.Errorf("node %q: talos %s: %w", node, what, err)
 }
 
-func nodeFrom(node *corev1.Node) Node {
+// NodeFrom is what a Node says of itself: name, role, hold, kubelet version,
+// osImage, InternalIP, readiness (its Talos side is not read).
+func NodeFrom(node *corev1.Node) Node {
 	n := Node{
 		Name:           node.Name,
 		KubeletVersion: node.Status.NodeInfo.KubeletVersion,

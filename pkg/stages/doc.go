@@ -28,6 +28,10 @@
 // new osImage (and, on a control plane, etcd all voters again), and uncordoned. The
 // boot ID is all it keeps: a new runner resumes a node from it and the node's state.
 //
+// Both upgrades end with a last look at the Nodes (left_behind.go): a node not held and
+// still behind the target joined after the stages read the cluster, and pauses the run,
+// named, rather than be left behind by a run that says it succeeded.
+//
 // The installer of each node (installer.go) is chosen from what the node runs, not
 // from its config alone: a node moved to an Image Factory schematic usually still
 // names the plain installer, which would drop its system extensions. ChooseInstaller

@@ -46,6 +46,10 @@ type kubeRun struct {
 	// known are the nodes the stage read at its start: a control plane not among
 	// them joined the cluster since (see joinedError).
 	known map[string]bool
+	// restarts counts the times the stage started again because control planes
+	// joined, and joins how often each did (see runJoined).
+	restarts int
+	joins    map[string]int
 }
 
 // joinedError stops a stage when a control plane joined the cluster after the stage
@@ -160,53 +164,8 @@ func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
 		}
 	}
 
-	return r.leftBehind(ctx, all[len(all)-1].Name())
-}
-
-// leftBehind is the run's last look at the cluster: a node that is not held and
-// whose kubelet is still older than the target joined after the stages had read
-// the cluster (a worker, or a control plane, registering after the Kubelets
-// stage's last check). The run does not say it succeeded with such a node
-// behind: it pauses naming it, and the next run takes it through every stage
-// from APIServers, as any node behind the cluster.
-func (r *kubeRun) leftBehind(ctx context.Context, stage string) error {
-	var nodes *corev1.NodeList
-
-	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
-		var err error
-
-		nodes, err = r.e.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-
-		return err
-	})
-	if err != nil {
-		return r.pause(ctx, stage, "", "read the Nodes for the run's last check: "+err.Error(), actionResume, err)
-	}
-
-	var behind []string
-
-	for _, n := range nodes.Items {
-		if _, held := n.Annotations[discovery.HoldAnnotation]; held {
-			continue
-		}
-
-		v, err := ParseVersion(n.Status.NodeInfo.KubeletVersion)
-		if err != nil || v.Compare(r.target) >= 0 {
-			continue // an unreadable version was the stages' to refuse; a newer one is not behind
-		}
-
-		behind = append(behind, fmt.Sprintf("%s (kubelet %s)", n.Name, n.Status.NodeInfo.KubeletVersion))
-	}
-
-	if len(behind) == 0 {
-		return nil
-	}
-
-	slices.Sort(behind)
-	reason := fmt.Sprintf("%s joined after the stages had read the cluster: behind the target %s", summarize(behind), r.target)
-
-	return r.pause(ctx, stage, strings.SplitN(behind[0], " ", 2)[0], reason,
-		"let it finish joining (kubectl get node), then resume: the next run takes it through every stage from APIServers", errors.New(reason))
+	return e.leftBehind(ctx, all[len(all)-1].Name(), target, kubeletBehind(target),
+		"the next run takes it through every stage from APIServers")
 }
 
 // runStage runs one stage: read the stage's nodes, plan each one's render,
@@ -220,6 +179,7 @@ func (r *kubeRun) leftBehind(ctx context.Context, stage string) error {
 func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesStage) error {
 	name := s.Name()
 	r.e.stage(index, total, name)
+	r.restarts, r.joins = 0, map[string]int{}
 
 	held, err := r.runJoined(ctx, s, nil)
 
@@ -239,9 +199,14 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesSt
 	return err
 }
 
+// maxJoinRestarts caps how often one stage starts again because a control plane
+// joined: more joins than that in one stage are a node flapping in and out of the
+// cluster (its Node deleted and registered again), not machines being added.
+const maxJoinRestarts = 5
+
 // runJoined is runNodes, started again on the whole stage whenever a control plane
 // joins the cluster while it runs (a joinedError): the joined node, behind the
-// cluster, goes first.
+// cluster, goes first. Past maxJoinRestarts in the stage it pauses instead.
 func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
 	for {
 		held, err := r.runNodes(ctx, s, only)
@@ -249,6 +214,14 @@ func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[str
 		var joined *joinedError
 		if !errors.As(err, &joined) {
 			return held, err
+		}
+
+		for _, n := range joined.nodes {
+			r.joins[n]++
+		}
+
+		if r.restarts++; r.restarts > maxJoinRestarts {
+			return nil, r.tooManyJoins(ctx, s.Name())
 		}
 
 		r.e.step(s.Name(), "joined", "control plane %s joined during the stage: reading the cluster again, it goes first",
@@ -262,18 +235,51 @@ func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[str
 	}
 }
 
-// released returns the nodes of held that no longer carry the hold annotation.
+// tooManyJoins pauses a stage that control planes joined more than maxJoinRestarts
+// times, naming them, the most frequent first.
+func (r *kubeRun) tooManyJoins(ctx context.Context, stage string) error {
+	names := slices.Collect(maps.Keys(r.joins))
+	slices.SortFunc(names, func(a, b string) int {
+		if c := r.joins[b] - r.joins[a]; c != 0 {
+			return c
+		}
+
+		return strings.Compare(a, b)
+	})
+
+	seen := make([]string, 0, len(names))
+	for _, n := range names {
+		seen = append(seen, fmt.Sprintf("%s %d time(s)", n, r.joins[n]))
+	}
+
+	reason := fmt.Sprintf("control planes joined the cluster %d times during the stage (%s), more than the %d restarts a stage takes: "+
+		"a node flapping in and out of the cluster?", r.restarts, summarize(seen), maxJoinRestarts)
+
+	return r.pause(ctx, stage, names[0], reason,
+		fmt.Sprintf("find why it comes and goes (kubectl get node %s -w; talosctl -n <its IP> logs kubelet), fix it "+
+			"or hold it (kubectl annotate node %s %s=flapping), then resume", names[0], names[0], discovery.HoldAnnotation), errors.New(reason))
+}
+
+// released returns the nodes of held that no longer carry the hold annotation, as
+// the run's watch cache has them (a Node it does not have is read from the
+// apiserver). A hold removed a moment before that the cache has not seen yet is
+// caught by the run's last look (leftBehind).
 func (r *kubeRun) released(ctx context.Context, stage string, held []discovery.Node) (map[string]bool, error) {
 	out := map[string]bool{}
 
 	for _, n := range held {
-		node, err := r.getNode(ctx, n.Name)
-		if apierrors.IsNotFound(err) {
-			continue
-		}
+		node, ok := r.cache.Node(n.Name)
+		if !ok {
+			var err error
 
-		if err != nil {
-			return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
+			node, err = r.getNode(ctx, n.Name)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+
+			if err != nil {
+				return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
+			}
 		}
 
 		if _, still := node.Annotations[discovery.HoldAnnotation]; !still {

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
@@ -969,4 +970,46 @@ func TestEngineNodeJoinedAfterTheLastCheckPauses(t *testing.T) {
 	node, err := f.cs.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "v1.36.3", node.Status.NodeInfo.KubeletVersion)
+}
+
+// TestEngineJoinRestartsAreCapped: a control plane whose Node is gone while its mirror
+// pods run (a node flapping in and out of the cluster) looks joined at every read of
+// the stage. The stage starts again a bounded number of times, then pauses naming it
+// rather than loop.
+func TestEngineJoinRestartsAreCapped(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+	require.NoError(t, f.cs.CoreV1().Nodes().Delete(context.Background(), "cp-3", metav1.DeleteOptions{}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 50 * time.Millisecond })
+	e.Progress = rec
+
+	pause := requirePause(t, e.Run(ctx), "APIServers", "cp-3",
+		fmt.Sprintf("control planes joined the cluster %d times during the stage (cp-3 %d time(s)), more than the %d restarts a stage takes",
+			maxJoinRestarts+1, maxJoinRestarts+1, maxJoinRestarts))
+	assert.Contains(t, pause.Action, "kubectl annotate node cp-3 ichor.dev/hold=flapping")
+	assert.Len(t, rec.with("APIServers [joined] control plane cp-3 joined during the stage"), maxJoinRestarts)
+	assert.Empty(t, f.realApplies(), "nothing applied while the stage could not settle")
+}
+
+// TestEngineReleasedReadsTheCache: after the Kubelets stage, a node still held is read
+// from the run's watch cache, not fetched from the apiserver; its hold kept, it is
+// left alone.
+func TestEngineReleasedReadsTheCache(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+	setHold(t, f, "worker-1", "disk")
+	f.cs.ClearActions()
+
+	require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+
+	for _, a := range f.cs.Actions() {
+		if get, ok := a.(k8stesting.GetAction); ok && a.GetResource().Resource == "nodes" {
+			assert.NotEqual(t, "worker-1", get.GetName(), "the held Node is read from the cache")
+		}
+	}
+
+	assert.Zero(t, appliesOn(f, "worker-1"))
 }

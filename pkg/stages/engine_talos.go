@@ -155,7 +155,8 @@ func (e *Engine) runTalos(ctx context.Context, opts EngineOptions) error {
 }
 
 // run reads the nodes, runs the stage's checks when any node is to be
-// upgraded, and visits the groups in order.
+// upgraded, visits the groups in order, and ends with the last look for a
+// node that joined since (leftBehind).
 func (r *talosRun) run(ctx context.Context) error {
 	name := r.stage.Name()
 	r.e.stage(1, 1, name)
@@ -208,7 +209,7 @@ func (r *talosRun) run(ctx context.Context) error {
 		}
 	}
 
-	return nil
+	return r.e.leftBehind(ctx, name, r.target, r.talosBehind, "the next run upgrades it")
 }
 
 // observe reads the cluster: the nodes to visit grouped in visiting order,
