@@ -18,7 +18,9 @@ mkdir -p "$artifacts"
 echo "kind-e2e: node image $image, artifacts in $artifacts"
 start=$SECONDS
 rc=0
+# tee ignores Ctrl-C: the tests delete the cluster on it and must still be
+# able to write.
 (cd "$root/e2e/kind" && ICHOR_KIND_IMAGE=$image ICHOR_KIND_ARTIFACTS=$artifacts \
-  go test -count=1 -v -timeout 60m "${@:-.}") 2>&1 | tee "$artifacts/test.log" || rc=$?
+  go test -count=1 -v -timeout 60m "${@:-.}") 2>&1 | (trap '' INT; exec tee "$artifacts/test.log") || rc=$?
 echo "kind-e2e: finished in $((SECONDS - start))s (exit $rc); logs in $artifacts"
 exit "$rc"
