@@ -5,7 +5,7 @@ SHELL := /usr/bin/env bash
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 export VERSION
 
-.PHONY: build cluster-bins test unit e2e demo bench verify dist dist-host image clean
+.PHONY: build cluster-bins test unit e2e demo bench verify dist dist-host image kind-image kind-e2e clean
 
 build: ## Build _output/bin/kubectl-ichor and _output/bin/ichor-sim
 	@hack/build.sh
@@ -40,6 +40,12 @@ dist-host: ## make dist for this machine's platform only (what make test install
 
 image: ## The Job's image, no Docker daemon: OCI tarball _output/image/kubectl-ichor.tar (IMAGE_PLATFORMS, IMAGE_PUSH=1)
 	@hack/image.sh
+
+kind-image: ## A kind node image from local sources, no registry (Debian rootfs, Kubernetes KIND_K8S_VERSIONS); not part of make test
+	@hack/kind-image.sh
+
+kind-e2e: kind-image ## A kind cluster (ICHOR_KIND_NODES, default 3+2), its e2e tests, then deleted; not part of make test
+	@hack/kind-e2e.sh
 
 clean:
 	rm -rf _output

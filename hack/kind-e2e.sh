@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make kind-e2e: the kind e2e tests (e2e/kind, a module of its own) on a kind
+# cluster of ICHOR_KIND_NODES (default 3+2: control planes + workers) made
+# from the node image of make kind-image (or ICHOR_KIND_IMAGE). The tests
+# create the cluster through kind's Go library and delete it afterwards, also
+# on failure and Ctrl-C; logs and the kubeconfig stay in
+# _output/kind-e2e/<time>/.
+set -o errexit -o nounset -o pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+image=${ICHOR_KIND_IMAGE:-$(cat "$root/_output/kind/node-image" 2>/dev/null || true)}
+if [ -z "$image" ]; then
+  echo "kind-e2e: no node image: run make kind-image or set ICHOR_KIND_IMAGE" >&2
+  exit 1
+fi
+artifacts=${ICHOR_KIND_ARTIFACTS:-$root/_output/kind-e2e/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$artifacts"
+echo "kind-e2e: node image $image, artifacts in $artifacts"
+start=$SECONDS
+rc=0
+# tee ignores Ctrl-C: the tests delete the cluster on it and must still be
+# able to write.
+(cd "$root/e2e/kind" && ICHOR_KIND_IMAGE=$image ICHOR_KIND_ARTIFACTS=$artifacts \
+  go test -count=1 -v -timeout 60m "${@:-.}") 2>&1 | (trap '' INT; exec tee "$artifacts/test.log") || rc=$?
+echo "kind-e2e: finished in $((SECONDS - start))s (exit $rc); logs in $artifacts"
+exit "$rc"
