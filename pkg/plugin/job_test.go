@@ -324,7 +324,7 @@ func TestWatchJSONLines(t *testing.T) {
 }
 
 func TestOneLineErrors(t *testing.T) {
-	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, Data: map[string]string{job.OperationKey: "{"}}
+	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, BinaryData: map[string][]byte{job.OperationKey: []byte("{")}}
 
 	tests := []struct {
 		name   string
