@@ -33,6 +33,11 @@ const (
 	OperationKey = "operation.json.gz"
 	// PlanKey holds the plan the operator confirmed (the Plan document, gzipped JSON).
 	PlanKey = "plan.json.gz"
+	// OperationJSONKey, under data, holds the Operation as plain JSON: a state
+	// written by hand or by a GitOps tool (manifests/) gives it so. It is read
+	// before OperationKey, and the first write of the state replaces it with
+	// OperationKey.
+	OperationJSONKey = "operation.json"
 )
 
 // Phase is where an operation is.
@@ -446,6 +451,26 @@ func EncodeState(namespace string, op *Operation, plan []byte) (*corev1.ConfigMa
 	return cm, nil
 }
 
+// encodeStateJSON returns the state ConfigMap of op as one writes it by hand or
+// with a GitOps tool: the Operation as indented JSON under OperationJSONKey, no
+// plan.
+func encodeStateJSON(namespace string, op *Operation) (*corev1.ConfigMap, error) {
+	cm, err := EncodeState(namespace, op, nil)
+	if err != nil {
+		return nil, err
+	}
+
+	b, err := json.MarshalIndent(op, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode operation %s: %w", op.Spec.ID, err)
+	}
+
+	cm.BinaryData = nil
+	cm.Data = map[string]string{OperationJSONKey: string(b) + "\n"}
+
+	return cm, nil
+}
+
 // writeOperation stores op in cm, gzipped, with the labels that mirror it.
 func writeOperation(cm *corev1.ConfigMap, op *Operation) error {
 	blob, err := gzipJSON(op)
@@ -458,6 +483,7 @@ func writeOperation(cm *corev1.ConfigMap, op *Operation) error {
 	}
 
 	cm.BinaryData[OperationKey] = blob
+	delete(cm.Data, OperationJSONKey)
 
 	labels := commonLabels(map[string]string{LabelOperation: op.Spec.ID, LabelPhase: string(op.Status.Phase)})
 	if cm.Labels == nil {
@@ -478,31 +504,38 @@ func DecodeState(cm *corev1.ConfigMap) (*Operation, error) {
 		return &CorruptStateError{Namespace: cm.Namespace, Err: fmt.Errorf(format, args...)}
 	}
 
-	blob, found := cm.BinaryData[OperationKey]
-	if !found {
-		return nil, corrupt("no key %s in its binaryData", OperationKey)
-	}
+	key := OperationJSONKey
+	raw := []byte(cm.Data[OperationJSONKey])
 
-	raw, err := gunzip(blob)
-	if err != nil {
-		return nil, corrupt("%s: %v", OperationKey, err)
+	if _, plain := cm.Data[OperationJSONKey]; !plain {
+		key = OperationKey
+
+		blob, found := cm.BinaryData[OperationKey]
+		if !found {
+			return nil, corrupt("no key %s", OperationKey)
+		}
+
+		var err error
+		if raw, err = gunzip(blob); err != nil {
+			return nil, corrupt("%s: %v", key, err)
+		}
 	}
 
 	var op Operation
 
 	if err := json.Unmarshal(raw, &op); err != nil {
-		return nil, corrupt("%s: %v", OperationKey, err)
+		return nil, corrupt("%s: %v", key, err)
 	}
 
 	switch {
 	case op.APIVersion != APIVersion || op.Kind != KindOperation:
-		return nil, corrupt("%s is a %s %s, want %s %s", OperationKey, op.APIVersion, op.Kind, APIVersion, KindOperation)
+		return nil, corrupt("%s is a %s %s, want %s %s", key, op.APIVersion, op.Kind, APIVersion, KindOperation)
 	case op.Spec.ID == "":
-		return nil, corrupt("%s has no spec.id", OperationKey)
+		return nil, corrupt("%s has no spec.id", key)
 	case !op.Status.Phase.known():
-		return nil, corrupt("%s: unknown status.phase %q", OperationKey, op.Status.Phase)
+		return nil, corrupt("%s: unknown status.phase %q", key, op.Status.Phase)
 	case op.Spec.Upgrade != stages.KindKubernetes && op.Spec.Upgrade != stages.KindTalos:
-		return nil, corrupt("%s: unknown spec.upgrade %q", OperationKey, op.Spec.Upgrade)
+		return nil, corrupt("%s: unknown spec.upgrade %q", key, op.Spec.Upgrade)
 	}
 
 	return &op, nil

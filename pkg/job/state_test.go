@@ -452,3 +452,39 @@ func TestRunnerRecords(t *testing.T) {
 
 	assert.Len(t, s.Runners, MaxRunners, "bounded")
 }
+
+// TestStateWrittenByHand: a state that gives the Operation as plain JSON
+// under data (manifests/) is read, and the first write gzips it.
+func TestStateWrittenByHand(t *testing.T) {
+	ctx := context.Background()
+
+	cm, err := encodeStateJSON("ichor-system", testOperation("op-1", PhasePending))
+	require.NoError(t, err)
+	assert.Contains(t, cm.Data[OperationJSONKey], `"id": "op-1"`)
+	assert.Empty(t, cm.BinaryData)
+
+	store := &Store{Client: fake.NewClientset(cm).CoreV1(), Namespace: "ichor-system"}
+	_, err = store.Update(ctx, func(op *Operation) error {
+		assert.Equal(t, "op-1", op.Spec.ID)
+		op.Status.Phase = PhaseRunning
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	written, err := store.Client.ConfigMaps("ichor-system").Get(ctx, StateName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.NotContains(t, written.Data, OperationJSONKey, "the plain form is replaced")
+	assert.Contains(t, written.BinaryData, OperationKey)
+
+	op, err := DecodeState(written)
+	require.NoError(t, err)
+	assert.Equal(t, PhaseRunning, op.Status.Phase)
+
+	cm.Data[OperationJSONKey] = "{nope"
+	_, err = DecodeState(cm)
+
+	var corrupt *CorruptStateError
+	require.ErrorAs(t, err, &corrupt)
+	assert.Contains(t, err.Error(), "(operation.json: invalid character")
+}
