@@ -334,6 +334,30 @@ func TestJobUpgrade(t *testing.T) {
 
 	// Its credentials are gone (TestJobLeastPrivilege checks what they allowed).
 	requireNoCredentialLeft(t, c, job.PhaseSucceeded)
+
+	// The state holds the operation and its plan gzipped; status reads both (the
+	// plan says what changed on each node).
+	state, err := c.Client.CoreV1().ConfigMaps(jobNamespace).Get(ctx, job.StateName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, state.Data, "all in binaryData")
+
+	plan, err := job.StatePlan(state)
+	require.NoError(t, err)
+	assert.Contains(t, string(plan), `"kind":"Plan"`)
+
+	r = c.ichor(t, time.Minute, "status", "--operation", op.Spec.ID)
+	r.requireExit(t, 0)
+	assert.Contains(t, r.stdout, "; changed kubelet")
+
+	// A plan that cannot be unpacked is said on one line, with what to do.
+	state.BinaryData[job.PlanKey] = []byte("not gzipped at all")
+	_, err = c.Client.CoreV1().ConfigMaps(jobNamespace).Update(ctx, state, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	r = c.ichor(t, time.Minute, "status")
+	assert.NotZero(t, r.code)
+	r.requireOneLineError(t, "state configmap "+jobNamespace+"/"+job.StateName+" is corrupted (plan.json.gz: gzip: invalid header): "+
+		"stop any upgrade Job with kubectl ichor abort")
 }
 
 // TestJobLockAbortAndTakeOver launches two upgrades at once (one is refused), refuses a

@@ -583,8 +583,13 @@ func measureUpgrade(ctx context.Context, o options, dir string, client kubernete
 		return fmt.Errorf("operation %s is %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
 	}
 
+	raw, err := job.StatePlan(cm)
+	if err != nil {
+		return err
+	}
+
 	var plan api.Plan
-	if err := json.Unmarshal([]byte(cm.Data[job.PlanKey]), &plan); err != nil {
+	if err := json.Unmarshal(raw, &plan); err != nil {
 		return fmt.Errorf("the state's plan: %w", err)
 	}
 

@@ -372,7 +372,7 @@ func TestAbort(t *testing.T) {
 
 func TestAbortCorruptState(t *testing.T) {
 	ctx := context.Background()
-	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, Data: map[string]string{OperationKey: "{"}}
+	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, BinaryData: map[string][]byte{OperationKey: []byte("{")}}
 
 	f := newControl(t, t0, corrupt, runnerJob("ichor-op-1-1"))
 

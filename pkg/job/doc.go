@@ -9,8 +9,11 @@
 // is given, and the plugin (pkg/plugin) does all printing for the user.
 //
 // The state ConfigMap (ichor-state) holds one versioned document, an
-// Operation (ichor.dev/v1alpha1), under the key operation.json, and the plan
-// the operator confirmed under plan.json. Every write goes through Store,
-// which updates with the ConfigMap's resourceVersion as a precondition and
-// re-reads on a conflict.
+// Operation (ichor.dev/v1alpha1), under the binaryData key operation.json.gz,
+// and the plan the operator confirmed under plan.json.gz, both gzipped JSON
+// (`kubectl ichor status -o json` prints the Operation). A state written by
+// hand (manifests/) gives the Operation as plain JSON under data.operation.json
+// instead, until the first write. Every write goes through Store, which
+// updates with the ConfigMap's resourceVersion as a precondition and re-reads
+// on a conflict.
 package job

@@ -1,13 +1,10 @@
 package job
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -172,7 +169,12 @@ func (s *Store) Find(ctx context.Context, id string) (Record, error) {
 
 	switch {
 	case err == nil && op.Spec.ID == id:
-		return Record{Operation: op, Plan: recordPlan(cm.Data[PlanKey])}, nil
+		plan, err := StatePlan(cm)
+		if err != nil {
+			return Record{}, err
+		}
+
+		return Record{Operation: op, Plan: plan}, nil
 	case err != nil && !errors.Is(err, ErrNoOperation):
 		return Record{}, err
 	}
@@ -203,27 +205,16 @@ func (s *Store) Find(ctx context.Context, id string) (Record, error) {
 }
 
 func encodeRecord(rec Record) ([]byte, error) {
-	var buf bytes.Buffer
-
-	zw := gzip.NewWriter(&buf)
-	if err := json.NewEncoder(zw).Encode(rec); err != nil {
+	blob, err := gzipJSON(rec)
+	if err != nil {
 		return nil, fmt.Errorf("encode the record of operation %s: %w", rec.Operation.Spec.ID, err)
 	}
 
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-
-	return buf.Bytes(), nil
+	return blob, nil
 }
 
 func decodeRecord(blob []byte) (Record, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(blob))
-	if err != nil {
-		return Record{}, err
-	}
-
-	raw, err := io.ReadAll(io.LimitReader(zr, 64<<20))
+	raw, err := gunzip(blob)
 	if err != nil {
 		return Record{}, err
 	}

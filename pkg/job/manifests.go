@@ -42,7 +42,7 @@ func Manifests(namespace, image string) ([]ManifestFile, error) {
 	op.Status.Attempt = 1
 	op.Status.Job = JobName(GitOpsOperation, 1)
 
-	state, err := EncodeState(namespace, op, nil)
+	state, err := encodeStateJSON(namespace, op)
 	if err != nil {
 		return nil, err
 	}

@@ -399,7 +399,7 @@ func TestRunnerRefuses(t *testing.T) {
 		{
 			name: "corrupted state", code: ExitFinal, want: "state configmap ichor-system/ichor-state is corrupted",
 			state: func(*testing.T) runtime.Object {
-				return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, Data: map[string]string{OperationKey: "{"}}
+				return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, BinaryData: map[string][]byte{OperationKey: []byte("{")}}
 			},
 		},
 		{

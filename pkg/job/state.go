@@ -25,12 +25,19 @@ const (
 	KindOperation = "Operation"
 )
 
-// Keys of the state ConfigMap.
+// Keys of the state ConfigMap's binaryData. Both are gzipped: a 5000-node
+// upgrade's state takes about 112 KiB so, where its JSON would pass the 1 MiB
+// a ConfigMap may hold at about 1600 nodes (TestStateAtFiveThousandNodes).
 const (
-	// OperationKey holds the Operation document (JSON).
-	OperationKey = "operation.json"
-	// PlanKey holds the plan the operator confirmed (the Plan document, JSON).
-	PlanKey = "plan.json"
+	// OperationKey holds the Operation document (gzipped JSON).
+	OperationKey = "operation.json.gz"
+	// PlanKey holds the plan the operator confirmed (the Plan document, gzipped JSON).
+	PlanKey = "plan.json.gz"
+	// OperationJSONKey, under data, holds the Operation as plain JSON: a state
+	// written by hand or by a GitOps tool (manifests/) gives it so. It is read
+	// before OperationKey, and the first write of the state replaces it with
+	// OperationKey.
+	OperationJSONKey = "operation.json"
 )
 
 // Phase is where an operation is.
@@ -424,7 +431,7 @@ func NoOperationError(namespace string) error {
 }
 
 // EncodeState returns the state ConfigMap holding op and the confirmed plan (JSON; nil
-// for none).
+// for none), both gzipped.
 func EncodeState(namespace string, op *Operation, plan []byte) (*corev1.ConfigMap, error) {
 	cm := &corev1.ConfigMap{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
@@ -432,7 +439,12 @@ func EncodeState(namespace string, op *Operation, plan []byte) (*corev1.ConfigMa
 	}
 
 	if plan != nil {
-		cm.Data = map[string]string{PlanKey: string(plan)}
+		blob, err := gzipBytes(plan)
+		if err != nil {
+			return nil, fmt.Errorf("encode the plan of operation %s: %w", op.Spec.ID, err)
+		}
+
+		cm.BinaryData = map[string][]byte{PlanKey: blob}
 	}
 
 	if err := writeOperation(cm, op); err != nil {
@@ -442,18 +454,39 @@ func EncodeState(namespace string, op *Operation, plan []byte) (*corev1.ConfigMa
 	return cm, nil
 }
 
-// writeOperation stores op in cm, with the labels that mirror it.
-func writeOperation(cm *corev1.ConfigMap, op *Operation) error {
+// encodeStateJSON returns the state ConfigMap of op as one writes it by hand or
+// with a GitOps tool: the Operation as indented JSON under OperationJSONKey, no
+// plan.
+func encodeStateJSON(namespace string, op *Operation) (*corev1.ConfigMap, error) {
+	cm, err := EncodeState(namespace, op, nil)
+	if err != nil {
+		return nil, err
+	}
+
 	b, err := json.MarshalIndent(op, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode operation %s: %w", op.Spec.ID, err)
+	}
+
+	cm.BinaryData = nil
+	cm.Data = map[string]string{OperationJSONKey: string(b) + "\n"}
+
+	return cm, nil
+}
+
+// writeOperation stores op in cm, gzipped, with the labels that mirror it.
+func writeOperation(cm *corev1.ConfigMap, op *Operation) error {
+	blob, err := gzipJSON(op)
 	if err != nil {
 		return fmt.Errorf("encode operation %s: %w", op.Spec.ID, err)
 	}
 
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
+	if cm.BinaryData == nil {
+		cm.BinaryData = map[string][]byte{}
 	}
 
-	cm.Data[OperationKey] = string(b) + "\n"
+	cm.BinaryData[OperationKey] = blob
+	delete(cm.Data, OperationJSONKey)
 
 	labels := commonLabels(map[string]string{LabelOperation: op.Spec.ID, LabelPhase: string(op.Status.Phase)})
 	if cm.Labels == nil {
@@ -474,29 +507,61 @@ func DecodeState(cm *corev1.ConfigMap) (*Operation, error) {
 		return &CorruptStateError{Namespace: cm.Namespace, Err: fmt.Errorf(format, args...)}
 	}
 
-	raw, found := cm.Data[OperationKey]
-	if !found {
-		return nil, corrupt("no key %s", OperationKey)
+	key := OperationJSONKey
+	raw := []byte(cm.Data[OperationJSONKey])
+
+	if _, plain := cm.Data[OperationJSONKey]; !plain {
+		key = OperationKey
+
+		blob, found := cm.BinaryData[OperationKey]
+		if !found {
+			return nil, corrupt("no key %s", OperationKey)
+		}
+
+		var err error
+		if raw, err = gunzip(blob); err != nil {
+			return nil, corrupt("%s: %v", key, err)
+		}
 	}
 
 	var op Operation
 
-	if err := json.Unmarshal([]byte(raw), &op); err != nil {
-		return nil, corrupt("%s: %v", OperationKey, err)
+	if err := json.Unmarshal(raw, &op); err != nil {
+		return nil, corrupt("%s: %v", key, err)
 	}
 
 	switch {
 	case op.APIVersion != APIVersion || op.Kind != KindOperation:
-		return nil, corrupt("%s is a %s %s, want %s %s", OperationKey, op.APIVersion, op.Kind, APIVersion, KindOperation)
+		return nil, corrupt("%s is a %s %s, want %s %s", key, op.APIVersion, op.Kind, APIVersion, KindOperation)
 	case op.Spec.ID == "":
-		return nil, corrupt("%s has no spec.id", OperationKey)
+		return nil, corrupt("%s has no spec.id", key)
 	case !op.Status.Phase.known():
-		return nil, corrupt("%s: unknown status.phase %q", OperationKey, op.Status.Phase)
+		return nil, corrupt("%s: unknown status.phase %q", key, op.Status.Phase)
 	case op.Spec.Upgrade != stages.KindKubernetes && op.Spec.Upgrade != stages.KindTalos:
-		return nil, corrupt("%s: unknown spec.upgrade %q", OperationKey, op.Spec.Upgrade)
+		return nil, corrupt("%s: unknown spec.upgrade %q", key, op.Spec.Upgrade)
 	}
 
 	return &op, nil
+}
+
+// StatePlan returns the confirmed plan's JSON a state ConfigMap holds, nil when it
+// holds none. A plan it cannot unpack, or that is not JSON, is a *CorruptStateError.
+func StatePlan(cm *corev1.ConfigMap) ([]byte, error) {
+	blob, found := cm.BinaryData[PlanKey]
+	if !found {
+		return nil, nil
+	}
+
+	raw, err := gunzip(blob)
+	if err == nil && !json.Valid(raw) {
+		err = errors.New("not JSON")
+	}
+
+	if err != nil {
+		return nil, &CorruptStateError{Namespace: cm.Namespace, Err: fmt.Errorf("%s: %w", PlanKey, err)}
+	}
+
+	return raw, nil
 }
 
 // Store reads and writes the state ConfigMap of one namespace. Writes are
@@ -602,8 +667,13 @@ func (s *Store) Create(ctx context.Context, op *Operation, plan []byte, replace 
 			return err
 		}
 
+		plan, err := StatePlan(existing)
+		if err != nil {
+			return err
+		}
+
 		// The ended operation goes to the history before its state is replaced.
-		if err := s.Archive(ctx, Record{Operation: old, Plan: recordPlan(existing.Data[PlanKey])}); err != nil {
+		if err := s.Archive(ctx, Record{Operation: old, Plan: plan}); err != nil {
 			return fmt.Errorf("keep operation %s in the history before replacing it: %w", old.Spec.ID, err)
 		}
 
@@ -675,27 +745,15 @@ func (s *Store) Update(ctx context.Context, mutate func(op *Operation) error) (*
 	return nil, fmt.Errorf("write %s: %d conflicts in a row, too many concurrent writers", describe("configmap", s.Namespace, StateName), maxConflicts)
 }
 
-// Plan returns the confirmed plan's JSON, nil when the state holds none.
+// Plan returns the confirmed plan's JSON, nil when the state holds none; a plan
+// that cannot be read is a *CorruptStateError (StatePlan).
 func (s *Store) Plan(ctx context.Context) ([]byte, error) {
 	_, cm, err := s.Get(ctx)
 	if err != nil {
 		return nil, err
 	}
 
-	if p, found := cm.Data[PlanKey]; found {
-		return []byte(p), nil
-	}
-
-	return nil, nil
-}
-
-// recordPlan is the state's plan for a Record, nil when it holds none.
-func recordPlan(plan string) json.RawMessage {
-	if plan == "" || !json.Valid([]byte(plan)) {
-		return nil
-	}
-
-	return json.RawMessage(plan)
+	return StatePlan(cm)
 }
 
 func ptrTime(t time.Time) *metav1.Time {

@@ -54,7 +54,11 @@ func TestStateRoundTrip(t *testing.T) {
 	cm := stateObject(t, op)
 	assert.Equal(t, "Running", cm.Labels[LabelPhase])
 	assert.Equal(t, "kubernetes-v1-36-3-abcde", cm.Labels[LabelOperation])
-	assert.Equal(t, `{"kind":"Plan"}`, cm.Data[PlanKey])
+	assert.Empty(t, cm.Data, "everything is gzipped in binaryData")
+
+	plan, err := StatePlan(cm)
+	require.NoError(t, err)
+	assert.Equal(t, `{"kind":"Plan"}`, string(plan))
 
 	got, err := DecodeState(cm)
 	require.NoError(t, err)
@@ -67,28 +71,36 @@ func TestStateRoundTrip(t *testing.T) {
 }
 
 func TestCorruptState(t *testing.T) {
+	gz := func(s string) []byte {
+		b, err := gzipBytes([]byte(s))
+		require.NoError(t, err)
+
+		return b
+	}
+
 	tests := []struct {
 		name string
-		data map[string]string
+		data map[string][]byte
 		want string
 	}{
-		{name: "no key", data: map[string]string{"other": "x"}, want: "no key operation.json"},
-		{name: "not JSON", data: map[string]string{OperationKey: "{nope"}, want: "operation.json: invalid character"},
-		{name: "wrong kind", data: map[string]string{OperationKey: `{"apiVersion":"v1","kind":"Pod"}`}, want: "is a v1 Pod, want ichor.dev/v1alpha1 Operation"},
-		{name: "no id", data: map[string]string{OperationKey: `{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","status":{"phase":"Running"}}`}, want: "no spec.id"},
+		{name: "no key", data: map[string][]byte{"other": []byte("x")}, want: "no key operation.json.gz"},
+		{name: "not gzipped", data: map[string][]byte{OperationKey: []byte(`{"apiVersion":"ichor.dev/v1alpha1"}`)}, want: "operation.json.gz: gzip: invalid header"},
+		{name: "not JSON", data: map[string][]byte{OperationKey: gz("{nope")}, want: "operation.json.gz: invalid character"},
+		{name: "wrong kind", data: map[string][]byte{OperationKey: gz(`{"apiVersion":"v1","kind":"Pod"}`)}, want: "is a v1 Pod, want ichor.dev/v1alpha1 Operation"},
+		{name: "no id", data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","status":{"phase":"Running"}}`)}, want: "no spec.id"},
 		{
 			name: "unknown phase", want: `unknown status.phase "Exploded"`,
-			data: map[string]string{OperationKey: `{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"kubernetes"},"status":{"phase":"Exploded"}}`},
+			data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"kubernetes"},"status":{"phase":"Exploded"}}`)},
 		},
 		{
 			name: "unknown kind of upgrade", want: `unknown spec.upgrade "os"`,
-			data: map[string]string{OperationKey: `{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"os"},"status":{"phase":"Running"}}`},
+			data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"os"},"status":{"phase":"Running"}}`)},
 		},
 	}
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, Data: tt.data}
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "ichor-system"}, BinaryData: tt.data}
 			_, err := DecodeState(cm)
 
 			var corrupt *CorruptStateError
@@ -104,6 +116,44 @@ func TestCorruptState(t *testing.T) {
 	_, _, err := store.Get(context.Background())
 	require.ErrorIs(t, err, ErrNoOperation)
 	assert.Contains(t, err.Error(), "no operation in namespace ichor-system: start one with kubectl ichor upgrade")
+}
+
+// TestCorruptPlan: the operation reads, but its plan does not; every reader
+// of the plan says so on one line, with what to do.
+func TestCorruptPlan(t *testing.T) {
+	ctx := context.Background()
+
+	for name, blob := range map[string][]byte{
+		"not gzipped": []byte(`{"kind":"Plan"}`),
+		"not JSON":    func() []byte { b, _ := gzipBytes([]byte("{nope")); return b }(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			old := testOperation("op-1", PhaseSucceeded)
+			cm := stateObject(t, old)
+			cm.BinaryData[PlanKey] = blob
+
+			_, err := DecodeState(cm)
+			require.NoError(t, err, "the operation itself reads")
+
+			store := &Store{Client: fake.NewClientset(cm).CoreV1(), Namespace: "ichor-system"}
+
+			_, planErr := store.Plan(ctx)
+			_, findErr := store.Find(ctx, "op-1")
+			createErr := store.Create(ctx, testOperation("op-2", PhasePending), nil, func(*Operation) error { return nil })
+
+			for _, err := range []error{planErr, findErr, createErr} {
+				var corrupt *CorruptStateError
+				require.ErrorAs(t, err, &corrupt)
+				assert.Contains(t, err.Error(), "state configmap ichor-system/ichor-state is corrupted (plan.json.gz: ")
+				assert.Contains(t, err.Error(), "kubectl delete configmap -n ichor-system ichor-state")
+				assert.NotContains(t, err.Error(), "\n", "one line")
+			}
+
+			op, _, err := store.Get(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "op-1", op.Spec.ID, "a launch over it is refused, the state left as is")
+		})
+	}
 }
 
 // conflicts makes the first n updates of the state ConfigMap fail with a conflict, each
@@ -401,4 +451,40 @@ func TestRunnerRecords(t *testing.T) {
 	}
 
 	assert.Len(t, s.Runners, MaxRunners, "bounded")
+}
+
+// TestStateWrittenByHand: a state that gives the Operation as plain JSON
+// under data (manifests/) is read, and the first write gzips it.
+func TestStateWrittenByHand(t *testing.T) {
+	ctx := context.Background()
+
+	cm, err := encodeStateJSON("ichor-system", testOperation("op-1", PhasePending))
+	require.NoError(t, err)
+	assert.Contains(t, cm.Data[OperationJSONKey], `"id": "op-1"`)
+	assert.Empty(t, cm.BinaryData)
+
+	store := &Store{Client: fake.NewClientset(cm).CoreV1(), Namespace: "ichor-system"}
+	_, err = store.Update(ctx, func(op *Operation) error {
+		assert.Equal(t, "op-1", op.Spec.ID)
+		op.Status.Phase = PhaseRunning
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	written, err := store.Client.ConfigMaps("ichor-system").Get(ctx, StateName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.NotContains(t, written.Data, OperationJSONKey, "the plain form is replaced")
+	assert.Contains(t, written.BinaryData, OperationKey)
+
+	op, err := DecodeState(written)
+	require.NoError(t, err)
+	assert.Equal(t, PhaseRunning, op.Status.Phase)
+
+	cm.Data[OperationJSONKey] = "{nope"
+	_, err = DecodeState(cm)
+
+	var corrupt *CorruptStateError
+	require.ErrorAs(t, err, &corrupt)
+	assert.Contains(t, err.Error(), "(operation.json: invalid character")
 }

@@ -342,11 +342,13 @@ func (f *follower) run(ctx context.Context) error {
 	var (
 		prev  view
 		shown int
-		plan  *api.Plan
 		tick  int
 	)
 
-	plan = storedPlan(ctx, f.ctl)
+	plan, err := storedPlan(ctx, f.ctl)
+	if err != nil {
+		return err
+	}
 
 	for ; ; tick++ {
 		op, err := f.ctl.Get(ctx)

@@ -324,7 +324,9 @@ func TestWatchJSONLines(t *testing.T) {
 }
 
 func TestOneLineErrors(t *testing.T) {
-	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, Data: map[string]string{job.OperationKey: "{"}}
+	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, BinaryData: map[string][]byte{job.OperationKey: []byte("{")}}
+	corruptPlan := stateOf(t, operation(job.PhaseSucceeded), []byte(`{"kind":"Plan"}`))
+	corruptPlan.BinaryData[job.PlanKey] = []byte(`{"kind":"Plan"}`)
 
 	tests := []struct {
 		name   string
@@ -334,6 +336,9 @@ func TestOneLineErrors(t *testing.T) {
 		stderr string
 	}{
 		{name: "corrupted state", objs: []runtime.Object{corrupt}, args: []string{"status"}, code: ExitError, stderr: "state configmap ichor-system/ichor-state is corrupted"},
+		{name: "corrupted plan", objs: []runtime.Object{corruptPlan}, args: []string{"status"}, code: ExitError, stderr: "state configmap ichor-system/ichor-state is corrupted (plan.json.gz: gzip: invalid header): stop"},
+		{name: "corrupted plan, watched", objs: []runtime.Object{corruptPlan}, args: []string{"status", "--watch"}, code: ExitError, stderr: "then delete the configmap"},
+		{name: "corrupted plan, by ID", objs: []runtime.Object{corruptPlan}, args: []string{"status", "--operation", "kubernetes-v1-36-3-abcde"}, code: ExitError, stderr: "(plan.json.gz: gzip: invalid header)"},
 		{name: "no operation", args: []string{"status"}, code: ExitError, stderr: "no operation in namespace ichor-system: start one with kubectl ichor upgrade"},
 		{name: "no operation to resume", args: []string{"resume", "-n", "upgrades"}, code: ExitError, stderr: "no operation in namespace upgrades"},
 		{name: "bad -o", args: []string{"status", "-o", "wide"}, code: ExitError, stderr: `-o "wide": pass -o json or -o yaml`},

@@ -77,7 +77,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 			return err
 		}
 
-		plan = storedPlan(ctx, ctl)
+		if plan, err = storedPlan(ctx, ctl); err != nil {
+			return err
+		}
 	} else {
 		rec, err := ctl.Store().Find(ctx, o.Operation)
 		if err != nil {
@@ -147,14 +149,21 @@ type statusDocument struct {
 }
 
 // storedPlan is the plan the operation was confirmed with, nil when the
-// state holds none or it cannot be read.
-func storedPlan(ctx context.Context, ctl *job.Control) *api.Plan {
+// state holds none or cannot be read a moment; a plan the state holds but
+// that cannot be unpacked is the state's *job.CorruptStateError.
+func storedPlan(ctx context.Context, ctl *job.Control) (*api.Plan, error) {
 	raw, err := ctl.Store().Plan(ctx)
-	if err != nil {
-		return nil
+
+	var corrupt *job.CorruptStateError
+	if errors.As(err, &corrupt) {
+		return nil, err
 	}
 
-	return decodePlan(raw)
+	if err != nil {
+		return nil, nil
+	}
+
+	return decodePlan(raw), nil
 }
 
 func decodePlan(raw []byte) *api.Plan {
