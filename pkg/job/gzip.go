@@ -14,18 +14,12 @@ const maxUnzipped = 64 << 20
 
 // gzipJSON returns v as gzipped JSON.
 func gzipJSON(v any) ([]byte, error) {
-	var buf bytes.Buffer
-
-	zw := gzip.NewWriter(&buf)
-	if err := json.NewEncoder(zw).Encode(v); err != nil {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return nil, err
 	}
 
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-
-	return buf.Bytes(), nil
+	return gzipBytes(b)
 }
 
 // gzipBytes returns b gzipped.
