@@ -95,6 +95,22 @@ func (c *Control) RemoveCredentials(ctx context.Context) ([]string, error) {
 	return removed, nil
 }
 
+// RemoveLocalTalosconfig deletes the copy of the operator's talosconfig that
+// --talos-credentials=local put in the namespace (the runner deletes it too once its
+// operation succeeded, a moment after it says so). It says whether there was one.
+func (c *Control) RemoveLocalTalosconfig(ctx context.Context) (bool, error) {
+	err := c.Kube.CoreV1().Secrets(c.Namespace).Delete(ctx, LocalTalosconfigName, metav1.DeleteOptions{})
+
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	default:
+		return false, fmt.Errorf("delete %s: %w", describe("secret", c.Namespace, LocalTalosconfigName), err)
+	}
+}
+
 // removeOwnCredentials is the runner's cleanup once its operation succeeded and it released
 // the lock: it deletes its Talos credentials, then its own ClusterRole, which owns its
 // other RBAC objects and its ServiceAccount (the garbage collector deletes them; after that

@@ -30,6 +30,9 @@ type view struct {
 
 const barWidth = 18
 
+// removeTimeout bounds the follower's removal of a copied talosconfig.
+const removeTimeout = 15 * time.Second
+
 // frame is the view as lines.
 func (v view) frame() []string {
 	op := v.op
@@ -387,6 +390,8 @@ func (f *follower) run(ctx context.Context) error {
 
 		if op != nil && err == nil {
 			if done, result := outcome(op, f.ctl.Namespace); done {
+				f.removeCopiedTalosconfig(ctx, op)
+
 				return result
 			}
 		}
@@ -496,6 +501,23 @@ func outcome(op *job.Operation, namespace string) (bool, error) {
 	}
 
 	return false, nil
+}
+
+// removeCopiedTalosconfig deletes, once op succeeded, the copy of the operator's
+// talosconfig its launch put in the cluster: the runner deletes it as it ends, but
+// a moment after the state says Succeeded, and "deleted when the operation ends" is
+// what the launch promised. A failure is a warning naming what is left.
+func (f *follower) removeCopiedTalosconfig(ctx context.Context, op *job.Operation) {
+	if op.Status.Phase != job.PhaseSucceeded || op.Spec.Credentials != job.CredentialsLocal {
+		return
+	}
+
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+	defer cancel()
+
+	if _, err := f.ctl.RemoveLocalTalosconfig(dctx); err != nil {
+		writef(f.ErrOut, "warning: the copy of your talosconfig is left: %v; kubectl ichor abort%s removes it\n", err, nsFlag(f.ctl.Namespace))
+	}
 }
 
 // detach says how to follow again and ends with ExitDetached.

@@ -630,3 +630,36 @@ func TestPausedOutcomeSaysResumeOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestFollowRemovesTheCopiedTalosconfig: once an operation launched with
+// --talos-credentials=local succeeded, the follower deletes the copy of the talosconfig
+// (the runner does too, but after the state says Succeeded); a paused one keeps it.
+func TestFollowRemovesTheCopiedTalosconfig(t *testing.T) {
+	secret := func() *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: job.LocalTalosconfigName, Namespace: job.DefaultNamespace}}
+	}
+
+	for _, tc := range []struct {
+		phase job.Phase
+		code  int
+		kept  bool
+	}{
+		{job.PhaseSucceeded, ExitOK, false},
+		{job.PhasePaused, ExitPaused, true},
+	} {
+		t.Run(string(tc.phase), func(t *testing.T) {
+			op := operation(tc.phase)
+			op.Spec.Credentials = job.CredentialsLocal
+			op.Status.Reason = "drain: pod default/web-0 not evicted after 5m0s"
+
+			c := newJobCluster(stateOf(t, op, nil), secret())
+
+			_, stderr, code := runWith(t, c.with(deps{}), "status", "--watch")
+			require.Equal(t, tc.code, code, stderr)
+			assert.NotContains(t, stderr, "warning")
+
+			_, err := c.kube.CoreV1().Secrets(job.DefaultNamespace).Get(context.Background(), job.LocalTalosconfigName, metav1.GetOptions{})
+			assert.Equal(t, tc.kept, err == nil, "secret kept: %v", err)
+		})
+	}
+}
