@@ -496,6 +496,12 @@ func TestLegacyUpgradeFaults(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, client.StatusCode(err), "%v", err)
 	require.Eventually(t, func() bool { s := c.worker.State(); return s.Up && s.TalosVersion == "v1.14.1" },
 		10*time.Second, 20*time.Millisecond, "the sequence ran all the same")
+	// The calls go through w-1's apid, which answers again a moment after the
+	// machine is up (failed in CI when called at once).
+	require.Eventually(t, func() bool {
+		_, err := cl.Version(client.WithNode(ctx, c.cpIP))
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "w-1's apid answers after its reboot")
 
 	require.NoError(t, upgrade(c.cpIP, client.WithUpgradeForce(true)), "force skips the etcd checks")
 	require.Eventually(t, func() bool { s := c.cp.State(); return s.Up && s.TalosVersion == "v1.13.9" },
