@@ -41,6 +41,8 @@ func connectKube(flags *genericclioptions.ConfigFlags) (*kubeTarget, error) {
 		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
 	}
 
+	restConfig = withRates(restConfig)
+
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", restConfig.Host, err)
