@@ -51,7 +51,7 @@ func (d deps) computeAccess(ctx context.Context, flags *globalFlags, kube kubern
 		defer c.Close() //nolint:errcheck
 	}
 
-	mr, ok := reader.(manifestReader)
+	mr, ok := capable[manifestReader](reader)
 	if !ok {
 		return job.ManifestAccess{}, errors.New("this Talos client cannot read the bootstrap manifests")
 	}

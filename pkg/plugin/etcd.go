@@ -20,7 +20,7 @@ func addEtcdFlags(cmd *cobra.Command, o *planOptions) {
 // readEtcd reads etcd through the control planes' Talos APIs; nil when the
 // Talos client cannot read etcd (the check then says so).
 func readEtcd(ctx context.Context, talos discovery.TalosReader, snap *discovery.Snapshot) *stages.EtcdView {
-	r, ok := talos.(stages.EtcdReader)
+	r, ok := capable[stages.EtcdReader](talos)
 	if !ok {
 		return nil
 	}

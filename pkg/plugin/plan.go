@@ -138,7 +138,7 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint, Talos: talos}
 
 	if o.installed {
-		r, ok := talos.(discovery.InstalledReader)
+		r, ok := capable[discovery.InstalledReader](talos)
 		if !ok {
 			return nil, nil, errors.New("this Talos client cannot read the nodes' system extensions")
 		}
@@ -151,7 +151,7 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 		return nil, nil, err
 	}
 
-	if mr, ok := talos.(manifestReader); ok {
+	if mr, ok := capable[manifestReader](talos); ok {
 		for _, n := range snap.Nodes {
 			if n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
 				o.manifestsNode = n.Name

@@ -13,9 +13,11 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -200,6 +202,10 @@ func (c *countingTalos) MachineConfig(ctx context.Context, node string) (config.
 	return c.TalosReader.MachineConfig(ctx, node)
 }
 
+// The optional readers (system extensions, bootstrap manifests, etcd) are counted and
+// forwarded when the wrapped reader has them; capable says whether it has, so that
+// counting changes nothing of what a command reads.
+
 // Installed counts and forwards the call when the wrapped reader can make it.
 func (c *countingTalos) Installed(ctx context.Context, node string) (talos.Installed, error) {
 	c.stats.talosCall("Installed", node)
@@ -210,6 +216,75 @@ func (c *countingTalos) Installed(ctx context.Context, node string) (talos.Insta
 	}
 
 	return r.Installed(ctx, node)
+}
+
+// Manifests counts and forwards the call when the wrapped reader can make it.
+func (c *countingTalos) Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error) {
+	c.stats.talosCall("Manifests", node)
+
+	r, ok := c.TalosReader.(manifestReader)
+	if !ok {
+		return nil, errors.New("this Talos client cannot read the bootstrap manifests")
+	}
+
+	return r.Manifests(ctx, node)
+}
+
+// EtcdMembers counts and forwards the call when the wrapped reader can make it.
+func (c *countingTalos) EtcdMembers(ctx context.Context, node string) ([]talos.EtcdMember, error) {
+	c.stats.talosCall("EtcdMemberList", node)
+
+	r, ok := c.TalosReader.(stages.EtcdReader)
+	if !ok {
+		return nil, errNoEtcdReader
+	}
+
+	return r.EtcdMembers(ctx, node)
+}
+
+// EtcdStatus counts and forwards the call when the wrapped reader can make it.
+func (c *countingTalos) EtcdStatus(ctx context.Context, node string) (talos.EtcdStatus, error) {
+	c.stats.talosCall("EtcdStatus", node)
+
+	r, ok := c.TalosReader.(stages.EtcdReader)
+	if !ok {
+		return talos.EtcdStatus{}, errNoEtcdReader
+	}
+
+	return r.EtcdStatus(ctx, node)
+}
+
+// EtcdAlarms counts and forwards the call when the wrapped reader can make it.
+func (c *countingTalos) EtcdAlarms(ctx context.Context, node string) ([]talos.EtcdAlarm, error) {
+	c.stats.talosCall("EtcdAlarmList", node)
+
+	r, ok := c.TalosReader.(stages.EtcdReader)
+	if !ok {
+		return nil, errNoEtcdReader
+	}
+
+	return r.EtcdAlarms(ctx, node)
+}
+
+var errNoEtcdReader = errors.New("this Talos client cannot read etcd")
+
+// capable returns r as a T when r can make T's calls: a counting reader is a T
+// only when the reader it wraps is one.
+func capable[T any](r discovery.TalosReader) (T, bool) {
+	inner := r
+	if c, ok := r.(*countingTalos); ok {
+		inner = c.TalosReader
+	}
+
+	if _, ok := inner.(T); !ok {
+		var none T
+
+		return none, false
+	}
+
+	t, ok := r.(T)
+
+	return t, ok
 }
 
 // Close closes the wrapped reader when it is an io.Closer.

@@ -40,13 +40,15 @@ func TestRequestStatsFlag(t *testing.T) {
 	stdout, stderr, code := runWith(t, fakeDeps(fixture(), nil), "plan", "kubernetes", "--to", "v1.36.3", "--request-stats", "-o", "json")
 	assert.Equal(t, ExitOK, code, stderr)
 	assert.NotEmpty(t, stdout)
-	// The fake Kubernetes client makes no HTTP request; every Talos node is read once.
+	// The fake Kubernetes client makes no HTTP request; every Talos node is read once,
+	// and one control plane's bootstrap manifests.
 	assert.Equal(t, "request stats: kubernetes 0 requests ()\n"+
-		"request stats: talos 10 calls to 5 nodes (MachineConfig 5, Version 5)\n", stderr)
+		"request stats: talos 11 calls to 5 nodes (MachineConfig 5, Manifests 1, Version 5)\n", stderr)
 
-	_, stderr, code = runWith(t, fakeDeps(fixture(), nil), "plan", "kubernetes", "--to", "v1.36.3", "-o", "json")
+	plain, stderr, code := runWith(t, fakeDeps(fixture(), nil), "plan", "kubernetes", "--to", "v1.36.3", "-o", "json")
 	assert.Equal(t, ExitOK, code, stderr)
 	assert.Empty(t, stderr, "no counts without the flag")
+	assert.JSONEq(t, plain, stdout, "counting changes nothing of what plan reads (it once left out the manifests)")
 }
 
 func TestResourceKey(t *testing.T) {
