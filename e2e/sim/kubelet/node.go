@@ -51,6 +51,11 @@ type node struct {
 	obsMu    sync.Mutex
 	obsReady bool
 	obsPods  map[string]corev1.PodStatus
+	// reportMu makes each report's snapshot and its delivery one step: two
+	// static pods reporting at once could otherwise deliver the older
+	// snapshot last, and the machine kept a pod not Ready that was (seen in
+	// CI: MachineStatus not ready for a minute).
+	reportMu sync.Mutex
 
 	ipMu   sync.Mutex
 	podIPs map[string]string
@@ -162,6 +167,8 @@ func (n *node) writeStatus(ctx context.Context, st MachineState, ready bool, rea
 // report shows the machine the Node's Ready condition and the static pods'
 // statuses, as Talos reads them.
 func (n *node) report() {
+	n.reportMu.Lock()
+	defer n.reportMu.Unlock()
 	n.obsMu.Lock()
 	o := Observed{NodeReady: n.obsReady, StaticPods: make(map[string]corev1.PodStatus, len(n.obsPods))}
 	for k, v := range n.obsPods {

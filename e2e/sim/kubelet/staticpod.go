@@ -104,7 +104,24 @@ func (sp *staticPod) run(ctx context.Context) {
 		if !sleep(ctx, sp.n.k.opts.Ready) {
 			return
 		}
-		sp.setStatus(ctx, w, true, true)
+		// A kubelet keeps syncing the status until the apiserver has it (a
+		// write lost to a busy apiserver left the pod not Ready for good), and
+		// creates the mirror pod again when someone deleted it.
+		for {
+			err := sp.setStatus(ctx, w, true, true)
+			if err == nil {
+				break
+			}
+			logf("mirror pod status: will retry", "pod", sp.name(), "err", err)
+			if apierrors.IsNotFound(err) {
+				if err := sp.replace(ctx, w); err != nil {
+					logf("mirror pod: will retry", "pod", sp.name(), "err", err)
+				}
+			}
+			if !sleep(ctx, time.Second) {
+				return
+			}
+		}
 	}
 }
 
