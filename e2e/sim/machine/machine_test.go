@@ -634,3 +634,44 @@ func TestWorkerIsNoEtcdMember(t *testing.T) {
 	assert.False(t, newMachine(t, false, "").m.EtcdMember())
 	assert.True(t, newMachine(t, true, "").m.EtcdMember())
 }
+
+// kubeProxyServer is the apiserver in the kubeconfig-in-cluster ConfigMap.
+func kubeProxyServer(t *testing.T, m *simmachine.Machine) string {
+	t.Helper()
+
+	r, err := safe.StateGetByID[*k8s.Manifest](t.Context(), m.COSI(), "11-kube-config-in-cluster")
+	require.NoError(t, err)
+	require.Len(t, r.TypedSpec().Items, 1)
+
+	kubeconfig, _, _ := unstructured.NestedString(r.TypedSpec().Items[0].Object, "data", "kubeconfig")
+	for line := range strings.Lines(kubeconfig) {
+		if server, ok := strings.CutPrefix(strings.TrimSpace(line), "server: "); ok {
+			return server
+		}
+	}
+
+	t.Fatalf("no server in kubeconfig-in-cluster:\n%s", kubeconfig)
+
+	return ""
+}
+
+// kube-proxy reaches the apiserver as Talos' BootstrapManifestsConfig says:
+// through KubePrism on its own node when KubePrism is enabled (the default),
+// through the cluster endpoint otherwise.
+func TestKubeconfigInClusterServer(t *testing.T) {
+	t.Parallel()
+	f := newMachine(t, true, "")
+	assert.Equal(t, "https://127.0.0.1:7445", kubeProxyServer(t, f.m))
+
+	_, err := f.m.ApplyConfiguration(t.Context(), &machineapi.ApplyConfigurationRequest{
+		Data: patch(t, f.cfg, func(c *v1alpha1.Config) { c.MachineConfig.MachineFeatures.KubePrismSupport = nil }),
+		Mode: machineapi.ApplyConfigurationRequest_NO_REBOOT,
+	})
+	require.NoError(t, err)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for kubeProxyServer(t, f.m) != "https://127.0.0.1:6443" {
+		require.True(t, time.Now().Before(deadline), "kubeconfig-in-cluster not re-rendered with the cluster endpoint in 30s")
+		time.Sleep(100 * time.Millisecond)
+	}
+}

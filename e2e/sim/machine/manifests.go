@@ -52,7 +52,11 @@ type manifestData struct {
 	CoreDNSImage   string
 	DNSServiceIP   string
 	DNSDomain      string
-	LocalPort      int
+	// Server is the apiserver kube-proxy reaches through the
+	// kubeconfig-in-cluster ConfigMap: KubePrism on the node when it is
+	// enabled (Talos' default), the cluster endpoint otherwise, as Talos'
+	// BootstrapManifestsConfig has it.
+	Server string
 }
 
 func newManifestData(cfg config.Config) (manifestData, error) {
@@ -62,7 +66,10 @@ func newManifestData(cfg config.Config) (manifestData, error) {
 		PodCIDRs:       strings.Join(net.PodCIDRs, ","),
 		CoreDNSEnabled: coreDNS != nil && coreDNS.Enabled(),
 		DNSDomain:      net.DNSDomain,
-		LocalPort:      apiServerPort(cfg),
+		Server:         clusterEndpoint(cfg),
+	}
+	if prism := cfg.K8sKubePrismConfig(); prism != nil {
+		d.Server = fmt.Sprintf("https://127.0.0.1:%d", prism.Port())
 	}
 	if d.ProxyEnabled {
 		d.ProxyImage, d.ProxyMode = proxy.Image(), proxy.Mode()
@@ -504,7 +511,7 @@ data:
     clusters:
     - name: local
       cluster:
-        server: https://127.0.0.1:{{ .LocalPort }}
+        server: {{ .Server }}
         certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
     users:
     - name: service-account

@@ -50,6 +50,10 @@ type Options struct {
 	// EtcdURL is the client URL (plain HTTP) of the cluster's real etcd,
 	// whose snapshot EtcdSnapshot serves ("": none, the call fails).
 	EtcdURL string
+	// Listen opens the listener of a machine's API on addr (default
+	// net.Listen): the kind e2e opens it in the network namespace of the
+	// kind node the machine stands for.
+	Listen func(m *machine.Machine, addr string) (net.Listener, error)
 	// Log receives diagnostics; nil discards them.
 	Log *slog.Logger
 }
@@ -64,6 +68,7 @@ type Server struct {
 	byIP     map[netip.Addr]*machine.Machine
 	authz    authorizer
 	etcdURL  string
+	listen   func(m *machine.Machine, addr string) (net.Listener, error)
 
 	endpoints []*endpoint
 	cancel    context.CancelFunc
@@ -99,6 +104,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		byIP:     map[netip.Addr]*machine.Machine{},
 		authz:    authorizer{rules: rules()},
 		etcdURL:  opts.EtcdURL,
+		listen:   opts.Listen,
+	}
+	if s.listen == nil {
+		s.listen = func(_ *machine.Machine, addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
 	}
 	for _, m := range opts.Machines {
 		if _, dup := s.byName[m.Name()]; dup {
@@ -193,7 +202,7 @@ func (e *endpoint) reconcile() {
 }
 
 func (e *endpoint) open() error {
-	lis, err := net.Listen("tcp", e.addr)
+	lis, err := e.s.listen(e.m, e.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s for %s: %w", e.addr, e.m.Name(), err)
 	}
