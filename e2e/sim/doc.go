@@ -13,5 +13,6 @@
 //     resources) and its Talos 1.13 and 1.14 semantics.
 //   - talosapi: the real Talos gRPC API over mTLS in front of the machines.
 //   - kubelet: the simulated kubelets (Nodes, Leases, mirror pods, pods).
+//   - manifests: the bootstrap manifests applied as Talos applies them.
 //   - cluster: the control-plane processes and the whole cluster's lifecycle.
 package sim

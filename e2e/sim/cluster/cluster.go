@@ -21,6 +21,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/kubelet"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
+	simmanifests "github.com/ichor-dev/kubectl-ichor/e2e/sim/manifests"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
 )
 
@@ -201,11 +202,11 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	}
 
 	log.Info("applying the bootstrap manifests")
-	manifests, err := newManifestApplier(cp.restConfig, log)
+	manifests, err := simmanifests.NewApplier(cp.restConfig, log)
 	if err != nil {
 		return fmt.Errorf("bootstrap manifests: %w", err)
 	}
-	if err := manifests.apply(ctx, machines[0]); err != nil {
+	if err := manifests.Apply(ctx, machines[0]); err != nil {
 		return fmt.Errorf("bootstrap manifests: %w", err)
 	}
 	var controlPlanes []*machine.Machine
@@ -214,7 +215,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			controlPlanes = append(controlPlanes, m)
 		}
 	}
-	go manifests.watch(kctx, controlPlanes)
+	go manifests.Watch(kctx, controlPlanes)
 	if opts.TalosAPIAccess {
 		if err := startTalosAccess(kctx, cp, g, machines[0], log); err != nil {
 			return fmt.Errorf("talos API access: %w", err)

@@ -1,4 +1,4 @@
-package cluster
+package manifests
 
 import (
 	"context"
@@ -33,7 +33,7 @@ const (
 	inventoryName       = "talos-bootstrap-manifests-inventory"
 )
 
-// manifestApplier does what Talos' ManifestApplyController does on every control
+// Applier does what Talos' ManifestApplyController does on every control
 // plane whenever its Manifest resources change: it creates the objects of the
 // manifests that the cluster lacks, with field manager "talos", and never changes
 // one that exists. Talos 1.14 also keeps an inventory of what it created (an object
@@ -44,7 +44,7 @@ const (
 // manifest (a kind the cluster does not serve, one the apiserver rejects as bad or
 // invalid) is logged and left out, and the others are applied; any other error
 // stops the pass.
-type manifestApplier struct {
+type Applier struct {
 	dyn    dynamic.Interface
 	mapper meta.ResettableRESTMapper
 	log    *slog.Logger
@@ -53,7 +53,8 @@ type manifestApplier struct {
 	inventory map[string]bool
 }
 
-func newManifestApplier(cfg *rest.Config, log *slog.Logger) (*manifestApplier, error) {
+// NewApplier returns an Applier to the cluster of cfg.
+func NewApplier(cfg *rest.Config, log *slog.Logger) (*Applier, error) {
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func newManifestApplier(cfg *rest.Config, log *slog.Logger) (*manifestApplier, e
 	if err != nil {
 		return nil, err
 	}
-	return &manifestApplier{
+	return &Applier{
 		dyn:       dyn,
 		mapper:    restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
 		log:       log,
@@ -70,8 +71,8 @@ func newManifestApplier(cfg *rest.Config, log *slog.Logger) (*manifestApplier, e
 	}, nil
 }
 
-// apply makes one pass over m's manifests.
-func (a *manifestApplier) apply(ctx context.Context, m *machine.Machine) error {
+// Apply makes one pass over m's manifests.
+func (a *Applier) Apply(ctx context.Context, m *machine.Machine) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	list, err := safe.StateListAll[*k8s.Manifest](ctx, m.COSI())
@@ -150,10 +151,10 @@ func (a *manifestApplier) apply(ctx context.Context, m *machine.Machine) error {
 	return nil
 }
 
-// watch runs a pass on a control plane each time its Manifest resources change
+// Watch runs a pass on a control plane each time its Manifest resources change
 // (a re-render after a config change, a boot), until ctx ends. A pass that fails is
 // tried again a second later, as Talos' controller restarts.
-func (a *manifestApplier) watch(ctx context.Context, controlPlanes []*machine.Machine) {
+func (a *Applier) Watch(ctx context.Context, controlPlanes []*machine.Machine) {
 	seen := map[string]string{}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -178,7 +179,7 @@ func (a *manifestApplier) watch(ctx context.Context, controlPlanes []*machine.Ma
 			if seen[m.Name()] == b.String() {
 				continue
 			}
-			if err := a.apply(ctx, m); err != nil {
+			if err := a.Apply(ctx, m); err != nil {
 				if ctx.Err() == nil {
 					a.log.Warn("bootstrap manifests", "node", m.Name(), "err", err)
 				}
