@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
 	"sigs.k8s.io/kind/pkg/cluster"
 	"sigs.k8s.io/kind/pkg/cmd"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/kind/talosnode"
 )
 
 // env is the cluster every test runs against.
@@ -31,12 +33,30 @@ var env struct {
 	client                 kubernetes.Interface
 	provider               *cluster.Provider
 	controlPlanes, workers int
+	// talos makes the kind nodes Talos nodes; talosconfig is its admin
+	// talosconfig.
+	talos       *talosnode.Cluster
+	talosconfig string
+	artifacts   string
+	// versions are the Kubernetes versions the node image carries, the one
+	// the cluster runs first.
+	versions []string
 }
 
 // kubeletCgroupV1 lets Kubernetes >= 1.35 run on a cgroup v1 host.
 const kubeletCgroupV1 = `kind: KubeletConfiguration
 apiVersion: kubelet.config.k8s.io/v1beta1
 failCgroupV1: false
+`
+
+// noAddons keeps kubeadm from installing kube-proxy and CoreDNS: on Talos
+// they come from the bootstrap manifests, which talosnode applies (kind's
+// kubeProxyMode none already skips kube-proxy; the list is replaced, not
+// merged).
+const noAddons = `kind: InitConfiguration
+skipPhases:
+- addon/kube-proxy
+- addon/coredns
 `
 
 func TestMain(m *testing.M) {
@@ -102,8 +122,10 @@ func run(m *testing.M) (code int) {
 	}()
 	defer cleanup()
 
+	env.artifacts = artifacts
 	cfg := &v1alpha4.Cluster{
-		KubeadmConfigPatches: []string{kubeletCgroupV1},
+		KubeadmConfigPatches: []string{kubeletCgroupV1, noAddons},
+		Networking:           v1alpha4.Networking{KubeProxyMode: v1alpha4.ProxyMode("none")},
 	}
 	for range cps {
 		cfg.Nodes = append(cfg.Nodes, v1alpha4.Node{Role: v1alpha4.ControlPlaneRole})
@@ -117,7 +139,9 @@ func run(m *testing.M) (code int) {
 		cluster.CreateWithV1Alpha4Config(cfg),
 		cluster.CreateWithNodeImage(image),
 		cluster.CreateWithKubeconfigPath(env.kubeconfig),
-		cluster.CreateWithWaitForReady(5*time.Minute),
+		// Nodes are Ready only once kube-proxy runs (the CNI daemon
+		// reaches the apiserver through its Service): after talosnode.
+		cluster.CreateWithWaitForReady(0),
 		cluster.CreateWithDisplayUsage(false),
 		cluster.CreateWithDisplaySalutation(false),
 	); err != nil {
@@ -133,6 +157,14 @@ func run(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "kind e2e:", err)
 		return 1
 	}
+	start = time.Now()
+	if err := startTalos(); err != nil {
+		fmt.Fprintln(os.Stderr, "kind e2e: Talos on the kind nodes:", err)
+		return 1
+	}
+	defer env.talos.Stop()
+	fmt.Fprintf(os.Stderr, "kind e2e: Talos %s on the nodes, Kubernetes %s, cluster Ready in %s; talosconfig %s\n",
+		talosVersion(), env.versions[0], time.Since(start).Round(time.Second), env.talosconfig)
 	return m.Run()
 }
 

@@ -1,0 +1,277 @@
+package talosnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/manifests"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
+)
+
+// Options describe the kind cluster to make Talos nodes of.
+type Options struct {
+	// Name is the cluster's name (in the machine configs).
+	Name string
+	// Nodes are the cluster's nodes; the first control plane bootstraps
+	// the manifests.
+	Nodes []Node
+	// Endpoint is the cluster endpoint, e.g. https://172.18.0.2:6443.
+	Endpoint string
+	// TalosVersion is the Talos version the machines run, e.g. v1.13.9.
+	TalosVersion string
+	// KubernetesVersion is the version the cluster runs, e.g. v1.35.4.
+	KubernetesVersion string
+	// CoreDNSImage is the CoreDNS image the node image carries.
+	CoreDNSImage string
+	// PodSubnet and ServiceSubnet are the cluster's (kind's defaults:
+	// 10.244.0.0/16 and 10.96.0.0/16).
+	PodSubnet, ServiceSubnet string
+	// AdminKubeconfig is what the Kubeconfig call returns.
+	AdminKubeconfig []byte
+	// RestConfig reaches the cluster's apiserver.
+	RestConfig *rest.Config
+	// Dir receives the talosconfig.
+	Dir string
+	// Log receives the machines' diagnostics; nil discards them.
+	Log *slog.Logger
+}
+
+// Cluster is a kind cluster whose nodes are Talos machines.
+type Cluster struct {
+	// Talosconfig is the path of an admin talosconfig whose endpoints are
+	// the control planes.
+	Talosconfig string
+	// Machines are the nodes' machines, in Options.Nodes order.
+	Machines []*machine.Machine
+
+	api    *talosapi.Server
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// KubePrismPort is the port Talos' KubePrism listens on by default.
+const KubePrismPort = 7445
+
+// Start makes the kind cluster's nodes Talos nodes (see the package
+// documentation) and applies the bootstrap manifests. The cluster stays so
+// until Stop.
+func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	client, err := kubernetes.NewForConfig(opts.RestConfig)
+	if err != nil {
+		return nil, err
+	}
+	g, err := generateConfigs(opts)
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{Talosconfig: filepath.Join(opts.Dir, "talosconfig")}
+	if err := g.talosconfig.Save(c.Talosconfig); err != nil {
+		return nil, fmt.Errorf("write talosconfig: %w", err)
+	}
+	ctx, c.cancel = context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+
+	// The kubelet reports the OS in the Node's osImage from os-release, read
+	// when it starts.
+	if err := forEach(opts.Nodes, func(n Node) error {
+		_, err := dockerExec(ctx, n.Name, nil, "sh", "-euc", `rm -f /etc/os-release
+printf 'NAME="Talos"\nID=talos\nVERSION_ID=%s\nPRETTY_NAME="Talos (%s)"\n' "$1" "$1" > /etc/os-release
+systemctl restart kubelet`, "-", opts.TalosVersion)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("os-release: %w", err)
+	}
+
+	discovery := machine.NewDiscovery()
+	var controlPlanes []string
+	for _, n := range opts.Nodes {
+		m, err := machine.New(machine.Options{
+			Name:            n.Name,
+			IP:              n.IP,
+			ControlPlane:    n.ControlPlane,
+			TalosVersion:    opts.TalosVersion,
+			Config:          g.configs[n.Name],
+			AdminKubeconfig: opts.AdminKubeconfig,
+			Discovery:       discovery,
+			Log:             log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		c.Machines = append(c.Machines, m)
+		if n.ControlPlane {
+			controlPlanes = append(controlPlanes, n.IP.String())
+		}
+	}
+	c.api, err = talosapi.Start(ctx, talosapi.Options{
+		Machines: c.Machines,
+		CACert:   g.bundle.Certs.OS.Crt,
+		CAKey:    g.bundle.Certs.OS.Key,
+		Listen: func(m *machine.Machine, addr string) (net.Listener, error) {
+			return listenIn(ctx, m.Name(), addr)
+		},
+		Log: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("talos API: %w", err)
+	}
+	for _, n := range opts.Nodes {
+		lis, err := listenIn(ctx, n.Name, net.JoinHostPort("127.0.0.1", strconv.Itoa(KubePrismPort)))
+		if err != nil {
+			return nil, fmt.Errorf("KubePrism: %w", err)
+		}
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			kubePrism(ctx, lis, controlPlanes, log.With("node", n.Name))
+		}()
+	}
+	for _, m := range c.Machines {
+		d := newNode(m, client, log)
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			d.run(ctx)
+		}()
+	}
+	applier, err := manifests.NewApplier(opts.RestConfig, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := applier.Apply(ctx, c.Machines[0]); err != nil {
+		return nil, fmt.Errorf("bootstrap manifests: %w", err)
+	}
+	var cps []*machine.Machine
+	for _, m := range c.Machines {
+		if m.ControlPlane() {
+			cps = append(cps, m)
+		}
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		applier.Watch(ctx, cps)
+	}()
+	if err := talosService(ctx, client, controlPlanes); err != nil {
+		return nil, fmt.Errorf("talos Service: %w", err)
+	}
+	return c, nil
+}
+
+// Stop stops the Talos API, KubePrism and the machines; the kind cluster
+// keeps running.
+func (c *Cluster) Stop() {
+	c.cancel()
+	if c.api != nil {
+		c.api.Stop()
+	}
+	c.wg.Wait()
+	for _, m := range c.Machines {
+		m.Close()
+	}
+}
+
+// talosService is Talos' talos Service in the default namespace: the Talos
+// API of every control plane, for pods (the plugin's Job among them).
+func talosService(ctx context.Context, client kubernetes.Interface, controlPlanes []string) error {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "talos", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{
+			Name: "apid", Port: constants.ApidPort, TargetPort: intstr.FromInt32(constants.ApidPort), Protocol: corev1.ProtocolTCP,
+		}}},
+	}
+	if _, err := client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	port := int32(constants.ApidPort)
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "talos", Namespace: metav1.NamespaceDefault,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "talos", discoveryv1.LabelManagedBy: "talos.dev"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: new("apid"), Port: &port, Protocol: new(corev1.ProtocolTCP)}},
+	}
+	for _, ip := range controlPlanes {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices(slice.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+// kubePrism forwards each connection to the first control plane apiserver
+// that accepts it, starting from the next one each time, as Talos'
+// KubePrism balances the node's local apiserver endpoint.
+func kubePrism(ctx context.Context, lis net.Listener, controlPlanes []string, log *slog.Logger) {
+	context.AfterFunc(ctx, func() { _ = lis.Close() })
+	var next atomic.Uint64
+	for {
+		conn, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				log.Warn("KubePrism", "err", err)
+			}
+			return
+		}
+		go func() {
+			defer conn.Close()
+			start := next.Add(1)
+			for i := range controlPlanes {
+				addr := net.JoinHostPort(controlPlanes[(int(start)+i)%len(controlPlanes)], "6443")
+				up, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
+				if err != nil {
+					continue
+				}
+				defer up.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(up, conn); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(conn, up); done <- struct{}{} }()
+				select {
+				case <-done:
+				case <-ctx.Done():
+				}
+				return
+			}
+		}()
+	}
+}
+
+// forEach runs fn for every node at once and returns the first error.
+func forEach(nodes []Node, fn func(Node) error) error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() { errs[i] = fn(n) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
