@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
@@ -12,7 +13,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/siderolabs/talos/pkg/machinery/role"
-	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 )
 
 // generated are the machine configs and the talosconfig of a cluster.
