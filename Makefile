@@ -44,7 +44,7 @@ image: ## The Job's image, no Docker daemon: OCI tarball _output/image/kubectl-i
 kind-image: ## A kind node image from local sources, no registry (Debian rootfs, Kubernetes KIND_K8S_VERSIONS); not part of make test
 	@hack/kind-image.sh
 
-kind-e2e: kind-image ## A kind cluster (ICHOR_KIND_NODES, default 3+2), its e2e tests, then deleted; not part of make test
+kind-e2e: kind-image build image ## A kind cluster (ICHOR_KIND_NODES, default 3+2), its e2e tests, then deleted; not part of make test
 	@hack/kind-e2e.sh
 
 clean:

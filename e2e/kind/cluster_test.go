@@ -41,6 +41,8 @@ var env struct {
 	// versions are the Kubernetes versions the node image carries, the one
 	// the cluster runs first.
 	versions []string
+	// coreDNSImage is the CoreDNS image the node image carries.
+	coreDNSImage string
 }
 
 // kubeletCgroupV1 lets Kubernetes >= 1.35 run on a cgroup v1 host.

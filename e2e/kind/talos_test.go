@@ -98,6 +98,7 @@ func startTalos() error {
 			coreDNS = ref
 		}
 	}
+	env.coreDNSImage = coreDNS
 	kubeconfig, err := os.ReadFile(env.kubeconfig)
 	if err != nil {
 		return err
