@@ -153,14 +153,6 @@ systemctl restart kubelet`, "-", opts.TalosVersion)
 			kubePrism(ctx, lis, controlPlanes, log.With("node", n.Name))
 		}()
 	}
-	for _, m := range c.Machines {
-		d := newNode(m, client, log)
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			d.run(ctx)
-		}()
-	}
 	applier, err := manifests.NewApplier(opts.RestConfig, log)
 	if err != nil {
 		return nil, err
@@ -182,7 +174,60 @@ systemctl restart kubelet`, "-", opts.TalosVersion)
 	if err := talosService(ctx, client, controlPlanes); err != nil {
 		return nil, fmt.Errorf("talos Service: %w", err)
 	}
+	// The control planes' static pods become Talos' one node at a time (a
+	// rewritten manifest restarts the pod): the apiserver never goes down
+	// on every node at once.
+	for _, m := range c.Machines {
+		d := newNode(m, client, log)
+		if m.ControlPlane() {
+			if err := d.sync(ctx); err != nil {
+				return nil, err
+			}
+			if err := waitStaticPods(ctx, client, m.Name(), 5*time.Minute); err != nil {
+				return nil, err
+			}
+		}
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			d.run(ctx)
+		}()
+	}
 	return c, nil
+}
+
+// waitStaticPods waits until a control plane's three mirror pods carry
+// Talos' k8s-app label and are Ready.
+func waitStaticPods(ctx context.Context, client kubernetes.Interface, node string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		pods, err := client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
+			LabelSelector: "k8s-app in (kube-apiserver,kube-controller-manager,kube-scheduler)",
+			FieldSelector: "spec.nodeName=" + node,
+		})
+		if err == nil {
+			ready := 0
+			for _, p := range pods.Items {
+				for _, c := range p.Status.Conditions {
+					if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+						ready++
+					}
+				}
+			}
+			if ready == 3 && len(pods.Items) == 3 {
+				return nil
+			}
+			err = fmt.Errorf("%d of 3 static pods ready", ready)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("static pods of %s: %w (last: %v)", node, ctx.Err(), last)
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
 
 // Stop stops the Talos API, KubePrism and the machines; the kind cluster
