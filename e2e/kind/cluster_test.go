@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
 	"sigs.k8s.io/kind/pkg/cluster"
 	"sigs.k8s.io/kind/pkg/cmd"
+	kindexec "sigs.k8s.io/kind/pkg/exec"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/kind/talosnode"
 )
@@ -52,11 +53,12 @@ failCgroupV1: false
 `
 
 // noAddons keeps kubeadm from installing kube-proxy and CoreDNS: on Talos
-// they come from the bootstrap manifests, which talosnode applies (kind's
-// kubeProxyMode none already skips kube-proxy; the list is replaced, not
-// merged).
+// they come from the bootstrap manifests, which talosnode applies. The patch
+// replaces kind's list rather than merging with it, so it keeps kind's own
+// entries (preflight, and addon/kube-proxy for kubeProxyMode none).
 const noAddons = `kind: InitConfiguration
 skipPhases:
+- preflight
 - addon/kube-proxy
 - addon/coredns
 `
@@ -148,6 +150,9 @@ func run(m *testing.M) (code int) {
 		cluster.CreateWithDisplaySalutation(false),
 	); err != nil {
 		fmt.Fprintln(os.Stderr, "kind e2e: creating the cluster:", err)
+		if runErr := kindexec.RunErrorForError(err); runErr != nil {
+			fmt.Fprintf(os.Stderr, "kind e2e: output of the failed command:\n%s\n", runErr.Output)
+		}
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "kind e2e: cluster up in %s\n", time.Since(start).Round(time.Second))
