@@ -136,7 +136,7 @@ func ichor(t *testing.T, timeout time.Duration, args ...string) (string, error) 
 const webCorefile = `.:5353 {
     health :8080
     ready :8181
-    whoami
+    errors
 }
 `
 
