@@ -7,10 +7,13 @@ import (
 
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	configconfig "github.com/siderolabs/talos/pkg/machinery/config/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/siderolabs/talos/pkg/machinery/role"
 )
@@ -61,11 +64,30 @@ func generateConfigs(opts Options) (*generated, error) {
 		if err != nil {
 			return nil, fmt.Errorf("generate %s config: %w", typ, err)
 		}
-		cfg, err := base.PatchV1Alpha1(func(c *v1alpha1.Config) error {
-			if c.MachineConfig.MachineNetwork == nil { //nolint:staticcheck // the v1alpha1 layout of Talos 1.13
-				c.MachineConfig.MachineNetwork = &v1alpha1.NetworkConfig{} //nolint:staticcheck
+		// The hostname goes where the generated config keeps it: a
+		// HostnameConfig document (Talos 1.12+), else machine.network.
+		var docs []configconfig.Document
+		hostnameDoc := false
+		for _, d := range base.Documents() {
+			d = d.Clone()
+			if h, ok := d.(*network.HostnameConfigV1Alpha1); ok {
+				h.ConfigAuto = nil
+				h.ConfigHostname = n.Name
+				hostnameDoc = true
 			}
-			c.MachineConfig.MachineNetwork.NetworkHostname = n.Name //nolint:staticcheck
+			docs = append(docs, d)
+		}
+		named, err := container.New(docs...)
+		if err != nil {
+			return nil, fmt.Errorf("machine %s: %w", n.Name, err)
+		}
+		cfg, err := named.PatchV1Alpha1(func(c *v1alpha1.Config) error {
+			if !hostnameDoc {
+				if c.MachineConfig.MachineNetwork == nil { //nolint:staticcheck // the v1alpha1 layout of older Talos
+					c.MachineConfig.MachineNetwork = &v1alpha1.NetworkConfig{} //nolint:staticcheck
+				}
+				c.MachineConfig.MachineNetwork.NetworkHostname = n.Name //nolint:staticcheck
+			}
 			if c.ClusterConfig.ClusterNetwork == nil {
 				c.ClusterConfig.ClusterNetwork = &v1alpha1.ClusterNetworkConfig{}
 			}

@@ -233,6 +233,11 @@ func New(opts Options) (*Machine, error) {
 	if cfg.Machine() == nil || cfg.Cluster() == nil {
 		return nil, fmt.Errorf("machine %s: config has no v1alpha1 machine and cluster sections", opts.Name)
 	}
+	// machined refuses to boot with a config that does not validate, as
+	// ApplyConfiguration refuses one.
+	if _, err := cfg.ValidateAsClient(metalMode{}); err != nil {
+		return nil, fmt.Errorf("machine %s: config does not validate: %w", opts.Name, err)
+	}
 	if got := cfg.Machine().Type().IsControlPlane(); got != opts.ControlPlane {
 		return nil, fmt.Errorf("machine %s: config machine type %s does not match ControlPlane=%t", opts.Name, cfg.Machine().Type(), opts.ControlPlane)
 	}

@@ -675,3 +675,21 @@ func TestKubeconfigInClusterServer(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Like machined, a machine does not boot with a config that does not
+// validate: here a hostname set both in the HostnameConfig document and in
+// machine.network, which ApplyConfiguration refuses too.
+func TestNewRefusesAnInvalidConfig(t *testing.T) {
+	t.Parallel()
+	cfg := genConfig(t, machine.TypeWorker)
+	require.True(t, cfg.Has("HostnameConfig"), "the generated config keeps the hostname in a document")
+	_, err := simmachine.New(simmachine.Options{
+		Name:         "node-1",
+		IP:           netip.MustParseAddr("127.0.0.10"),
+		TalosVersion: "v1.13.9",
+		Config: patch(t, cfg, func(c *v1alpha1.Config) {
+			c.MachineConfig.MachineNetwork = &v1alpha1.NetworkConfig{NetworkHostname: "node-1"} //nolint:staticcheck // the conflict under test
+		}),
+	})
+	require.ErrorContains(t, err, "static hostname is already set")
+}
