@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
 // Exit codes of the commands that follow an operation.
@@ -93,6 +94,11 @@ func connectInCluster(flags *genericclioptions.ConfigFlags) (*jobTarget, error) 
 	if flags.WrapConfigFn != nil {
 		cfg = flags.WrapConfigFn(cfg)
 	}
+
+	// The runner lives through the apiserver restarts it causes, each a
+	// moment of 403s (see kube.RetryForbidden); the plugin's commands answer
+	// a denial at once.
+	cfg.Wrap(kube.RetryForbidden)
 
 	return newJobTarget(cfg)
 }
