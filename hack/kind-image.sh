@@ -22,14 +22,15 @@
 #
 # Environment:
 #   KIND_K8S_VERSIONS  Kubernetes versions, space separated, first is the one
-#                      the cluster starts on (default: v1.36.3); each needs its
+#                      the cluster starts on (default: v1.35.4 v1.36.3, what
+#                      the upgrade tests need); each needs its
 #                      module: hack/kind/k8s-module.sh <version>
 #   ICHOR_CACHE_DIR    cache root (default ~/.cache/kubectl-ichor)
 set -o errexit -o nounset -o pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 kind=$root/hack/kind
-read -r -a versions <<< "${KIND_K8S_VERSIONS:-v1.36.3}"
+read -r -a versions <<< "${KIND_K8S_VERSIONS:-v1.35.4 v1.36.3}"
 cache=${ICHOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubectl-ichor}/kind
 export KIND_VERSION=v0.33.0
 etcd_version=3.6.8
