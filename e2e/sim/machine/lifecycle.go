@@ -231,6 +231,11 @@ func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error
 	case <-ctx.Done():
 		return
 	}
+	if m.opts.PowerCycle != nil {
+		if err := m.opts.PowerCycle(ctx); err != nil {
+			m.log.Error("power cycle", "err", err)
+		}
+	}
 	m.installStaged(ctx)
 	for m.State().StagedVersion != "" && m.faults().NeverBoots {
 		select {

@@ -96,6 +96,11 @@ type Options struct {
 	// the node for (the legacy MachineService upgrade sequence): the cluster
 	// cordons and drains the node there. Errors are logged, not fatal.
 	BeforeReboot func(ctx context.Context) error
+	// PowerCycle, when non-nil, is called in every reboot while the machine
+	// is down, after RebootDelay and before it boots: the kind e2e restarts
+	// the node's container there, so that the machine boots on a node that
+	// really restarted. An error is logged; the machine boots anyway.
+	PowerCycle func(ctx context.Context) error
 	// Log receives the machine's diagnostics; nil discards them.
 	Log *slog.Logger
 }

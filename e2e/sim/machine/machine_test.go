@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -692,4 +693,40 @@ func TestNewRefusesAnInvalidConfig(t *testing.T) {
 		}),
 	})
 	require.ErrorContains(t, err, "static hostname is already set")
+}
+
+// A reboot power-cycles the machine while it is down: the hook runs once,
+// with the machine down, and the machine boots only after it returns.
+func TestRebootPowerCyclesWhileDown(t *testing.T) {
+	t.Parallel()
+	var m *simmachine.Machine
+	var calls atomic.Int32
+	var upDuring atomic.Bool
+	release := make(chan struct{})
+	m, err := simmachine.New(simmachine.Options{
+		Name:         "node-1",
+		IP:           netip.MustParseAddr("127.0.0.10"),
+		TalosVersion: "v1.13.9",
+		Config:       bytesOf(t, genConfig(t, machine.TypeWorker)),
+		RebootDelay:  50 * time.Millisecond,
+		PowerCycle: func(ctx context.Context) error {
+			calls.Add(1)
+			upDuring.Store(m.State().Up)
+			<-release
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(m.Close)
+	before := m.State().BootID
+
+	require.NoError(t, m.Reboot())
+	require.Eventually(t, func() bool { return calls.Load() == 1 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	assert.False(t, m.State().Up, "booted before the power cycle returned")
+	close(release)
+	after := waitState(t, m, "up", func(s simmachine.State) bool { return s.Up })
+	assert.NotEqual(t, before, after.BootID)
+	assert.False(t, upDuring.Load(), "power-cycled while up")
+	assert.EqualValues(t, 1, calls.Load())
 }
