@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/kind/pkg/cluster/nodeutils"
 )
@@ -147,6 +148,9 @@ func deployWeb(t *testing.T, ctx context.Context) {
 	t.Helper()
 	const ns = "web"
 	c := env.client
+	if _, err := c.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{}); err == nil {
+		return // an earlier test's
+	}
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -482,4 +486,219 @@ func TestKubernetesUpgrade(t *testing.T) {
 	if got := tag(ds.Spec.Template.Spec.Containers[0].Image); got != to || ds.Status.UpdatedNumberScheduled != ds.Status.DesiredNumberScheduled || ds.Status.NumberAvailable != ds.Status.DesiredNumberScheduled {
 		t.Errorf("kube-proxy: %s, %d of %d updated, %d available", ds.Spec.Template.Spec.Containers[0].Image, ds.Status.UpdatedNumberScheduled, ds.Status.DesiredNumberScheduled, ds.Status.NumberAvailable)
 	}
+}
+
+// talosTarget is the Talos version TestTalosUpgrade upgrades to
+// (ICHOR_KIND_TALOS_TO, default v1.14.1).
+func talosTarget() string {
+	if v := os.Getenv("ICHOR_KIND_TALOS_TO"); v != "" {
+		return v
+	}
+	return "v1.14.1"
+}
+
+// bootWatch follows the nodes through a Talos upgrade, every half second:
+// when each first reports the target in its osImage, how many nodes are
+// cordoned at once, and how many etcd members (the real etcd static pods)
+// are Ready.
+type bootWatch struct {
+	mu             sync.Mutex
+	upgraded       []string // nodes in the order they reported the target
+	maxCordoned    int
+	maxCordonedCPs int
+	minEtcdReady   int
+}
+
+func startBootWatch(ctx context.Context, want string) *bootWatch {
+	b := &bootWatch{minEtcdReady: env.controlPlanes}
+	go func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			b.sample(ctx, want)
+		}
+	}()
+	return b
+}
+
+func (b *bootWatch) sample(ctx context.Context, want string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	nodes, err := env.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	etcd, err := env.client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "component=etcd"})
+	if err != nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cordoned, cordonedCPs := 0, 0
+	for _, n := range nodes.Items {
+		_, cp := n.Labels["node-role.kubernetes.io/control-plane"]
+		if n.Spec.Unschedulable {
+			cordoned++
+			if cp {
+				cordonedCPs++
+			}
+		}
+		if n.Status.NodeInfo.OSImage == "Talos ("+want+")" && !slices.Contains(b.upgraded, n.Name) {
+			b.upgraded = append(b.upgraded, n.Name)
+		}
+	}
+	b.maxCordoned = max(b.maxCordoned, cordoned)
+	b.maxCordonedCPs = max(b.maxCordonedCPs, cordonedCPs)
+	ready := 0
+	for _, p := range etcd.Items {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready++
+			}
+		}
+	}
+	b.minEtcdReady = min(b.minEtcdReady, ready)
+}
+
+// containerStarts is when each node's container last started.
+func containerStarts(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	nodes, err := env.provider.ListInternalNodes(env.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		b, err := exec.Command("docker", "inspect", "-f", "{{.State.StartedAt}}", n.String()).Output()
+		if err != nil {
+			t.Fatalf("docker inspect %s: %v", n.String(), err)
+		}
+		out[n.String()] = strings.TrimSpace(string(b))
+	}
+	return out
+}
+
+// TestTalosUpgrade upgrades Talos on every node through the Job: each node
+// is drained, its machine installs the new version and reboots, and the
+// reboot restarts the node's container (systemd, containerd, the kubelet and
+// every pod start again); control planes first, one at a time, etcd keeping
+// its quorum, the web Service always with a ready endpoint. Every node ends
+// on the target (the Talos API's version and the Node's osImage), with a new
+// boot, schedulable, its kubelet unchanged.
+func TestTalosUpgrade(t *testing.T) {
+	to := talosTarget()
+	image := loadJobImage(t)
+	ctx := context.Background()
+	deployWeb(t, ctx)
+	before := containerStarts(t)
+	boots := map[string]string{}
+	for _, m := range env.talos.Machines {
+		boots[m.Name()] = m.State().BootID
+	}
+	kubelets := map[string]string{}
+	nodes, err := env.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		kubelets[n.Name] = n.Status.NodeInfo.KubeletVersion
+	}
+
+	if _, err := ichor(t, 5*time.Minute, "plan", "talos", "--to", to); err != nil {
+		t.Fatalf("plan: %v", err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	w, b := startWatch(wctx), startBootWatch(wctx, to)
+	start := time.Now()
+	out, err := ichor(t, 45*time.Minute, "upgrade", "talos", "--to", to, "--yes", "--job-image", image, "--talos-credentials=local")
+	stop()
+	if err != nil {
+		t.Fatalf("upgrade talos %s -> %s: %v", talosVersion(), to, err)
+	}
+	if !strings.Contains(out, "Succeeded") {
+		t.Errorf("upgrade: no Succeeded in its output")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t.Logf("Talos %s -> %s in %s; order %v; at most %d node(s) cordoned at once (%d control planes); etcd members Ready at least %d of %d; web Service without a ready endpoint at most %s; runner pods %v",
+		talosVersion(), to, time.Since(start).Round(time.Second), b.upgraded, b.maxCordoned, b.maxCordonedCPs, b.minEtcdReady, env.controlPlanes, w.longestNoReady, w.runners)
+	if b.maxCordonedCPs > 1 {
+		t.Errorf("%d control planes cordoned at once, want one at a time", b.maxCordonedCPs)
+	}
+	if quorum := env.controlPlanes/2 + 1; b.minEtcdReady < quorum {
+		t.Errorf("etcd: %d of %d members Ready at one point, below the quorum of %d", b.minEtcdReady, env.controlPlanes, quorum)
+	}
+	for i, name := range b.upgraded {
+		if i < env.controlPlanes && !strings.Contains(name, "control-plane") {
+			t.Errorf("order %v: a worker before every control plane", b.upgraded)
+			break
+		}
+	}
+	if w.longestNoReady > 0 || !w.noReadySince.IsZero() {
+		t.Errorf("the web Service had no ready endpoint for %s", w.longestNoReady)
+	}
+	for _, v := range w.violations {
+		t.Errorf("invariant: %s", v)
+	}
+
+	after := containerStarts(t)
+	for node, started := range before {
+		if after[node] == started {
+			t.Errorf("%s: its container did not restart (started %s)", node, started)
+		}
+	}
+	for _, m := range env.talos.Machines {
+		st := m.State()
+		if st.TalosVersion != to || st.BootID == boots[m.Name()] {
+			t.Errorf("%s: Talos %s, boot %s (was %s), want %s on a new boot", m.Name(), st.TalosVersion, st.BootID, boots[m.Name()], to)
+		}
+	}
+	nodes, err = env.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		if want := "Talos (" + to + ")"; n.Status.NodeInfo.OSImage != want {
+			t.Errorf("%s: osImage %q, want %q", n.Name, n.Status.NodeInfo.OSImage, want)
+		}
+		if n.Spec.Unschedulable || !ready(n) {
+			t.Errorf("node %s: unschedulable %t, ready %t", n.Name, n.Spec.Unschedulable, ready(n))
+		}
+		if n.Status.NodeInfo.KubeletVersion != kubelets[n.Name] {
+			t.Errorf("%s: kubelet %s, was %s", n.Name, n.Status.NodeInfo.KubeletVersion, kubelets[n.Name])
+		}
+	}
+	eventually(t, 2*time.Minute, func() error {
+		for _, n := range nodes.Items {
+			if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; !cp {
+				continue
+			}
+			cfg := rest.CopyConfig(env.config)
+			cfg.Host = "https://" + internalIP(n) + ":6443"
+			rc, err := rest.RESTClientFor(withNegotiated(cfg))
+			if err != nil {
+				return err
+			}
+			body, err := rc.Get().AbsPath("/readyz/etcd").DoRaw(context.Background())
+			if err != nil || strings.TrimSpace(string(body)) != "ok" {
+				return fmt.Errorf("%s: /readyz/etcd: %q %v", n.Name, body, err)
+			}
+		}
+		return nil
+	})
+}
+
+// withNegotiated gives a bare REST client the codecs it needs.
+func withNegotiated(cfg *rest.Config) *rest.Config {
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.APIPath = "/api"
+	cfg.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+	return cfg
 }

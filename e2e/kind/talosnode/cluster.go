@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,9 +65,11 @@ type Cluster struct {
 	// Machines are the nodes' machines, in Options.Nodes order.
 	Machines []*machine.Machine
 
-	api    *talosapi.Server
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	api       *talosapi.Server
+	kubePrism map[string]*kubePrism
+	ctx       context.Context //nolint:containedctx // the lifetime of the listeners
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // KubePrismPort is the port Talos' KubePrism listens on by default.
@@ -92,6 +96,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, fmt.Errorf("write talosconfig: %w", err)
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
+	c.ctx = ctx
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -101,10 +106,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	// The kubelet reports the OS in the Node's osImage from os-release, read
 	// when it starts.
 	if err := forEach(opts.Nodes, func(n Node) error {
-		_, err := dockerExec(ctx, n.Name, nil, "sh", "-euc", `rm -f /etc/os-release
-printf 'NAME="Talos"\nID=talos\nVERSION_ID=%s\nPRETTY_NAME="Talos (%s)"\n' "$1" "$1" > /etc/os-release
-systemctl restart kubelet`, "-", opts.TalosVersion)
-		return err
+		return writeOSRelease(ctx, n.Name, opts.TalosVersion)
 	}); err != nil {
 		return nil, fmt.Errorf("os-release: %w", err)
 	}
@@ -120,7 +122,10 @@ systemctl restart kubelet`, "-", opts.TalosVersion)
 			Config:          g.configs[n.Name],
 			AdminKubeconfig: opts.AdminKubeconfig,
 			Discovery:       discovery,
-			Log:             log,
+			PowerCycle: func(ctx context.Context) error {
+				return c.powerCycle(ctx, n)
+			},
+			Log: log,
 		})
 		if err != nil {
 			return nil, err
@@ -142,16 +147,13 @@ systemctl restart kubelet`, "-", opts.TalosVersion)
 	if err != nil {
 		return nil, fmt.Errorf("talos API: %w", err)
 	}
+	c.kubePrism = map[string]*kubePrism{}
 	for _, n := range opts.Nodes {
-		lis, err := listenIn(ctx, n.Name, net.JoinHostPort("127.0.0.1", strconv.Itoa(KubePrismPort)))
-		if err != nil {
-			return nil, fmt.Errorf("KubePrism: %w", err)
+		p := &kubePrism{node: n.Name, controlPlanes: controlPlanes, log: log.With("node", n.Name)}
+		if err := p.open(ctx); err != nil {
+			return nil, err
 		}
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			kubePrism(ctx, lis, controlPlanes, log.With("node", n.Name))
-		}()
+		c.kubePrism[n.Name] = p
 	}
 	applier, err := manifests.NewApplier(opts.RestConfig, log)
 	if err != nil {
@@ -178,7 +180,7 @@ systemctl restart kubelet`, "-", opts.TalosVersion)
 	// rewritten manifest restarts the pod): the apiserver never goes down
 	// on every node at once.
 	for _, m := range c.Machines {
-		d := newNode(m, client, log)
+		d := newNode(m, client, opts.TalosVersion, log)
 		if m.ControlPlane() {
 			if err := d.sync(ctx); err != nil {
 				return nil, err
@@ -273,41 +275,102 @@ func talosService(ctx context.Context, client kubernetes.Interface, controlPlane
 	return nil
 }
 
-// kubePrism forwards each connection to the first control plane apiserver
-// that accepts it, starting from the next one each time, as Talos'
-// KubePrism balances the node's local apiserver endpoint.
-func kubePrism(ctx context.Context, lis net.Listener, controlPlanes []string, log *slog.Logger) {
+// kubePrism is Talos' KubePrism on one node: 127.0.0.1:7445 in the node's
+// network namespace forwards each connection to the first control plane
+// apiserver that accepts it, starting from the next one each time.
+type kubePrism struct {
+	node          string
+	controlPlanes []string
+	log           *slog.Logger
+	next          atomic.Uint64
+
+	mu  sync.Mutex
+	lis net.Listener
+}
+
+// open listens in the node's current network namespace (a restarted
+// container has a new one), closing the listener of the previous one.
+func (p *kubePrism) open(ctx context.Context) error {
+	lis, err := listenIn(ctx, p.node, net.JoinHostPort("127.0.0.1", strconv.Itoa(KubePrismPort)))
+	if err != nil {
+		return fmt.Errorf("KubePrism: %w", err)
+	}
+	p.mu.Lock()
+	old := p.lis
+	p.lis = lis
+	p.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
 	context.AfterFunc(ctx, func() { _ = lis.Close() })
-	var next atomic.Uint64
+	go p.serve(ctx, lis)
+	return nil
+}
+
+func (p *kubePrism) serve(ctx context.Context, lis net.Listener) {
 	for {
 		conn, err := lis.Accept()
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				log.Warn("KubePrism", "err", err)
+				p.log.Warn("KubePrism", "err", err)
 			}
 			return
 		}
-		go func() {
-			defer conn.Close()
-			start := next.Add(1)
-			for i := range controlPlanes {
-				addr := net.JoinHostPort(controlPlanes[(int(start)+i)%len(controlPlanes)], "6443")
-				up, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
-				if err != nil {
-					continue
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(up, conn); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(conn, up); done <- struct{}{} }()
-				select {
-				case <-done:
-				case <-ctx.Done():
-				}
-				return
-			}
-		}()
+		go p.forward(ctx, conn)
 	}
+}
+
+func (p *kubePrism) forward(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	start := p.next.Add(1)
+	for i := range p.controlPlanes {
+		addr := net.JoinHostPort(p.controlPlanes[(int(start)+i)%len(p.controlPlanes)], "6443")
+		up, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			continue
+		}
+		defer up.Close()
+		done := make(chan struct{}, 2)
+		go func() { _, _ = io.Copy(up, conn); done <- struct{}{} }()
+		go func() { _, _ = io.Copy(conn, up); done <- struct{}{} }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return
+	}
+}
+
+// powerCycle restarts the node's container (systemd, containerd, the kubelet
+// and every pod start again, as after a reboot) and reopens KubePrism in its
+// new network namespace. The node must come back on its address: the
+// machine, its certificates and the cluster know it by it.
+func (c *Cluster) powerCycle(ctx context.Context, n Node) error {
+	if _, err := dockerOutput(ctx, "restart", "--time", "30", n.Name); err != nil {
+		return err
+	}
+	ip, err := dockerOutput(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", n.Name)
+	if err != nil {
+		return err
+	}
+	if got := strings.TrimSpace(string(ip)); got != n.IP.String() {
+		return fmt.Errorf("%s came back on %s, not %s", n.Name, got, n.IP)
+	}
+	if p := c.kubePrism[n.Name]; p != nil {
+		return p.open(c.ctx)
+	}
+	return nil
+}
+
+// dockerOutput runs a docker command.
+func dockerOutput(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return out, nil
 }
 
 // forEach runs fn for every node at once and returns the first error.

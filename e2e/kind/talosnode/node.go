@@ -44,10 +44,12 @@ type node struct {
 
 	kubelet string                       // the version /usr/bin/kubelet runs
 	pods    map[string]machine.StaticPod // the static pods written, by component
+	talos   string                       // the Talos version os-release names
 }
 
-func newNode(m *machine.Machine, client kubernetes.Interface, log *slog.Logger) *node {
-	return &node{m: m, name: m.Name(), client: client, log: log.With("node", m.Name()), pods: map[string]machine.StaticPod{}}
+// newNode drives the node of m, whose os-release names Talos talos.
+func newNode(m *machine.Machine, client kubernetes.Interface, talos string, log *slog.Logger) *node {
+	return &node{m: m, name: m.Name(), client: client, log: log.With("node", m.Name()), pods: map[string]machine.StaticPod{}, talos: talos}
 }
 
 // run follows the machine until ctx ends.
@@ -76,6 +78,14 @@ func (n *node) sync(ctx context.Context) error {
 	st := n.m.State()
 	if !st.Up {
 		return nil
+	}
+	if st.TalosVersion != n.talos {
+		// A boot into another version: the kubelet reports it in osImage.
+		n.log.Info("booted another Talos", "from", n.talos, "to", st.TalosVersion)
+		if err := writeOSRelease(ctx, n.name, st.TalosVersion); err != nil {
+			return err
+		}
+		n.talos = st.TalosVersion
 	}
 	for component, want := range st.StaticPods {
 		if n.pods[component] == want {
@@ -190,6 +200,15 @@ func (n *node) observe(ctx context.Context) {
 		}
 	}
 	n.m.ObserveKubelet(v)
+}
+
+// writeOSRelease names Talos version in the node's /etc/os-release and
+// restarts the kubelet, which reads it when it starts (the Node's osImage).
+func writeOSRelease(ctx context.Context, node, version string) error {
+	_, err := dockerExec(ctx, node, nil, "sh", "-euc", `rm -f /etc/os-release
+printf 'NAME="Talos"\nID=talos\nVERSION_ID=%s\nPRETTY_NAME="Talos (%s)"\n' "$1" "$1" > /etc/os-release
+systemctl restart kubelet`, "-", version)
+	return err
 }
 
 // exec runs a command in the node's container, stdin from in (nil: none).
