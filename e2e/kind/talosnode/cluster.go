@@ -67,6 +67,7 @@ type Cluster struct {
 
 	api       *talosapi.Server
 	kubePrism map[string]*kubePrism
+	log       *slog.Logger
 	ctx       context.Context //nolint:containedctx // the lifetime of the listeners
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -91,7 +92,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &Cluster{Talosconfig: filepath.Join(opts.Dir, "talosconfig")}
+	c = &Cluster{Talosconfig: filepath.Join(opts.Dir, "talosconfig"), log: log}
 	if err := g.talosconfig.Save(c.Talosconfig); err != nil {
 		return nil, fmt.Errorf("write talosconfig: %w", err)
 	}
@@ -346,6 +347,21 @@ func (p *kubePrism) forward(ctx context.Context, conn net.Conn) {
 // new network namespace. The node must come back on its address: the
 // machine, its certificates and the cluster know it by it.
 func (c *Cluster) powerCycle(ctx context.Context, n Node) error {
+	// As Talos' reboot sequence does before it reboots (StopAllPods): the
+	// kubelet stopped, then every container asked to stop (apiservers leave
+	// the kubernetes Service's endpoints on the way), not killed with the
+	// node.
+	if _, err := dockerExec(ctx, n.Name, nil, "sh", "-c", `systemctl stop kubelet
+running() { ctr -n k8s.io tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING" { print $1 }'; }
+for id in $(running); do ctr -n k8s.io tasks kill --signal SIGTERM "$id" > /dev/null 2>&1; done
+for i in $(seq 30); do
+  [ -z "$(running)" ] && exit 0
+  sleep 1
+done
+echo "containers still running after 30 s: $(running | tr '\n' ' ')" >&2
+exit 1`); err != nil {
+		c.log.Warn("stopping the pods before the power cycle", "node", n.Name, "err", err)
+	}
 	if _, err := dockerOutput(ctx, "restart", "--time", "30", n.Name); err != nil {
 		return err
 	}
