@@ -14,5 +14,6 @@
 //   - talosapi: the real Talos gRPC API over mTLS in front of the machines.
 //   - kubelet: the simulated kubelets (Nodes, Leases, mirror pods, pods).
 //   - manifests: the bootstrap manifests applied as Talos applies them.
+//   - talosaccess: Talos API access from Kubernetes (talos.dev ServiceAccounts).
 //   - cluster: the control-plane processes and the whole cluster's lifecycle.
 package sim

@@ -26,6 +26,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/manifests"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosaccess"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
 )
 
@@ -177,11 +178,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := talosService(ctx, client, controlPlanes); err != nil {
 		return nil, fmt.Errorf("talos Service: %w", err)
 	}
+	if err := talosaccess.Start(ctx, opts.RestConfig, g.bundle, c.Machines[0], log); err != nil {
+		return nil, fmt.Errorf("talos API access: %w", err)
+	}
 	// The control planes' static pods become Talos' one node at a time (a
 	// rewritten manifest restarts the pod): the apiserver never goes down
 	// on every node at once.
 	for _, m := range c.Machines {
-		d := newNode(m, client, opts.TalosVersion, log)
+		d := newNode(m, client, opts.TalosVersion, opts.KubernetesVersion, log)
 		if m.ControlPlane() {
 			if err := d.sync(ctx); err != nil {
 				return nil, err

@@ -94,6 +94,18 @@ func generateConfigs(opts Options) (*generated, error) {
 			c.ClusterConfig.ClusterNetwork.CNI = &v1alpha1.CNIConfig{CNIName: "none"}
 			c.ClusterConfig.ClusterNetwork.PodSubnet = []string{opts.PodSubnet}
 			c.ClusterConfig.ClusterNetwork.ServiceSubnet = []string{opts.ServiceSubnet}
+			if n.ControlPlane {
+				// Talos API access from Kubernetes for the plugin's Job, as
+				// the operator's patch would give it.
+				if c.MachineConfig.MachineFeatures == nil {
+					c.MachineConfig.MachineFeatures = &v1alpha1.FeaturesConfig{}
+				}
+				c.MachineConfig.MachineFeatures.KubernetesTalosAPIAccessConfig = &v1alpha1.KubernetesTalosAPIAccessConfig{
+					AccessEnabled:                     new(true),
+					AccessAllowedRoles:                []string{string(role.Admin)},
+					AccessAllowedKubernetesNamespaces: []string{"ichor-system"},
+				}
+			}
 			if opts.CoreDNSImage != "" {
 				c.ClusterConfig.CoreDNSConfig = &v1alpha1.CoreDNS{CoreDNSImage: opts.CoreDNSImage}
 			}

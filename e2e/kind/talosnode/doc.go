@@ -17,6 +17,9 @@
 //     restarts the kubelet.
 //   - The node's /etc/os-release names Talos and the machine's version, as
 //     the kubelet reports it in the Node's osImage.
+//   - The talos Service in the default namespace points at the control
+//     planes' Talos API, and talos.dev ServiceAccounts get their talosconfig
+//     Secret (Talos API access from Kubernetes, enabled for ichor-system).
 //   - The bootstrap manifests (kube-proxy, CoreDNS) are those the machines
 //     render, applied as Talos applies them at bootstrap; kind installs
 //     neither.

@@ -47,9 +47,13 @@ type node struct {
 	talos   string                       // the Talos version os-release names
 }
 
-// newNode drives the node of m, whose os-release names Talos talos.
-func newNode(m *machine.Machine, client kubernetes.Interface, talos string, log *slog.Logger) *node {
-	return &node{m: m, name: m.Name(), client: client, log: log.With("node", m.Name()), pods: map[string]machine.StaticPod{}, talos: talos}
+// newNode drives the node of m, whose os-release names Talos talos and whose
+// kubelet runs Kubernetes kubelet.
+func newNode(m *machine.Machine, client kubernetes.Interface, talos, kubelet string, log *slog.Logger) *node {
+	return &node{
+		m: m, name: m.Name(), client: client, log: log.With("node", m.Name()),
+		pods: map[string]machine.StaticPod{}, talos: talos, kubelet: kubelet,
+	}
 }
 
 // run follows the machine until ctx ends.

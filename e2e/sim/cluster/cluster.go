@@ -22,6 +22,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/kubelet"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 	simmanifests "github.com/ichor-dev/kubectl-ichor/e2e/sim/manifests"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosaccess"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/talosapi"
 )
 
@@ -217,7 +218,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	}
 	go manifests.Watch(kctx, controlPlanes)
 	if opts.TalosAPIAccess {
-		if err := startTalosAccess(kctx, cp, g, machines[0], log); err != nil {
+		if err := talosaccess.Start(kctx, cp.restConfig, g.bundle, machines[0], log); err != nil {
 			return fmt.Errorf("talos API access: %w", err)
 		}
 	}

@@ -1,4 +1,4 @@
-package cluster
+package talosaccess
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/role"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
@@ -27,14 +30,18 @@ var (
 	talosAccessEndpoint = "talos.default"
 )
 
-// startTalosAccess does what Talos does with kubernetesTalosAPIAccess
+// Start does what Talos does with kubernetesTalosAPIAccess
 // enabled: it installs the serviceaccounts.talos.dev CRD and, for each such
 // ServiceAccount in an allowed namespace asking only allowed roles, writes a
 // Secret of the same name whose key "config" is a talosconfig with a client
 // certificate carrying those roles. Others are refused with an Event and
 // status.failureReason.
-func startTalosAccess(ctx context.Context, cp *controlPlane, g *generated, m *machine.Machine, log *slog.Logger) error {
-	dyn, err := dynamic.NewForConfig(cp.restConfig)
+func Start(ctx context.Context, cfg *rest.Config, bundle *secrets.Bundle, m *machine.Machine, log *slog.Logger) error {
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
@@ -66,11 +73,19 @@ func startTalosAccess(ctx context.Context, cp *controlPlane, g *generated, m *ma
 	if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("install CRD: %w", err)
 	}
-	if err := waitFor(ctx, "serviceaccounts.talos.dev CRD", 30*time.Second, nil, func(ctx context.Context) error {
-		_, err := dyn.Resource(talosAccountGVR).List(ctx, metav1.ListOptions{Limit: 1})
-		return err
-	}); err != nil {
-		return err
+	// The CRD is served a moment after it is created.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		_, err := dyn.Resource(talosAccountGVR).List(wctx, metav1.ListOptions{Limit: 1})
+		if err == nil {
+			break
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("serviceaccounts.talos.dev CRD not served after 30s: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	inf := factory.ForResource(talosAccountGVR).Informer()
@@ -79,7 +94,7 @@ func startTalosAccess(ctx context.Context, cp *controlPlane, g *generated, m *ma
 		if !ok {
 			return
 		}
-		if err := reconcileTalosAccount(ctx, cp, dyn, g, m, u); err != nil {
+		if err := reconcileTalosAccount(ctx, client, dyn, bundle, m, u); err != nil {
 			log.Info("talos service account", "namespace", u.GetNamespace(), "name", u.GetName(), "err", err)
 		}
 	}
@@ -90,7 +105,7 @@ func startTalosAccess(ctx context.Context, cp *controlPlane, g *generated, m *ma
 	return nil
 }
 
-func reconcileTalosAccount(ctx context.Context, cp *controlPlane, dyn dynamic.Interface, g *generated, m *machine.Machine, u *unstructured.Unstructured) error {
+func reconcileTalosAccount(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, bundle *secrets.Bundle, m *machine.Machine, u *unstructured.Unstructured) error {
 	ns, name := u.GetNamespace(), u.GetName()
 	roles, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "roles")
 	// Either form: machine.features.kubernetesTalosAPIAccess (nil when not
@@ -99,7 +114,7 @@ func reconcileTalosAccount(ctx context.Context, cp *controlPlane, dyn dynamic.In
 	refuse := func(reason string) error {
 		_ = unstructured.SetNestedField(u.Object, reason, "status", "failureReason")
 		_, _ = dyn.Resource(talosAccountGVR).Namespace(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})
-		_, _ = cp.client.CoreV1().Events(ns).Create(ctx, &corev1.Event{
+		_, _ = client.CoreV1().Events(ns).Create(ctx, &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{GenerateName: name + "."},
 			InvolvedObject: corev1.ObjectReference{APIVersion: "talos.dev/v1alpha1", Kind: "ServiceAccount", Namespace: ns, Name: name, UID: u.GetUID()},
 			Type:           corev1.EventTypeWarning, Reason: "Refused", Message: reason,
@@ -123,16 +138,16 @@ func reconcileTalosAccount(ctx context.Context, cp *controlPlane, dyn dynamic.In
 	if len(unknown) > 0 {
 		return refuse(fmt.Sprintf("unknown roles %v", unknown))
 	}
-	cert, err := g.bundle.GenerateTalosAPIClientCertificate(set)
+	cert, err := bundle.GenerateTalosAPIClientCertificate(set)
 	if err != nil {
 		return err
 	}
-	tc := config.NewConfig(name, []string{talosAccessEndpoint}, g.bundle.Certs.OS.Crt, cert)
+	tc := config.NewConfig(name, []string{talosAccessEndpoint}, bundle.Certs.OS.Crt, cert)
 	data, err := tc.Bytes()
 	if err != nil {
 		return err
 	}
-	secrets := cp.client.CoreV1().Secrets(ns)
+	secrets := client.CoreV1().Secrets(ns)
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: "talos.dev/v1alpha1", Kind: "ServiceAccount", Name: name, UID: u.GetUID(), Controller: new(true),
