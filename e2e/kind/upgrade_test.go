@@ -292,11 +292,39 @@ func (w *watch) sample(ctx context.Context) {
 	}
 	if runners != nil {
 		for _, p := range runners.Items {
-			if p.Spec.NodeName != "" {
+			if _, seen := w.runners[p.Name]; !seen && p.Spec.NodeName != "" {
 				w.runners[p.Name] = p.Spec.NodeName
+				go keepLogs(p.Namespace, p.Name)
 			}
 		}
 	}
+}
+
+// keepLogs copies a runner pod's log into the artifacts as it is written:
+// the Job deletes the pods of a run that stopped before the logs are
+// collected.
+func keepLogs(ns, pod string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	var stream io.ReadCloser
+	for {
+		var err error
+		stream, err = env.client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Follow: true, Timestamps: true}).Stream(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		time.Sleep(time.Second) // the container is not started yet
+	}
+	defer stream.Close()
+	f, err := os.Create(filepath.Join(env.artifacts, "runner-"+pod+".log"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = io.Copy(f, stream)
 }
 
 // versions are what the components report, by "component node".
