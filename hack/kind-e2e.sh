@@ -13,6 +13,17 @@ if [ -z "$image" ]; then
   echo "kind-e2e: no node image: run make kind-image or set ICHOR_KIND_IMAGE" >&2
   exit 1
 fi
+# Five nodes' kubelets, containerds and systemds share the host's inotify
+# instances: at Linux's default of 128 the kubelet's log follow fails ("failed
+# to create fsnotify watcher: too many open files"); kind's known-issues page
+# asks for 512.
+if [ "$(cat /proc/sys/fs/inotify/max_user_instances)" -lt 512 ]; then
+  if sysctl -qw fs.inotify.max_user_instances=512 2>/dev/null; then
+    echo "kind-e2e: raised fs.inotify.max_user_instances to 512 (kind's known issue: too many open files)"
+  else
+    echo "kind-e2e: fs.inotify.max_user_instances is $(cat /proc/sys/fs/inotify/max_user_instances); pods' logs may fail with \"too many open files\" (sysctl -w fs.inotify.max_user_instances=512)" >&2
+  fi
+fi
 artifacts=${ICHOR_KIND_ARTIFACTS:-$root/_output/kind-e2e/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$artifacts"
 echo "kind-e2e: node image $image, artifacts in $artifacts"
