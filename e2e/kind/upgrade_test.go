@@ -2,6 +2,7 @@ package kind
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/discovery"
@@ -302,29 +304,44 @@ func (w *watch) sample(ctx context.Context) {
 
 // keepLogs copies a runner pod's log into the artifacts as it is written:
 // the Job deletes the pods of a run that stopped before the logs are
-// collected.
+// collected. A stream served by an apiserver that restarts breaks off; it is
+// followed again from the last line's time until the container ended.
 func keepLogs(ns, pod string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	var stream io.ReadCloser
-	for {
-		var err error
-		stream, err = env.client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Follow: true, Timestamps: true}).Stream(ctx)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		time.Sleep(time.Second) // the container is not started yet
-	}
-	defer stream.Close()
 	f, err := os.Create(filepath.Join(env.artifacts, "runner-"+pod+".log"))
 	if err != nil {
 		return
 	}
 	defer f.Close()
-	_, _ = io.Copy(f, stream)
+	var since *metav1.Time
+	seen := map[string]bool{} // the stream again starts at since's second
+	for ctx.Err() == nil {
+		stream, err := env.client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Follow: true, Timestamps: true, SinceTime: since}).Stream(ctx)
+		if err == nil {
+			sc := bufio.NewScanner(stream)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				line := sc.Text()
+				if seen[line] {
+					continue
+				}
+				seen[line] = true
+				fmt.Fprintln(f, line)
+				if ts, _, ok := strings.Cut(line, " "); ok {
+					if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+						since = &metav1.Time{Time: t}
+					}
+				}
+			}
+			stream.Close()
+		}
+		p, err := env.client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)) {
+			return
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // versions are what the components report, by "component node".
