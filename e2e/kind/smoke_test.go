@@ -15,16 +15,10 @@ import (
 // eventually polls check every 2 s until it returns nil or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(2 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := waitFor(ctx, "the condition", check); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -167,9 +166,6 @@ func waitFor(ctx context.Context, what string, check func() error) error {
 
 // nodeOutput runs a command in a node's container.
 func nodeOutput(ctx context.Context, node string, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "docker", append([]string{"exec", node}, args...)...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("docker exec %s %s: %w: %s", node, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+	out, err := talosnode.Exec(ctx, node, nil, args...)
+	return string(out), err
 }

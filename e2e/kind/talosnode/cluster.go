@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -355,7 +354,7 @@ func (c *Cluster) powerCycle(ctx context.Context, n Node) error {
 	// kubelet stopped, then every container asked to stop (apiservers leave
 	// the kubernetes Service's endpoints on the way), not killed with the
 	// node.
-	if _, err := dockerExec(ctx, n.Name, nil, "sh", "-c", `systemctl stop kubelet
+	if _, err := Exec(ctx, n.Name, nil, "sh", "-c", `systemctl stop kubelet
 running() { ctr -n k8s.io tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING" { print $1 }'; }
 for id in $(running); do ctr -n k8s.io tasks kill --signal SIGTERM "$id" > /dev/null 2>&1; done
 for i in $(seq 30); do
@@ -366,10 +365,10 @@ echo "containers still running after 30 s: $(running | tr '\n' ' ')" >&2
 exit 1`); err != nil {
 		c.log.Warn("stopping the pods before the power cycle", "node", n.Name, "err", err)
 	}
-	if _, err := dockerOutput(ctx, "restart", "--time", "30", n.Name); err != nil {
+	if _, err := docker(ctx, nil, "restart", "--time", "30", n.Name); err != nil {
 		return err
 	}
-	ip, err := dockerOutput(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", n.Name)
+	ip, err := docker(ctx, nil, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", n.Name)
 	if err != nil {
 		return err
 	}
@@ -380,17 +379,6 @@ exit 1`); err != nil {
 		return p.open(c.ctx)
 	}
 	return nil
-}
-
-// dockerOutput runs a docker command.
-func dockerOutput(ctx context.Context, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, execTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return out, nil
 }
 
 // forEach runs fn for every node at once and returns the first error.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -69,9 +68,9 @@ func listenIn(ctx context.Context, container, addr string) (net.Listener, error)
 
 // containerPID is the host PID of the container's init process.
 func containerPID(ctx context.Context, container string) (int, error) {
-	out, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.State.Pid}}", container).Output()
+	out, err := docker(ctx, nil, "inspect", "-f", "{{.State.Pid}}", container)
 	if err != nil {
-		return 0, fmt.Errorf("docker inspect %s: %w", container, err)
+		return 0, err
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
 	if err != nil || pid <= 0 {

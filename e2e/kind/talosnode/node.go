@@ -106,7 +106,7 @@ func (n *node) sync(ctx context.Context) error {
 	}
 	n.log.Info("switching the kubelet", "from", n.kubelet, "to", version)
 	bin := versionsDir + "/" + version + "/kubelet"
-	if _, err := n.exec(ctx, nil, "sh", "-euc", `test -x "$1" || { echo "the node image has no $1" >&2; exit 1; }
+	if _, err := n.exec(ctx, nil, "sh", "-euc", `test -x "$1" || { echo "the node image has no $1: build one with this version in KIND_K8S_VERSIONS (make kind-image)" >&2; exit 1; }
 ln -sf "$1" /usr/bin/kubelet
 systemctl restart kubelet`, "-", bin); err != nil {
 		return fmt.Errorf("kubelet %s: %w", version, err)
@@ -209,7 +209,7 @@ func (n *node) observe(ctx context.Context) {
 // writeOSRelease names Talos version in the node's /etc/os-release and
 // restarts the kubelet, which reads it when it starts (the Node's osImage).
 func writeOSRelease(ctx context.Context, node, version string) error {
-	_, err := dockerExec(ctx, node, nil, "sh", "-euc", `rm -f /etc/os-release
+	_, err := Exec(ctx, node, nil, "sh", "-euc", `rm -f /etc/os-release
 printf 'NAME="Talos"\nID=talos\nVERSION_ID=%s\nPRETTY_NAME="Talos (%s)"\n' "$1" "$1" > /etc/os-release
 systemctl restart kubelet`, "-", version)
 	return err
@@ -217,17 +217,26 @@ systemctl restart kubelet`, "-", version)
 
 // exec runs a command in the node's container, stdin from in (nil: none).
 func (n *node) exec(ctx context.Context, in []byte, args ...string) ([]byte, error) {
-	return dockerExec(ctx, n.name, in, args...)
+	return Exec(ctx, n.name, in, args...)
 }
 
-func dockerExec(ctx context.Context, container string, in []byte, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, execTimeout)
-	defer cancel()
+// Exec runs a command in a node's container, stdin from in (nil: none), and
+// returns its standard output.
+func Exec(ctx context.Context, container string, in []byte, args ...string) ([]byte, error) {
 	flags := []string{"exec"}
 	if in != nil {
 		flags = append(flags, "-i")
 	}
-	cmd := exec.CommandContext(ctx, "docker", append(append(flags, container), args...)...)
+	return docker(ctx, in, append(append(flags, container), args...)...)
+}
+
+// docker runs a docker command (bounded by execTimeout), stdin from in (nil:
+// none), and returns its standard output; its error carries the standard
+// error.
+func docker(ctx context.Context, in []byte, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "docker", args...)
 	if in != nil {
 		cmd.Stdin = bytes.NewReader(in)
 	}
@@ -235,7 +244,7 @@ func dockerExec(ctx context.Context, container string, in []byte, args ...string
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("docker exec %s %s: %w: %s", container, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return out, fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }

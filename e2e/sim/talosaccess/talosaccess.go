@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -74,18 +75,12 @@ func Start(ctx context.Context, cfg *rest.Config, bundle *secrets.Bundle, m *mac
 		return fmt.Errorf("install CRD: %w", err)
 	}
 	// The CRD is served a moment after it is created.
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for {
-		_, err := dyn.Resource(talosAccountGVR).List(wctx, metav1.ListOptions{Limit: 1})
-		if err == nil {
-			break
-		}
-		select {
-		case <-wctx.Done():
-			return fmt.Errorf("serviceaccounts.talos.dev CRD not served after 30s: %w", err)
-		case <-time.After(200 * time.Millisecond):
-		}
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = dyn.Resource(talosAccountGVR).List(ctx, metav1.ListOptions{Limit: 1})
+		return last == nil, nil
+	}); err != nil {
+		return fmt.Errorf("serviceaccounts.talos.dev CRD not served after 30s: %v", last)
 	}
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	inf := factory.ForResource(talosAccountGVR).Informer()
