@@ -96,19 +96,24 @@ type EngineOptions struct {
 	RebootTimeout  time.Duration // a Talos node coming back after its reboot
 	PullTimeout    time.Duration // pre-pulling a stage's images
 	RenderTimeout  time.Duration // Talos re-rendering the bootstrap manifests for the target after an apply
-	Concurrency    int           // parallel Talos calls (pre-pull, discovery)
+	// MirrorPodTimeout is how long an invariant check waits for a control plane's
+	// missing kube-apiserver mirror pod before it pauses: a kubelet that restarted
+	// on a new version deletes and recreates its mirror pods.
+	MirrorPodTimeout time.Duration
+	Concurrency      int // parallel Talos calls (pre-pull, discovery)
 }
 
 // Default bounds.
 const (
-	DefaultApplyTimeout   = 5 * time.Minute
-	DefaultVerifyTimeout  = 20 * time.Minute
-	DefaultDrainTimeout   = 5 * time.Minute
-	DefaultUpgradeTimeout = 10 * time.Minute
-	DefaultRebootTimeout  = 20 * time.Minute
-	DefaultPullTimeout    = 10 * time.Minute
-	DefaultRenderTimeout  = 2 * time.Minute
-	DefaultConcurrency    = 32
+	DefaultApplyTimeout     = 5 * time.Minute
+	DefaultVerifyTimeout    = 20 * time.Minute
+	DefaultDrainTimeout     = 5 * time.Minute
+	DefaultUpgradeTimeout   = 10 * time.Minute
+	DefaultRebootTimeout    = 20 * time.Minute
+	DefaultPullTimeout      = 10 * time.Minute
+	DefaultRenderTimeout    = 2 * time.Minute
+	DefaultMirrorPodTimeout = 2 * time.Minute
+	DefaultConcurrency      = 32
 )
 
 // PauseError is how the engine stops on a failure: the operation pauses with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
@@ -252,7 +253,7 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 // newer than the apiservers) is reported, not refused: the rule is that no apply makes
 // the invariant worse, so the upgrade that fixes it can run.
 func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error {
-	running, err := kube.Observe(ctx, r.e.Kube)
+	running, err := r.settled(ctx, stage, "", r.observeNow)
 	if err != nil {
 		return r.pause(ctx, stage, node, "invariant check: "+err.Error(), actionResume, err)
 	}
@@ -275,6 +276,70 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 	return nil
 }
 
+// observeNow reads what the cluster runs now (two LISTs).
+func (r *kubeRun) observeNow(ctx context.Context) ([]kube.Running, error) {
+	return kube.Observe(ctx, r.e.Kube)
+}
+
+// cached is what the cache's watches last saw, with no request.
+func (r *kubeRun) cached(context.Context) ([]kube.Running, error) { return r.cache.Running(), nil }
+
+// settled reads what the cluster runs with read, and when the kube-apiserver mirror
+// pod of a control plane the stage knows is missing (but on node except, whose
+// components the caller takes from its render), waits for the cache to show it,
+// bounded by MirrorPodTimeout, and reads again: a kubelet that restarted on a new
+// version deletes its mirror pods and creates them anew, and the invariant is not
+// judged on that moment. One still missing at the bound is left to the caller's
+// judgement, which pauses on it.
+func (r *kubeRun) settled(ctx context.Context, stage, except string, read func(context.Context) ([]kube.Running, error)) ([]kube.Running, error) {
+	running, err := read(ctx)
+	if err != nil || len(r.missingApiservers(running, except)) == 0 {
+		return running, err
+	}
+
+	start := time.Now()
+
+	err = r.cache.Wait(ctx, r.opts.MirrorPodTimeout, func() (bool, string) {
+		missing := r.missingApiservers(r.cache.Running(), except)
+		if len(missing) == 0 {
+			return true, ""
+		}
+
+		return false, fmt.Sprintf("the kube-apiserver mirror pod of %s (a kubelet that restarted recreates it)", strings.Join(missing, ", "))
+	}, func(waiting string) {
+		r.e.step(stage, "invariant", "waiting for %s (waited %s)", waiting, time.Since(start).Round(time.Second))
+	})
+
+	var timeout *kube.WaitTimeoutError
+
+	switch {
+	case errors.As(err, &timeout):
+		return running, nil
+	case err != nil:
+		return nil, err
+	}
+
+	return read(ctx)
+}
+
+// missingApiservers are the control planes the stage knows (all of them when it knows
+// none yet), but except, that running shows with no kube-apiserver mirror pod.
+func (r *kubeRun) missingApiservers(running []kube.Running, except string) []string {
+	var out []string
+
+	for _, run := range running {
+		if run.Component != discovery.APIServer || run.Image != "" || run.Node == except {
+			continue
+		}
+
+		if r.known == nil || r.known[run.Node] {
+			out = append(out, run.Node)
+		}
+	}
+
+	return out
+}
+
 // unknownApiservers pauses when an apiserver's version cannot be read.
 func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv Invariant) error {
 	if len(inv.Unknown) == 0 {
@@ -294,7 +359,7 @@ func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv
 // when the invariant is worse than at the stage's start. The node's own components
 // whose version cannot be read yet (a static pod restarting) count at the render's.
 func (r *kubeRun) checkApplied(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
-	running, err := kube.Observe(ctx, r.e.Kube)
+	running, err := r.settled(ctx, stage, sn.Name, r.observeNow)
 	if err != nil {
 		return r.pause(ctx, stage, sn.Name, "invariant check: "+err.Error(), actionResume, err)
 	}
@@ -306,7 +371,12 @@ func (r *kubeRun) checkApplied(ctx context.Context, stage string, sn *stageNode,
 // saw, with no request: it follows the fresh one after its apply (a read of the whole
 // cluster at every step of every node would grow with the square of the cluster).
 func (r *kubeRun) recheckInvariant(ctx context.Context, stage, node string) error {
-	return r.notWorse(ctx, stage, node, r.cache.Running(), brokenAction)
+	running, err := r.settled(ctx, stage, "", r.cached)
+	if err != nil {
+		return err
+	}
+
+	return r.notWorse(ctx, stage, node, running, brokenAction)
 }
 
 // notWorse pauses when running cannot be judged, or is worse than the stage's start.
@@ -367,7 +437,11 @@ func withRender(running []kube.Running, node string, res *render.Result, all boo
 // components replaced by the render's (such as a held control plane whose apiserver
 // stays behind).
 func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode, res *render.Result) error {
-	running := r.cache.Running()
+	running, err := r.settled(ctx, stage, sn.Name, r.cached)
+	if err != nil {
+		return err
+	}
+
 	if err := r.joined(running); err != nil {
 		return err
 	}
@@ -390,7 +464,11 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 // while some apiserver is older (as the watches last saw them), unless that skew was
 // there at the stage's start already.
 func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) error {
-	running := r.cache.Running()
+	running, err := r.settled(ctx, stage, "", r.cached)
+	if err != nil {
+		return err
+	}
+
 	if err := r.joined(running); err != nil {
 		return err
 	}

@@ -408,9 +408,33 @@ func TestEngineInvariant(t *testing.T) {
 			f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
 			require.NoError(t, f.cs.CoreV1().Pods("kube-system").Delete(context.Background(), "kube-apiserver-cp-3", metav1.DeleteOptions{}))
 
-			err := f.engine("v1.36.3").Run(context.Background())
+			rec := &recorder{}
+			e := f.engine("v1.36.3", func(o *EngineOptions) { o.MirrorPodTimeout = 300 * time.Millisecond })
+			e.Progress = rec
+
+			err := e.Run(context.Background())
 			requirePause(t, err, "APIServers", "cp-3", "apiserver version unknown: kube-apiserver on cp-3: no version (no kube-apiserver mirror pod in kube-system on control plane cp-3)")
 			assert.Empty(t, f.realApplies())
+			assert.NotEmpty(t, rec.with("APIServers [invariant] waiting for the kube-apiserver mirror pod of cp-3"), "the wait is said")
+		})
+
+		// A kubelet that restarted on a new version deletes its mirror pods and
+		// creates them anew: a mirror pod back within the bound is waited for, not
+		// paused on.
+		t.Run("a mirror pod recreated within the bound", func(t *testing.T) {
+			f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+			pods := f.cs.CoreV1().Pods("kube-system")
+			require.NoError(t, pods.Delete(context.Background(), "kube-apiserver-cp-3", metav1.DeleteOptions{}))
+
+			go func() {
+				time.Sleep(500 * time.Millisecond)
+
+				_, err := pods.Create(context.Background(), mirrorPod("cp-3", discovery.APIServer, "v1.35.4"), metav1.CreateOptions{})
+				assert.NoError(t, err)
+			}()
+
+			require.NoError(t, f.engine("v1.36.3", func(o *EngineOptions) { o.MirrorPodTimeout = time.Minute }).Run(context.Background()))
+			assert.NotEmpty(t, f.realApplies())
 		})
 	})
 
@@ -599,7 +623,8 @@ func TestEngineOptions(t *testing.T) {
 	assert.Equal(t, EngineOptions{
 		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
-		Concurrency: DefaultConcurrency, MaxUnavailable: 1,
+		MirrorPodTimeout: DefaultMirrorPodTimeout,
+		Concurrency:      DefaultConcurrency, MaxUnavailable: 1,
 	}, EngineOptions{}.withDefaults())
 }
 
