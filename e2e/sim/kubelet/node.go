@@ -274,12 +274,19 @@ func (n *node) sync(ctx context.Context) {
 	}
 	if !n.kubeletOn || st.KubeletImage != n.kubeletImage {
 		// The kubelet service (re)started: the kubelet runs the machine's
-		// kubelet image.
+		// kubelet image. On a new version it hashes the static pods anew, so
+		// once Ready it recreates their mirror pods (the pods restart).
+		newVersion := n.kubeletVersion != "" && VersionOf(st.KubeletImage) != n.kubeletVersion
 		n.kubeletOn = true
 		n.kubeletImage = st.KubeletImage
 		n.kubeletVersion = VersionOf(st.KubeletImage)
 		n.k.opts.Events.Start(n.name, events.Kubelet, n.kubeletVersion)
 		n.becomeReady(ctx, st)
+		if newVersion {
+			for _, sp := range n.staticPods {
+				sp.remirror()
+			}
+		}
 	} else if !n.ready && !n.k.opts.Faults.For(n.name).StayNotReady {
 		n.becomeReady(ctx, st)
 	}

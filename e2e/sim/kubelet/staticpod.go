@@ -16,12 +16,16 @@ const ConfigVersionAnnotation = "talos.dev/config-version"
 
 // staticPod runs one control-plane static pod of a node and keeps its mirror
 // pod in step: a new spec makes the running pod not Ready, and after the
-// restart latency the mirror pod is replaced by one on the new image.
+// restart latency the mirror pod is replaced by one on the new image. A
+// kubelet that starts on a new version hashes the static pod anew: it deletes
+// the mirror pod, restarts the pod and creates the mirror pod again, a moment
+// in which the node's control-plane components have no mirror pod at all.
 type staticPod struct {
-	n         *node
-	component string
-	wantCh    chan StaticPod
-	last      StaticPod
+	n          *node
+	component  string
+	wantCh     chan StaticPod
+	remirrorCh chan struct{}
+	last       StaticPod
 	// initial is the spec the cluster started with: the neverReady fault
 	// applies only to a start on another spec, so a cluster with the fault
 	// set still comes up.
@@ -32,7 +36,11 @@ type staticPod struct {
 
 func newStaticPod(n *node, component string, initial StaticPod) *staticPod {
 	ctx, cancel := context.WithCancel(context.Background())
-	sp := &staticPod{n: n, component: component, initial: initial, wantCh: make(chan StaticPod, 1), cancel: cancel, done: make(chan struct{})}
+	sp := &staticPod{
+		n: n, component: component, initial: initial,
+		wantCh: make(chan StaticPod, 1), remirrorCh: make(chan struct{}, 1),
+		cancel: cancel, done: make(chan struct{}),
+	}
 	go sp.run(ctx)
 	return sp
 }
@@ -49,6 +57,15 @@ func (sp *staticPod) want(w StaticPod) {
 	sp.wantCh <- w
 }
 
+// remirror is the kubelet's restart on a new version: the running pod
+// restarts under a new mirror pod.
+func (sp *staticPod) remirror() {
+	select {
+	case sp.remirrorCh <- struct{}{}:
+	default:
+	}
+}
+
 func (sp *staticPod) stop() {
 	sp.cancel()
 	<-sp.done
@@ -63,12 +80,24 @@ func (sp *staticPod) run(ctx context.Context) {
 	var running *StaticPod
 	for {
 		var w StaticPod
+		remirror := false
 		select {
 		case <-ctx.Done():
 			return
 		case w = <-sp.wantCh:
+		case <-sp.remirrorCh:
+			if running == nil {
+				continue
+			}
+			w, remirror = *running, true
 		}
-		if running != nil {
+		switch {
+		case remirror:
+			logf("kubelet on a new version: mirror pod deleted, static pod restarting", "pod", sp.name())
+			if err := sp.deleteMirror(ctx); err != nil {
+				logf("delete mirror pod", "pod", sp.name(), "err", err)
+			}
+		case running != nil:
 			// The old container stops: its mirror pod goes not Ready while
 			// Talos restarts the static pod.
 			sp.setStatus(ctx, *running, false, false)
@@ -125,12 +154,21 @@ func (sp *staticPod) run(ctx context.Context) {
 	}
 }
 
+// deleteMirror deletes the mirror pod at once (a mirror pod has no grace).
+func (sp *staticPod) deleteMirror(ctx context.Context) error {
+	zero := int64(0)
+	err := sp.n.k.opts.Client.CoreV1().Pods(metav1.NamespaceSystem).Delete(ctx, sp.name(), metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
 // replace deletes the mirror pod and creates it anew for w, Running and not
 // yet Ready, as a kubelet does when a static pod's spec hash changes.
 func (sp *staticPod) replace(ctx context.Context, w StaticPod) error {
 	pods := sp.n.k.opts.Client.CoreV1().Pods(metav1.NamespaceSystem)
-	zero := int64(0)
-	if err := pods.Delete(ctx, sp.name(), metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+	if err := sp.deleteMirror(ctx); err != nil {
 		return err
 	}
 	node, err := sp.n.k.opts.Client.CoreV1().Nodes().Get(ctx, sp.n.name, metav1.GetOptions{})
