@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // Lease timings of the lock: a runner renews every RetryPeriod and stops changing
@@ -22,6 +23,24 @@ const (
 	RenewDeadline = 10 * time.Second
 	RetryPeriod   = 2 * time.Second
 )
+
+// LockRequestTimeout bounds each request of the lock's client (see LockClientConfig):
+// two tries fit in a RenewDeadline.
+const LockRequestTimeout = RenewDeadline / 2
+
+// LockClientConfig is cfg for the client that renews the lock: each request bounded by
+// LockRequestTimeout, over HTTP/1.1. A control plane that reboots leaves the connections
+// to its apiserver open and silent: over HTTP/2 every request shares one of them, and a
+// renewal waits on it past the RenewDeadline (client-go's HTTP/2 health check notices a
+// dead connection only after 45 s); over HTTP/1.1 a request that timed out closes its
+// connection, and the next try opens one to an apiserver that answers.
+func LockClientConfig(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = LockRequestTimeout
+	cfg.TLSClientConfig.NextProtos = []string{"http/1.1"}
+
+	return cfg
+}
 
 // DefaultNamespace is the product's namespace when -n is not given.
 const DefaultNamespace = "ichor-system"

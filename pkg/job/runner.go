@@ -70,6 +70,10 @@ type Runner struct {
 	// Kube and Dynamic reach the cluster (in-cluster config: the runner's ServiceAccount).
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
+	// LockKube renews the lock and reads it before each state write; nil: Kube. Built
+	// from LockClientConfig, it has connections of its own and bounded requests, so that
+	// a renewal never waits on a connection to an apiserver that went away.
+	LockKube kubernetes.Interface
 	// Namespace is the product's namespace; Operation the ID of the operation to run.
 	Namespace string
 	Operation string
@@ -182,7 +186,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	elector, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
-			Client:     r.Kube.CoordinationV1(),
+			Client:     r.lockKube().CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: HolderIdentity(r.Namespace, r.Identity)},
 			Labels:     commonLabels(nil),
 		},
@@ -263,6 +267,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 
 	return result
+}
+
+// lockKube is the client of the lock.
+func (r *Runner) lockKube() kubernetes.Interface {
+	if r.LockKube != nil {
+		return r.LockKube
+	}
+
+	return r.Kube
 }
 
 // releaseOwnLock clears the lock once the engine stopped, when the Lease still names
@@ -417,7 +430,7 @@ func (r *Runner) fence(lctx context.Context, elector *leaderelection.LeaderElect
 			return time.Time{}, errLostLock
 		}
 
-		lock, err := ReadLock(ctx, r.Kube)
+		lock, err := ReadLock(ctx, r.lockKube())
 		if err != nil {
 			return time.Time{}, fmt.Errorf("check the lock before writing the state: %w", err)
 		}

@@ -49,6 +49,8 @@ type jobDeps struct {
 type jobTarget struct {
 	kube    kubernetes.Interface
 	dynamic dynamic.Interface
+	// lock is the runner's client of the lock (job.LockClientConfig).
+	lock kubernetes.Interface
 }
 
 func defaultJobDeps() jobDeps {
@@ -129,7 +131,12 @@ func newJobTarget(cfg *rest.Config) (*jobTarget, error) {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
 	}
 
-	return &jobTarget{kube: kube, dynamic: dyn}, nil
+	lock, err := kubernetes.NewForConfig(job.LockClientConfig(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
+	}
+
+	return &jobTarget{kube: kube, dynamic: dyn, lock: lock}, nil
 }
 
 func isTerminal(stream any) bool {

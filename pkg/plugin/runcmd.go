@@ -65,7 +65,7 @@ func (o *RunOptions) Run(ctx context.Context) error {
 	out := &stampWriter{w: o.Out, now: o.deps.job.now}
 
 	r := &job.Runner{
-		Kube: t.kube, Dynamic: t.dynamic,
+		Kube: t.kube, Dynamic: t.dynamic, LockKube: t.lock,
 		Namespace: o.flags.namespace(), Operation: o.Operation,
 		Identity: identity, Node: o.deps.job.env("NODE_NAME"), StayOnNode: o.deps.job.env(job.StayOnNodeEnv) == "true",
 		NewEngine: o.deps.job.engine, Out: out, Now: o.deps.job.now,
