@@ -100,7 +100,11 @@ type EngineOptions struct {
 	// missing kube-apiserver mirror pod before it pauses: a kubelet that restarted
 	// on a new version deletes and recreates its mirror pods.
 	MirrorPodTimeout time.Duration
-	Concurrency      int // parallel Talos calls (pre-pull, discovery)
+	// StaticPodSettle is how long, after a control plane's kubelet moved to a new
+	// version, its static pods must stay Ready before the next node, unless that
+	// kubelet already restarted them (it may: see settleStaticPods).
+	StaticPodSettle time.Duration
+	Concurrency     int // parallel Talos calls (pre-pull, discovery)
 }
 
 // Default bounds.
@@ -113,6 +117,7 @@ const (
 	DefaultPullTimeout      = 10 * time.Minute
 	DefaultRenderTimeout    = 2 * time.Minute
 	DefaultMirrorPodTimeout = 2 * time.Minute
+	DefaultStaticPodSettle  = 30 * time.Second
 	DefaultConcurrency      = 32
 )
 

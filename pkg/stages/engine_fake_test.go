@@ -122,6 +122,8 @@ type fakeCluster struct {
 	onEvict func(ns, name string)
 	// beforeApply, when set, is called before every non-dry-run apply.
 	beforeApply func(ctx context.Context, m *fakeMachine)
+	// kubeletMoved, when set, is called once an apply moved a node's kubelet.
+	kubeletMoved func(m *fakeMachine, version string)
 }
 
 // clusterSpec describes a fake cluster.
@@ -393,7 +395,7 @@ func (f *fakeCluster) record(node, component, version string) {
 func (f *fakeCluster) engine(target string, mutate ...func(*EngineOptions)) *Engine {
 	opts := EngineOptions{
 		Kind: KindKubernetes, Target: target, MaxUnavailable: 1,
-		ApplyTimeout: 5e9, VerifyTimeout: 5e9, DrainTimeout: 5e9, PullTimeout: 5e9,
+		ApplyTimeout: 5e9, VerifyTimeout: 5e9, DrainTimeout: 5e9, PullTimeout: 5e9, StaticPodSettle: 1e8,
 	}
 
 	for _, fn := range mutate {
@@ -593,6 +595,10 @@ func (f *fakeCluster) takeConfig(m *fakeMachine, cfg config.Provider) {
 		_, err = f.cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
 		require.NoError(f.t, err)
 		f.record(m.name, string(discovery.Kubelet), node.Status.NodeInfo.KubeletVersion)
+
+		if f.kubeletMoved != nil {
+			f.kubeletMoved(m, node.Status.NodeInfo.KubeletVersion)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
@@ -707,7 +708,12 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 	ours := kube.CordonedByIchor(node)
 	applied := res.Hash != activeHash
 
-	var drained string
+	var (
+		drained string
+		// settle: a control plane's kubelet moves, and may restart its static pods.
+		settle  = applied && kubelets && sn.ControlPlane
+		mirrors map[discovery.Component]types.UID
+	)
 
 	if applied {
 		if err := r.refuseStaged(ctx, stage, name, ip, cfg, activeHash); err != nil {
@@ -724,6 +730,10 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 			}
 
 			ours = true
+		}
+
+		if settle {
+			mirrors = r.mirrorUIDs(name)
 		}
 
 		if err := r.apply(ctx, stage, name, ip, res); err != nil {
@@ -756,6 +766,12 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 		}
 
 		return false, r.pause(ctx, stage, name, "verify: "+err.Error(), actionResume, fmt.Errorf("node %q: verify: %w", name, err))
+	}
+
+	if settle {
+		if err := r.settleStaticPods(ctx, stage, name, mirrors); err != nil {
+			return false, err
+		}
 	}
 
 	if kubelets && ours {

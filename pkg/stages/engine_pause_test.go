@@ -623,8 +623,8 @@ func TestEngineOptions(t *testing.T) {
 	assert.Equal(t, EngineOptions{
 		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
-		MirrorPodTimeout: DefaultMirrorPodTimeout,
-		Concurrency:      DefaultConcurrency, MaxUnavailable: 1,
+		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle,
+		Concurrency: DefaultConcurrency, MaxUnavailable: 1,
 	}, EngineOptions{}.withDefaults())
 }
 

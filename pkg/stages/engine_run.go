@@ -167,6 +167,7 @@ func (o EngineOptions) withDefaults() EngineOptions {
 	def(&o.PullTimeout, DefaultPullTimeout)
 	def(&o.RenderTimeout, DefaultRenderTimeout)
 	def(&o.MirrorPodTimeout, DefaultMirrorPodTimeout)
+	def(&o.StaticPodSettle, DefaultStaticPodSettle)
 
 	if o.Concurrency <= 0 {
 		o.Concurrency = DefaultConcurrency
