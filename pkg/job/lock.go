@@ -18,15 +18,21 @@ import (
 // Lease timings of the lock: a runner renews every RetryPeriod and stops changing
 // anything when it could not renew for RenewDeadline; another may take the lock once
 // LeaseDuration passed without a renewal.
+//
+// They are longer than client-go's usual 15/10/2 s: every control-plane reboot leaves a
+// few seconds in which a request may go to the apiserver that went away, and a runner
+// that lost its lock stops (the Job's next pod continues, but each such exit counts
+// against the Job's backoffLimit). A runner cut off stops acting 10 s before another
+// may take the lock.
 const (
-	LeaseDuration = 15 * time.Second
-	RenewDeadline = 10 * time.Second
+	LeaseDuration = 30 * time.Second
+	RenewDeadline = 20 * time.Second
 	RetryPeriod   = 2 * time.Second
 )
 
 // LockRequestTimeout bounds each request of the lock's client (see LockClientConfig):
-// two tries fit in a RenewDeadline.
-const LockRequestTimeout = RenewDeadline / 2
+// a renewal (a read, then a write) is tried at least twice in a RenewDeadline.
+const LockRequestTimeout = 4 * time.Second
 
 // LockClientConfig is cfg for the client that renews the lock: each request bounded by
 // LockRequestTimeout, over HTTP/1.1. A control plane that reboots leaves the connections

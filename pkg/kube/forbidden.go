@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 )
 
 // ForbiddenRetryBound is how long RetryForbidden tries a request again that
@@ -30,6 +32,12 @@ type forbiddenRetry struct {
 	next  http.RoundTripper
 	bound time.Duration
 }
+
+// WrappedRoundTripper lets client-go reach the transport beneath, to cancel a
+// request (a client's timeout) and to read its settings.
+func (t forbiddenRetry) WrappedRoundTripper() http.RoundTripper { return t.next }
+
+var _ utilnet.RoundTripperWrapper = forbiddenRetry{}
 
 func (t forbiddenRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 	deadline := time.Now().Add(t.bound)
