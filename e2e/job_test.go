@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -459,22 +460,10 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 	assert.Equal(t, first.Spec.ID, op.Spec.ID, "the state is kept for the record")
 	assert.Empty(t, invariantBreaks(c.Events(t)), "an abort breaks no invariant")
 
-	// The node the abort caught restarting its kubelet comes back Ready (the next plan
-	// refuses a NotReady node).
-	eventually(t, time.Minute, "every node Ready", func(ctx context.Context) error {
-		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-
-		for _, n := range nodes.Items {
-			if !nodeReady(&n) {
-				return fmt.Errorf("%s not Ready", n.Name)
-			}
-		}
-
-		return nil
-	})
+	// The node the abort caught restarting its kubelet comes back Ready, its static pods
+	// restarted by the new kubelet shown again (the next plan refuses a NotReady node
+	// and an apiserver without a mirror pod).
+	waitSettled(t, c)
 
 	// A lock whose holder is gone does not stop the next upgrade: its runner takes it.
 	lease, err := c.Client.CoordinationV1().Leases(job.LockNamespace).Get(ctx, job.LockName, metav1.GetOptions{})
@@ -838,20 +827,7 @@ func TestJobOneOperationPerCluster(t *testing.T) {
 	r.requireExit(t, 0)
 	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
 
-	eventually(t, time.Minute, "every node Ready", func(ctx context.Context) error {
-		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-
-		for _, n := range nodes.Items {
-			if !nodeReady(&n) {
-				return fmt.Errorf("%s not Ready", n.Name)
-			}
-		}
-
-		return nil
-	})
+	waitSettled(t, c)
 
 	r = c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "-n", "upgrades", "--talos-credentials", "local")
 	r.requireExit(t, 0)
@@ -865,4 +841,50 @@ func TestJobOneOperationPerCluster(t *testing.T) {
 	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)
 	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// waitSettled waits until every node is Ready and every control plane's kube-apiserver
+// mirror pod shows, Ready: after an abort that caught a kubelet restarting on a new
+// version, which restarts its static pods (a plan refuses a NotReady node and an
+// apiserver without a mirror pod).
+func waitSettled(t *testing.T, c *Cluster) {
+	t.Helper()
+
+	eventually(t, time.Minute, "every node Ready, every apiserver's mirror pod Ready", func(ctx context.Context) error {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+
+		controlPlanes := 0
+
+		for _, n := range nodes.Items {
+			if !nodeReady(&n) {
+				return fmt.Errorf("%s not Ready", n.Name)
+			}
+
+			if _, ok := n.Labels[discovery.ControlPlaneLabel]; ok {
+				controlPlanes++
+			}
+		}
+
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-apiserver"})
+		if err != nil {
+			return err
+		}
+
+		ready := 0
+
+		for _, p := range pods.Items {
+			if kube.PodReady(&p) {
+				ready++
+			}
+		}
+
+		if ready < controlPlanes {
+			return fmt.Errorf("%d of %d kube-apiserver mirror pods Ready", ready, controlPlanes)
+		}
+
+		return nil
+	})
 }

@@ -117,6 +117,12 @@ func UnknownAction(inv Invariant) string {
 		node = inv.Unknown[0].Node
 	}
 
+	if len(inv.Unknown) > 0 && inv.Unknown[0].Image == "" && inv.Unknown[0].Version == "" {
+		return fmt.Sprintf("kube-apiserver on %s has no mirror pod: a kubelet that just restarted recreates it within seconds; "+
+			"if it does not show (kubectl -n %s get pods -l %s=%s -o wide), check the kubelet (talosctl -n <its address> service kubelet), then resume",
+			node, discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.APIServer)
+	}
+
 	return fmt.Sprintf("the invariant needs every apiserver's version: give kube-apiserver on %s an image tagged vMAJOR.MINOR.PATCH "+
 		"(cluster.apiServer.image in its machine config; not digest-only, no suffix) and make sure its mirror pod shows "+
 		"(kubectl -n %s get pods -l %s=%s -o wide), then resume",
