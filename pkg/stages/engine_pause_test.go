@@ -413,7 +413,8 @@ func TestEngineInvariant(t *testing.T) {
 			e.Progress = rec
 
 			err := e.Run(context.Background())
-			requirePause(t, err, "APIServers", "cp-3", "apiserver version unknown: kube-apiserver on cp-3: no version (no kube-apiserver mirror pod in kube-system on control plane cp-3)")
+			p := requirePause(t, err, "APIServers", "cp-3", "apiserver version unknown: kube-apiserver on cp-3: no version (no kube-apiserver mirror pod in kube-system on control plane cp-3)")
+			assert.Contains(t, p.Action, "kube-apiserver on cp-3 has no mirror pod: a kubelet that just restarted recreates it within seconds")
 			assert.Empty(t, f.realApplies())
 			assert.NotEmpty(t, rec.with("APIServers [invariant] waiting for the kube-apiserver mirror pod of cp-3"), "the wait is said")
 		})
