@@ -66,10 +66,10 @@ func (r *kubeRun) settleStaticPods(ctx context.Context, stage, node string, befo
 		case now.Sub(since) >= r.opts.StaticPodSettle:
 			return nil
 		default:
-			waiting = fmt.Sprintf("its static pods to stay Ready for %s (a kubelet on a new version may restart them): Ready for %s",
-				r.opts.StaticPodSettle, now.Sub(since).Round(time.Second))
+			waiting = fmt.Sprintf("its static pods to stay Ready for %s (a kubelet on a new version may restart them)", r.opts.StaticPodSettle)
 		}
 
+		// Said when what it waits for changes, and every 10 s: not at every look.
 		if waiting != last || now.Sub(reported) >= 10*time.Second {
 			r.e.node(stage, node, PhaseVerifying, "kubelet restarted: waiting for %s (waited %s)", waiting, now.Sub(start).Round(time.Second))
 			last, reported = waiting, now
