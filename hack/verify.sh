@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every cheap check: formatting and go vet.
+# Every cheap check: no build output tracked, formatting and go vet.
 set -o errexit -o nounset -o pipefail
 cd "$(dirname "$0")/.."
+hack/verify-files.sh
 bad=$(gofmt -l $(git ls-files '*.go') 2>/dev/null || true)
 if [ -n "$bad" ]; then
   echo "verify: gofmt would change these files (run gofmt -w):" >&2
