@@ -16,6 +16,8 @@ type Node struct {
 	// Held is true for a node the ichor.dev/hold annotation excludes: no rule judges it,
 	// and no hop moves it.
 	Held bool
+	// HoldReason is the hold annotation's value.
+	HoldReason string
 	// Talos is the Talos version the node runs, as Talos reports it; "" for a node
 	// that is not Talos (or whose Talos was not read), which the Talos rules skip.
 	Talos string

@@ -13,7 +13,7 @@ func FromSnapshot(snap *discovery.Snapshot) []Node {
 	out := make([]Node, 0, len(snap.Nodes))
 
 	for _, n := range snap.Nodes {
-		node := Node{Name: n.Name, Held: n.Held, Kubernetes: running(n)}
+		node := Node{Name: n.Name, Held: n.Held, HoldReason: n.HoldReason, Kubernetes: running(n)}
 		if n.Talos != nil {
 			node.Talos = n.Talos.Version
 		}
