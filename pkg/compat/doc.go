@@ -33,4 +33,35 @@
 //     (what runs now), as FromSnapshot reads them.
 //   - The machine-readable text is the plan's: the rows `kubectl ichor plan` printed
 //     before this package keep their wording, so automation reading them sees no change.
+//
+// The path (Planner.Plan) is a breadth-first search over what the cluster runs between
+// hops, so the first path found is a shortest one. Decisions:
+//   - A hop is legal when it starts, judged with the same functions as the rules: a
+//     Kubernetes hop moves every component at most one minor, to a version every node's
+//     Talos then supports; a Talos hop goes to a version each node may upgrade to from
+//     what it then runs and that supports every Kubernetes version the cluster then runs.
+//   - Among the shortest paths, Talos first (through the releases the operator named,
+//     else the newest legal Talos): Kubernetes then moves only as far as the next Talos
+//     needs, as an operator would do it by hand.
+//   - An absent target is "leave it as it runs": no hop of that kind is planned. A target
+//     that needs the other kind to move (Kubernetes v1.37 on nodes of Talos 1.13) is
+//     refused, naming the target to add, rather than an OS upgrade of every node nobody
+//     asked for.
+//   - Impossible requests are refused before the search, each with its reason: a
+//     downgrade, a Talos minor this build does not know, a Kubernetes no Talos it knows
+//     supports, targets that do not go together; and after it: no legal sequence (with
+//     what blocks the furthest state reached).
+//   - Intermediate releases: the operator's --via (one per minor, matched to the hop of
+//     that minor; a --via the path does not use is refused, as a mistake about the
+//     path), else a Resolver (pkg/releases: the newest patch tagged in the nodes' own
+//     registry), else a refusal that names the --via to pass. The search judges minors
+//     (machinery's bounds are X.Y.0 and X.Y.99), then the path is judged again with the
+//     releases found: one older than a node's patch of that minor is refused there.
+//   - A Talos intermediate has no default in machinery: its constants name only its own
+//     release (gendata, v1.14.1), which is never an intermediate (an intermediate is
+//     older than the target's minor, the target at most the build's minor). It comes
+//     from --via or a Talos Resolver (the nodes' installer repository, or the Image
+//     Factory's list of versions for nodes on a schematic).
+//   - Each hop says where its version came from (target, via, registry) and why it is
+//     legal; Document makes the UpgradePath document of api/v1alpha1.
 package compat

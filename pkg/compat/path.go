@@ -320,6 +320,11 @@ func (s *search) find(start state) ([]step, error) {
 			}
 		}
 
+		if !moved && len(why) == 0 {
+			// Only Kubernetes can have no candidate: minors more than one apart.
+			why = append(why, fmt.Sprintf("Kubernetes: %s are more than one minor apart, and no one hop moves them all", joinVersions(cur.st.kube)))
+		}
+
 		if !moved && (blocked == nil || cur.depth > blocked.depth) {
 			blocked, reasons = &cur, why
 		}

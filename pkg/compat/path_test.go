@@ -270,6 +270,22 @@ func TestPlan(t *testing.T) {
 				"Talos 1.12: host version 1.9.5 is too old to upgrade to Talos 1.12.0; and 3 more",
 		},
 		{
+			name: "no legal sequence: Kubernetes minors more than one apart", kubernetes: "v1.36.3",
+			cluster: func() *discoverytest.Cluster {
+				c := cluster("v1.14.1", "v1.35.4")
+				c.Node("worker-2").Kubernetes = "v1.33.2"
+
+				return c
+			}(),
+			refused: "no legal sequence of hops reaches Kubernetes v1.36.3: from here no hop is legal: " +
+				"Kubernetes: v1.33.2, v1.35.4 are more than one minor apart, and no one hop moves them all",
+		},
+		{
+			name: "no legal sequence: an intermediate minor the nodes' Talos does not support", cluster: cluster("v1.14.1", "v1.30.9"), kubernetes: "v1.32.11",
+			refused: "no legal sequence of hops reaches Kubernetes v1.32.11: from here no hop is legal: " +
+				"Kubernetes 1.31: Talos v1.14.1 supports Kubernetes 1.32-1.37, not v1.31.0",
+		},
+		{
 			name: "a pre-release Talos is refused", cluster: cluster("v1.13.0-beta.1", "v1.35.4"), kubernetes: "v1.36.3",
 			refused: `node "cp-1": Talos version: malformed version "v1.13.0-beta.1"`,
 		},
