@@ -374,11 +374,18 @@ func TalosSupports(nodes []Node, target Version) Verdict {
 
 	var problems, refusing []string
 
+	// Each version is said once, with the first node that runs it (a line per node
+	// would repeat it); every node that runs a refused version is named in Nodes.
+	refusedVersion := map[string]bool{}
 	seen := map[string]bool{}
 
 	for _, n := range active(nodes) {
 		for _, c := range n.Kubernetes {
 			if seen[c.Version] {
+				if refusedVersion[c.Version] {
+					refusing = append(refusing, n.Name)
+				}
+
 				continue
 			}
 
@@ -388,6 +395,7 @@ func TalosSupports(nodes []Node, target Version) Verdict {
 			if err != nil {
 				problems = append(problems, fmt.Sprintf("%s %s: %v", n.Name, c.Name, err))
 				refusing = append(refusing, n.Name)
+				refusedVersion[c.Version] = true
 
 				continue
 			}
@@ -400,6 +408,7 @@ func TalosSupports(nodes []Node, target Version) Verdict {
 				}
 
 				refusing = append(refusing, n.Name)
+				refusedVersion[c.Version] = true
 			}
 		}
 	}

@@ -187,6 +187,14 @@ func TestRules(t *testing.T) {
 			action:  "move Kubernetes into that range first", nodes: []string{"worker-2"},
 		},
 		{
+			name: "kubernetes too old for target talos on several nodes: said once, every node named", rule: onTarget, target: "v1.14.1",
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("worker-1").Kubernetes, c.Node("worker-2").Kubernetes = "v1.31.2", "v1.31.2"
+			},
+			detail: []string{"Talos v1.14.1 supports Kubernetes 1.32-1.37: Kubernetes v1.31.2 (kubelet on worker-1) is outside 1.32-1.37"},
+			nodes:  []string{"worker-1", "worker-2"},
+		},
+		{
 			name: "kubernetes on target talos: a machine config image counts (Talos starts it after the reboot)", rule: onTarget, target: "v1.14.1",
 			cluster: func(c *discoverytest.Cluster) {
 				c.Node("cp-2").Versions = map[discovery.Component]string{discovery.KubeProxy: "v1.31.2"}
