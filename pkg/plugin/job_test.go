@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -592,6 +593,68 @@ func TestUpgradeTalosAllowEtcdOutage(t *testing.T) {
 		state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, allow, state.Spec.AllowEtcdOutage)
+	}
+}
+
+// TestUpgradePullFlags: --pull-timeout and --pull-concurrency of both upgrade commands
+// reach the Job's spec (their defaults too); a bad value is refused in one line that
+// says what to pass, before anything is launched.
+func TestUpgradePullFlags(t *testing.T) {
+	talos113 := func() *discoverytest.Cluster {
+		f := fixture()
+		for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+			f.Node(n).Talos = "v1.12.4"
+		}
+
+		return f
+	}
+
+	for _, tc := range []struct {
+		name        string
+		snap        func() *discoverytest.Cluster
+		args        []string
+		timeout     time.Duration
+		concurrency int
+	}{
+		{"kubernetes, set", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--pull-timeout", "90s", "--pull-concurrency", "4"}, 90 * time.Second, 4},
+		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, stages.DefaultPullTimeout, stages.DefaultPullConcurrency},
+		{"talos, set", talos113, []string{"upgrade", "talos", "--to", "v1.13.9", "--pull-timeout", "15m", "--pull-concurrency", "100"}, 15 * time.Minute, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newJobCluster(talosSecret())
+
+			_, stderr, code := runWith(t, c.with(fakeDeps(tc.snap(), nil)), append(tc.args, "--yes", "--detach")...)
+			require.Equal(t, ExitOK, code, stderr)
+
+			state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tc.timeout, job.Timeout(state.Spec.Timeouts.Pull))
+			assert.Equal(t, tc.concurrency, state.Spec.PullConcurrency)
+		})
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pull-timeout", "0s"}, "error: --pull-timeout 0s: pass a positive duration, e.g. 5m0s\n"},
+		{[]string{"--pull-timeout", "-1m"}, "error: --pull-timeout -1m0s: pass a positive duration, e.g. 5m0s\n"},
+		{[]string{"--pull-concurrency", "0"}, "error: --pull-concurrency 0: pass how many nodes may pull at once, 1 or more (default 32)\n"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			for _, kind := range []string{"kubernetes", "talos"} {
+				c := newJobCluster(talosSecret())
+
+				stdout, stderr, code := runWith(t, c.with(fakeDeps(talos113(), nil)), append([]string{"upgrade", kind, "--to", "v1.36.3", "--yes"}, tc.args...)...)
+				assert.Equal(t, ExitError, code)
+				assert.Equal(t, tc.want, stderr)
+				assert.Empty(t, stdout, "refused before planning")
+
+				jobs, err := c.kube.BatchV1().Jobs(job.DefaultNamespace).List(context.Background(), metav1.ListOptions{})
+				require.NoError(t, err)
+				assert.Empty(t, jobs.Items)
+			}
+		})
 	}
 }
 
