@@ -554,6 +554,72 @@ func TestAbortAndResumeCommands(t *testing.T) {
 	assert.Equal(t, "Resumed operation kubernetes-v1-36-3-abcde: job ichor-system/ichor-kubernetes-v1-36-3-abcde-2\nFollow it with: kubectl ichor status --watch\n", stdout)
 }
 
+// TestAbortCommandStateMissing: with the state ConfigMap gone, abort cleans up what the
+// operation left, found by its labels, and says the state was missing; with nothing
+// left, it is an error.
+func TestAbortCommandStateMissing(t *testing.T) {
+	cordoned := func(name string, held bool) *corev1.Node {
+		n := &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z"}},
+			Spec:       corev1.NodeSpec{Unschedulable: true},
+		}
+		if held {
+			n.Annotations["ichor.dev/hold"] = "disk"
+		}
+
+		return n
+	}
+	j := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "ichor-kubernetes-v1-36-3-abcde-1", Namespace: job.DefaultNamespace, Labels: map[string]string{
+			job.LabelOperation: "kubernetes-v1-36-3-abcde", job.LabelManagedBy: job.AppName,
+		}},
+		Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue}}},
+	}
+	c := newJobCluster(cordoned("worker-2", false), cordoned("worker-3", true), j, talosSecret())
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "abort")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, `The state of namespace ichor-system was missing (configmap ichor-system/ichor-state deleted, or pruned by a GitOps tool): `+
+		`cleaned up what operation kubernetes-v1-36-3-abcde left, found by its labels
+  stopped job ichor-system/ichor-kubernetes-v1-36-3-abcde-1
+  uncordoned worker-2
+  left cordoned worker-3: held (ichor.dev/hold) and cordoned by ichor; without the state ichor cannot tell whether an upgrade left it `+
+		`cordoned on purpose: kubectl uncordon worker-3 once fit, or remove the hold (kubectl annotate node worker-3 ichor.dev/hold-) and upgrade again
+  removed the Job's credentials: secret ichor-system/ichor-talos
+`, stdout)
+
+	require.NoError(t, c.kube.CoreV1().Nodes().Delete(context.Background(), "worker-3", metav1.DeleteOptions{}))
+
+	stdout, stderr, code = runWith(t, c.with(deps{}), "abort")
+	assert.Equal(t, ExitError, code)
+	assert.Empty(t, stdout)
+	assert.Equal(t, "error: no operation in namespace ichor-system (no configmap ichor-state) and nothing of one is left: nothing to abort; "+
+		"pass -n with the namespace it runs in\n", stderr)
+}
+
+// TestAbortCommandAfterSuccessKeepsHeld: abort after a success leaves a held node that
+// ichor left cordoned on purpose as it is, and says how to release it.
+func TestAbortCommandAfterSuccessKeepsHeld(t *testing.T) {
+	held := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z", "ichor.dev/hold": "disk"}},
+		Spec:       corev1.NodeSpec{Unschedulable: true},
+	}
+	c := newJobCluster(stateOf(t, operation(job.PhaseSucceeded), nil), held)
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "abort")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, `Operation kubernetes-v1-36-3-abcde succeeded: it stays Succeeded; cleaned up what its end left
+  left cordoned worker-2: held (ichor.dev/hold) and cordoned by ichor; the upgrade succeeded without it and left it cordoned on purpose: `+
+		`kubectl uncordon worker-2 once fit, or remove the hold (kubectl annotate node worker-2 ichor.dev/hold-) and upgrade again
+  no credential of the Job was left
+  the state stays in configmap ichor-system/ichor-state for the record
+`, stdout)
+
+	n, err := c.kube.CoreV1().Nodes().Get(context.Background(), "worker-2", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.True(t, n.Spec.Unschedulable, "the held node stays cordoned")
+}
+
 func TestLogs(t *testing.T) {
 	op := operation(job.PhaseRunning)
 	pod := func(name string, created time.Time) *corev1.Pod {
