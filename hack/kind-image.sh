@@ -33,7 +33,6 @@ kind=$root/hack/kind
 read -r -a versions <<< "${KIND_K8S_VERSIONS:-v1.35.4 v1.36.3}"
 cache=${ICHOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubectl-ichor}/kind
 export KIND_VERSION=v0.33.0
-etcd_version=3.6.8
 start=$SECONDS
 mkdir -p "$cache" "$root/_output/kind"
 
