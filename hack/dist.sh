@@ -104,7 +104,7 @@ binaries "${platforms[@]}"
 
 archives=()
 for p in "${platforms[@]}"; do
-  os=${p%/*} arch=${p#*/} exe= ext=tar.gz
+  os=${p%/*} arch=${p#*/} exe='' ext=tar.gz
   [ "$os" = windows ] && exe=.exe ext=zip
   bin=$dist/bin/${os}_$arch/kubectl-ichor$exe
   name=kubectl-ichor_${version}_${os}_$arch.$ext
@@ -131,4 +131,4 @@ fi
 echo "$out" | sed -n 's/^I[^]]*] /dist: validate-krew-manifest: /p'
 
 echo "dist: $version in _output/dist ($((SECONDS - start))s):"
-(cd "$dist" && ls -l "${archives[@]}" "kubectl-ichor_${version}_checksums.txt" ichor.yaml | awk '{ printf "  %10d  %s\n", $5, $9 }')
+(cd "$dist" && stat -c '%s %n' "${archives[@]}" "kubectl-ichor_${version}_checksums.txt" ichor.yaml | awk '{ printf "  %10d  %s\n", $1, $2 }')

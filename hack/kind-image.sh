@@ -33,7 +33,6 @@ kind=$root/hack/kind
 read -r -a versions <<< "${KIND_K8S_VERSIONS:-v1.35.4 v1.36.3}"
 cache=${ICHOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubectl-ichor}/kind
 export KIND_VERSION=v0.33.0
-etcd_version=3.6.8
 start=$SECONDS
 mkdir -p "$cache" "$root/_output/kind"
 
@@ -162,7 +161,8 @@ fi
 lb_image=$(awk -F'"' '/^const Image/ { print $2 }' "$(go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')/pkg/cluster/internal/loadbalancer/const.go")
 if ! docker image inspect "$lb_image" > /dev/null 2>&1; then
   busybox=$(command -v busybox || true)
-  if [ -z "$busybox" ] || ! file -L "$busybox" | grep -q 'statically linked'; then
+  # ldd fails on a static executable ("not a dynamic executable").
+  if [ -z "$busybox" ] || ldd "$busybox" > /dev/null 2>&1; then
     echo "kind-image: a static busybox is needed for the load balancer image: apt-get install busybox-static" >&2
     exit 1
   fi

@@ -3,7 +3,7 @@
 set -o errexit -o nounset -o pipefail
 cd "$(dirname "$0")/.."
 hack/verify-files.sh
-bad=$(gofmt -l $(git ls-files '*.go') 2>/dev/null || true)
+bad=$(git ls-files -z '*.go' | xargs -0 gofmt -l 2>/dev/null || true)
 if [ -n "$bad" ]; then
   echo "verify: gofmt would change these files (run gofmt -w):" >&2
   echo "$bad" >&2

@@ -18,9 +18,9 @@ cd "$dir"
 rm -f go.mod go.sum
 go mod init "github.com/ichor-dev/kubectl-ichor/hack/kind/k8s-$version" 2> /dev/null
 go mod edit -go=1.26.0 -require="k8s.io/kubernetes@$version"
-for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$k8s_gomod"); do
+while read -r m; do
   go mod edit -replace="$m=$m@$staging_version"
-done
+done < <(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$k8s_gomod")
 for c in $cmds; do
   go mod edit -tool="k8s.io/kubernetes/cmd/$c"
 done

@@ -551,5 +551,7 @@ func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
 		DrainTimeout:    Timeout(spec.Timeouts.Drain),
 		UpgradeTimeout:  Timeout(spec.Timeouts.Upgrade),
 		RebootTimeout:   Timeout(spec.Timeouts.Reboot),
+		PullTimeout:     Timeout(spec.Timeouts.Pull),
+		PullConcurrency: spec.PullConcurrency,
 	}
 }

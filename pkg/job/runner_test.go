@@ -113,6 +113,8 @@ func exitCode(err error) int {
 func TestRunnerSucceeds(t *testing.T) {
 	op := testOperation("op-1", PhasePending)
 	op.Spec.Timeouts.Drain = NewTimeout(7 * time.Minute)
+	op.Spec.Timeouts.Pull = NewTimeout(3 * time.Minute)
+	op.Spec.PullConcurrency = 8
 
 	var memoDurable bool
 
@@ -162,6 +164,7 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.True(t, memoDurable)
 	assert.Equal(t, stages.EngineOptions{
 		Kind: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
+		PullTimeout: 3 * time.Minute, PullConcurrency: 8,
 	}, f.cfg.Options, "the runner's own pod is evicted last on its node")
 
 	s := f.state(t).Status

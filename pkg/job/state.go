@@ -94,6 +94,8 @@ type OperationSpec struct {
 	InstallerImage string `json:"installerImage,omitempty"`
 	// MaxUnavailable is how many workers move at once.
 	MaxUnavailable int `json:"maxUnavailable"`
+	// PullConcurrency is how many nodes pre-pull at once (0: the engine's default).
+	PullConcurrency int `json:"pullConcurrency,omitempty"`
 	// ManifestsForce lists the bootstrap manifest objects whose fields owned by another
 	// field manager the sync takes over ("all" for every one).
 	ManifestsForce []string `json:"manifestsForce,omitempty"`
@@ -119,6 +121,8 @@ type Timeouts struct {
 	Drain   *metav1.Duration `json:"drain,omitempty"`
 	Upgrade *metav1.Duration `json:"upgrade,omitempty"`
 	Reboot  *metav1.Duration `json:"reboot,omitempty"`
+	// Pull bounds one node's pre-pull of a stage's images.
+	Pull *metav1.Duration `json:"pull,omitempty"`
 }
 
 // Timeout is d as a time.Duration, 0 for none.

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
@@ -136,6 +137,14 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 	}
 
 	switch {
+	case res.StateMissing:
+		of := "an operation"
+		if res.Operation != "" {
+			of = "operation " + res.Operation
+		}
+
+		writef(o.Out, "The state of namespace %s was missing (configmap %s/%s deleted, or pruned by a GitOps tool): "+
+			"cleaned up what %s left, found by its labels\n", ctl.Namespace, ctl.Namespace, job.StateName, of)
 	case res.StateErr != nil:
 		writef(o.Out, "Stopped the upgrade Jobs of namespace %s (the state could not be read: %v)\n", ctl.Namespace, res.StateErr)
 	case res.Was == job.PhaseAborted:
@@ -150,10 +159,22 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 		writef(o.Out, "  stopped job %s/%s\n", ctl.Namespace, j)
 	}
 
-	if len(res.Uncordoned) > 0 {
+	switch {
+	case len(res.Uncordoned) > 0:
 		writef(o.Out, "  uncordoned %s\n", strings.Join(res.Uncordoned, ", "))
-	} else {
+	case len(res.KeptHeld) == 0:
 		writef(o.Out, "  no node was left cordoned\n")
+	}
+
+	if len(res.KeptHeld) > 0 {
+		why := "the upgrade succeeded without it and left it cordoned on purpose"
+		if res.Was != job.PhaseSucceeded {
+			why = "without the state ichor cannot tell whether an upgrade left it cordoned on purpose"
+		}
+
+		writef(o.Out, "  left cordoned %s: held (%s) and cordoned by ichor; %s: kubectl uncordon %s once fit, "+
+			"or remove the hold (kubectl annotate node %s %s-) and upgrade again\n",
+			strings.Join(res.KeptHeld, ", "), discovery.HoldAnnotation, why, strings.Join(res.KeptHeld, " "), res.KeptHeld[0], discovery.HoldAnnotation)
 	}
 
 	if res.Released {
@@ -166,7 +187,7 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 		writef(o.Out, "  no credential of the Job was left\n")
 	}
 
-	if res.StateErr == nil {
+	if res.StateErr == nil && !res.StateMissing {
 		writef(o.Out, "  the state stays in configmap %s/%s for the record\n", ctl.Namespace, job.StateName)
 	}
 

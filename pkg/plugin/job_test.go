@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -553,6 +554,72 @@ func TestAbortAndResumeCommands(t *testing.T) {
 	assert.Equal(t, "Resumed operation kubernetes-v1-36-3-abcde: job ichor-system/ichor-kubernetes-v1-36-3-abcde-2\nFollow it with: kubectl ichor status --watch\n", stdout)
 }
 
+// TestAbortCommandStateMissing: with the state ConfigMap gone, abort cleans up what the
+// operation left, found by its labels, and says the state was missing; with nothing
+// left, it is an error.
+func TestAbortCommandStateMissing(t *testing.T) {
+	cordoned := func(name string, held bool) *corev1.Node {
+		n := &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z"}},
+			Spec:       corev1.NodeSpec{Unschedulable: true},
+		}
+		if held {
+			n.Annotations["ichor.dev/hold"] = "disk"
+		}
+
+		return n
+	}
+	j := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "ichor-kubernetes-v1-36-3-abcde-1", Namespace: job.DefaultNamespace, Labels: map[string]string{
+			job.LabelOperation: "kubernetes-v1-36-3-abcde", job.LabelManagedBy: job.AppName,
+		}},
+		Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue}}},
+	}
+	c := newJobCluster(cordoned("worker-2", false), cordoned("worker-3", true), j, talosSecret())
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "abort")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, `The state of namespace ichor-system was missing (configmap ichor-system/ichor-state deleted, or pruned by a GitOps tool): `+
+		`cleaned up what operation kubernetes-v1-36-3-abcde left, found by its labels
+  stopped job ichor-system/ichor-kubernetes-v1-36-3-abcde-1
+  uncordoned worker-2
+  left cordoned worker-3: held (ichor.dev/hold) and cordoned by ichor; without the state ichor cannot tell whether an upgrade left it `+
+		`cordoned on purpose: kubectl uncordon worker-3 once fit, or remove the hold (kubectl annotate node worker-3 ichor.dev/hold-) and upgrade again
+  removed the Job's credentials: secret ichor-system/ichor-talos
+`, stdout)
+
+	require.NoError(t, c.kube.CoreV1().Nodes().Delete(context.Background(), "worker-3", metav1.DeleteOptions{}))
+
+	stdout, stderr, code = runWith(t, c.with(deps{}), "abort")
+	assert.Equal(t, ExitError, code)
+	assert.Empty(t, stdout)
+	assert.Equal(t, "error: no operation in namespace ichor-system (no configmap ichor-state) and nothing of one is left: nothing to abort; "+
+		"pass -n with the namespace it runs in\n", stderr)
+}
+
+// TestAbortCommandAfterSuccessKeepsHeld: abort after a success leaves a held node that
+// ichor left cordoned on purpose as it is, and says how to release it.
+func TestAbortCommandAfterSuccessKeepsHeld(t *testing.T) {
+	held := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z", "ichor.dev/hold": "disk"}},
+		Spec:       corev1.NodeSpec{Unschedulable: true},
+	}
+	c := newJobCluster(stateOf(t, operation(job.PhaseSucceeded), nil), held)
+
+	stdout, stderr, code := runWith(t, c.with(deps{}), "abort")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Equal(t, `Operation kubernetes-v1-36-3-abcde succeeded: it stays Succeeded; cleaned up what its end left
+  left cordoned worker-2: held (ichor.dev/hold) and cordoned by ichor; the upgrade succeeded without it and left it cordoned on purpose: `+
+		`kubectl uncordon worker-2 once fit, or remove the hold (kubectl annotate node worker-2 ichor.dev/hold-) and upgrade again
+  no credential of the Job was left
+  the state stays in configmap ichor-system/ichor-state for the record
+`, stdout)
+
+	n, err := c.kube.CoreV1().Nodes().Get(context.Background(), "worker-2", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.True(t, n.Spec.Unschedulable, "the held node stays cordoned")
+}
+
 func TestLogs(t *testing.T) {
 	op := operation(job.PhaseRunning)
 	pod := func(name string, created time.Time) *corev1.Pod {
@@ -592,6 +659,68 @@ func TestUpgradeTalosAllowEtcdOutage(t *testing.T) {
 		state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, allow, state.Spec.AllowEtcdOutage)
+	}
+}
+
+// TestUpgradePullFlags: --pull-timeout and --pull-concurrency of both upgrade commands
+// reach the Job's spec (their defaults too); a bad value is refused in one line that
+// says what to pass, before anything is launched.
+func TestUpgradePullFlags(t *testing.T) {
+	talos113 := func() *discoverytest.Cluster {
+		f := fixture()
+		for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+			f.Node(n).Talos = "v1.12.4"
+		}
+
+		return f
+	}
+
+	for _, tc := range []struct {
+		name        string
+		snap        func() *discoverytest.Cluster
+		args        []string
+		timeout     time.Duration
+		concurrency int
+	}{
+		{"kubernetes, set", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--pull-timeout", "90s", "--pull-concurrency", "4"}, 90 * time.Second, 4},
+		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, stages.DefaultPullTimeout, stages.DefaultPullConcurrency},
+		{"talos, set", talos113, []string{"upgrade", "talos", "--to", "v1.13.9", "--pull-timeout", "15m", "--pull-concurrency", "100"}, 15 * time.Minute, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newJobCluster(talosSecret())
+
+			_, stderr, code := runWith(t, c.with(fakeDeps(tc.snap(), nil)), append(tc.args, "--yes", "--detach")...)
+			require.Equal(t, ExitOK, code, stderr)
+
+			state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tc.timeout, job.Timeout(state.Spec.Timeouts.Pull))
+			assert.Equal(t, tc.concurrency, state.Spec.PullConcurrency)
+		})
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pull-timeout", "0s"}, "error: --pull-timeout 0s: pass a positive duration, e.g. 5m0s\n"},
+		{[]string{"--pull-timeout", "-1m"}, "error: --pull-timeout -1m0s: pass a positive duration, e.g. 5m0s\n"},
+		{[]string{"--pull-concurrency", "0"}, "error: --pull-concurrency 0: pass how many nodes may pull at once, 1 or more (default 32)\n"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			for _, kind := range []string{"kubernetes", "talos"} {
+				c := newJobCluster(talosSecret())
+
+				stdout, stderr, code := runWith(t, c.with(fakeDeps(talos113(), nil)), append([]string{"upgrade", kind, "--to", "v1.36.3", "--yes"}, tc.args...)...)
+				assert.Equal(t, ExitError, code)
+				assert.Equal(t, tc.want, stderr)
+				assert.Empty(t, stdout, "refused before planning")
+
+				jobs, err := c.kube.BatchV1().Jobs(job.DefaultNamespace).List(context.Background(), metav1.ListOptions{})
+				require.NoError(t, err)
+				assert.Empty(t, jobs.Items)
+			}
+		})
 	}
 }
 

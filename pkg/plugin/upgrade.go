@@ -57,6 +57,10 @@ type upgradeOptions struct {
 	ManifestsForce []string
 	// Timeouts bound the engine's waits (0: its defaults).
 	ApplyTimeout, VerifyTimeout, DrainTimeout, UpgradeTimeout, RebootTimeout time.Duration
+	// PullTimeout is --pull-timeout: the bound of one node's pre-pull.
+	PullTimeout time.Duration
+	// PullConcurrency is --pull-concurrency: how many nodes pre-pull at once.
+	PullConcurrency int
 
 	// beforeLaunch, when set, runs once the upgrade is confirmed, before anything
 	// is created in the cluster; an error stops the launch.
@@ -73,6 +77,9 @@ func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
 			"or local (a copy of your talosconfig in a Secret, deleted when the operation ends)")
 	cmd.Flags().DurationVar(&o.VerifyTimeout, "verify-timeout", stages.DefaultVerifyTimeout, "How long a node may take to verify after its change")
 	cmd.Flags().DurationVar(&o.DrainTimeout, "drain-timeout", stages.DefaultDrainTimeout, "How long one node's drain may take")
+	cmd.Flags().DurationVar(&o.PullTimeout, "pull-timeout", stages.DefaultPullTimeout,
+		"How long one node's pre-pull of a stage's images may take (each node its own bound, its images at once)")
+	cmd.Flags().IntVar(&o.PullConcurrency, "pull-concurrency", stages.DefaultPullConcurrency, "How many nodes pre-pull images at once")
 }
 
 func (o *upgradeOptions) validate() error {
@@ -100,6 +107,15 @@ func (o *upgradeOptions) validate() error {
 		if d < 0 {
 			return fmt.Errorf("--%s-timeout %s: pass a positive duration", name, d)
 		}
+	}
+
+	// Zero is no bound for a pull, not the default: refused like a negative one.
+	if o.PullTimeout <= 0 {
+		return fmt.Errorf("--pull-timeout %s: pass a positive duration, e.g. %s", o.PullTimeout, stages.DefaultPullTimeout)
+	}
+
+	if o.PullConcurrency < 1 {
+		return fmt.Errorf("--pull-concurrency %d: pass how many nodes may pull at once, 1 or more (default %d)", o.PullConcurrency, stages.DefaultPullConcurrency)
 	}
 
 	return nil
@@ -189,13 +205,14 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		Target:          o.target.String(),
 		InstallerImage:  installer,
 		MaxUnavailable:  o.MaxUnavailable,
+		PullConcurrency: o.PullConcurrency,
 		AllowEtcdOutage: o.AllowEtcdOutage,
 		ManifestsForce:  o.ManifestsForce,
 		Image:           o.JobImage,
 		Credentials:     creds,
 		Timeouts: job.Timeouts{
 			Apply: job.NewTimeout(o.ApplyTimeout), Verify: job.NewTimeout(o.VerifyTimeout), Drain: job.NewTimeout(o.DrainTimeout),
-			Upgrade: job.NewTimeout(o.UpgradeTimeout), Reboot: job.NewTimeout(o.RebootTimeout),
+			Upgrade: job.NewTimeout(o.UpgradeTimeout), Reboot: job.NewTimeout(o.RebootTimeout), Pull: job.NewTimeout(o.PullTimeout),
 		},
 		CreatedBy: "kubectl-ichor " + version.Version,
 	}

@@ -94,7 +94,7 @@ type EngineOptions struct {
 	DrainTimeout   time.Duration // one node's drain
 	UpgradeTimeout time.Duration // one Talos Upgrade call (pulls and installs)
 	RebootTimeout  time.Duration // a Talos node coming back after its reboot
-	PullTimeout    time.Duration // pre-pulling a stage's images
+	PullTimeout    time.Duration // one node's pre-pull of a stage's images (its images at once; each node its own bound)
 	RenderTimeout  time.Duration // Talos re-rendering the bootstrap manifests for the target after an apply
 	// MirrorPodTimeout is how long an invariant check waits for a control plane's
 	// missing kube-apiserver mirror pod before it pauses: a kubelet that restarted
@@ -104,7 +104,10 @@ type EngineOptions struct {
 	// version, its static pods must stay Ready before the next node, unless that
 	// kubelet already restarted them (it may: see settleStaticPods).
 	StaticPodSettle time.Duration
-	Concurrency     int // parallel Talos calls (pre-pull, discovery)
+	Concurrency     int // parallel Talos reads (the nodes' versions and configs)
+	// PullConcurrency is how many nodes pre-pull at once (each pulls its
+	// images together, under its own PullTimeout).
+	PullConcurrency int
 }
 
 // Default bounds.
@@ -114,11 +117,12 @@ const (
 	DefaultDrainTimeout     = 5 * time.Minute
 	DefaultUpgradeTimeout   = 10 * time.Minute
 	DefaultRebootTimeout    = 20 * time.Minute
-	DefaultPullTimeout      = 10 * time.Minute
+	DefaultPullTimeout      = 5 * time.Minute
 	DefaultRenderTimeout    = 2 * time.Minute
 	DefaultMirrorPodTimeout = 2 * time.Minute
 	DefaultStaticPodSettle  = 30 * time.Second
 	DefaultConcurrency      = 32
+	DefaultPullConcurrency  = 32
 )
 
 // PauseError is how the engine stops on a failure: the operation pauses with

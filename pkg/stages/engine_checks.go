@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -134,32 +133,27 @@ func summarize(problems []string) string {
 	return fmt.Sprintf("%s; and %d more", strings.Join(problems[:shown], "; "), len(problems)-shown)
 }
 
-// pull is one image to pre-pull on one node.
-type pull struct {
-	ref string
-	ns  talos.ImageNamespace
-}
-
 // prePull pulls every image the stage changes on the nodes that will take
-// it, a bounded number of nodes at a time (each node's images at once),
-// under PullTimeout. In the KubeProxy stage the new kube-proxy image is also
-// pulled on the workers, which run it once the DaemonSet rolls. A node that
-// cannot pre-pull is skipped; any other failure pauses before the first
-// apply.
+// it, PullConcurrency nodes at a time, each node's images at once under that
+// node's own PullTimeout (pullNodes). In the KubeProxy stage the new
+// kube-proxy image is also pulled on the workers, which run it once the
+// DaemonSet rolls. A node that cannot pre-pull is skipped; any other failure
+// pauses before the first apply, naming the node and the image.
 func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
 	stage := s.Name()
-	pulls := map[string][]pull{}
-	names := map[string]string{}
+	index := map[string]int{}
 
-	var ips []string
+	var nodes []nodePulls
 
 	add := func(n discovery.Node, p pull) {
-		if _, seen := pulls[n.InternalIP]; !seen {
-			ips = append(ips, n.InternalIP)
-			names[n.InternalIP] = n.Name
+		i, seen := index[n.Name]
+		if !seen {
+			i = len(nodes)
+			index[n.Name] = i
+			nodes = append(nodes, nodePulls{name: n.Name, ip: n.InternalIP})
 		}
 
-		pulls[n.InternalIP] = append(pulls[n.InternalIP], p)
+		nodes[i].pulls = append(nodes[i].pulls, p)
 	}
 
 	proxyImage := ""
@@ -187,56 +181,16 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 		}
 	}
 
-	var (
-		mu                  sync.Mutex
-		pulled, unsupported int
-	)
-
 	r.e.stepTime(stage, StepPrePull, StepTiming{})
-	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s)", len(ips))
+	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s), %d at a time, each within %s",
+		len(nodes), min(r.opts.PullConcurrency, len(nodes)), r.opts.PullTimeout)
 
-	pullCtx, cancel := context.WithTimeout(ctx, r.opts.PullTimeout)
-	defer cancel()
-
-	err := talos.ForEach(pullCtx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
-		// A node's images are pulled at once too: the stage waits for the
-		// slowest pull, not for their sum.
-		errs := make([]error, len(pulls[ip]))
-
-		var wg sync.WaitGroup
-
-		for i, p := range pulls[ip] {
-			wg.Go(func() { errs[i] = r.e.Talos.PullImage(ctx, ip, p.ns, p.ref) })
-		}
-
-		wg.Wait()
-
-		for i, err := range errs {
-			if errors.Is(err, talos.ErrPullUnsupported) {
-				mu.Lock()
-				unsupported++
-				mu.Unlock()
-
-				return nil
-			}
-
-			if err != nil {
-				return fmt.Errorf("node %q: pull %s: %w", names[ip], pulls[ip][i].ref, err)
-			}
-		}
-
-		mu.Lock()
-		pulled += len(errs)
-		mu.Unlock()
-
-		return nil
-	})
+	pulled, unsupported, err := r.e.pullNodes(ctx, nodes, r.opts.PullConcurrency, r.opts.PullTimeout)
 	if err != nil {
-		return r.pause(ctx, stage, "", "pre-pull: "+firstLine(err),
-			"make the images reachable from the nodes (registry, mirrors: talosctl -n <node> image pull <image>), then resume", err)
+		return r.pause(ctx, stage, "", "pre-pull: "+firstLine(err), pullAction(err), err)
 	}
 
-	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(ips))
+	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(nodes))
 	if unsupported > 0 {
 		msg += fmt.Sprintf("; %d node(s) cannot pre-pull: skipped", unsupported)
 	}
@@ -245,6 +199,19 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 	r.e.step(stage, StepPrePull, "%s", msg)
 
 	return nil
+}
+
+// pullAction says what to do about a failed pre-pull: a pull cut by its bound
+// is slow, not missing.
+func pullAction(err error) string {
+	const reachable = "make the images reachable from the nodes (registry, mirrors: talosctl -n <node> image pull <image>)"
+
+	if _, slow := errors.AsType[*PullTimeoutError](err); slow {
+		return "a node's pull took longer than --pull-timeout: " + reachable + ", then resume (what was pulled stays on the nodes); " +
+			"or abort and upgrade again with a longer --pull-timeout"
+	}
+
+	return reachable + ", then resume"
 }
 
 // checkInvariant reads what the cluster runs at a stage's start: it pauses when an

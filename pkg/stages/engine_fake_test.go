@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
@@ -74,7 +75,8 @@ type faults struct {
 	stayNotReady bool                  // the Node stays NotReady after its kubelet restarts
 	pullFails    bool
 	pullUnsup    bool
-	applyBlocks  bool // a non-dry-run apply blocks until its context ends
+	applyBlocks  bool          // a non-dry-run apply blocks until its context ends
+	pullDelay    time.Duration // each image pull takes this long, unless its context ends first
 }
 
 // fakeMachine is one node's Talos side.
@@ -111,7 +113,9 @@ type fakeCluster struct {
 	// staleImage (Talos re-renders them asynchronously); -1 for every read.
 	staleManifests int
 	staleImage     string
-	cordonMax      int // most nodes cordoned by ichor at once, seen at apply time
+	cordonMax      int            // most nodes cordoned by ichor at once, seen at apply time
+	pulling        map[string]int // images being pulled, by node
+	pullingMax     int            // most nodes pulling at once
 
 	// rolloutStuck keeps the kube-proxy DaemonSet from ever becoming
 	// available after a sync.
@@ -741,7 +745,7 @@ func (ft *fakeTalos) Apply(ctx context.Context, ip string, data []byte, dryRun b
 	return talos.ApplyResult{Mode: "NO_REBOOT", Details: "Applied configuration without a reboot"}, nil
 }
 
-func (ft *fakeTalos) PullImage(_ context.Context, ip string, ns talos.ImageNamespace, ref string) error {
+func (ft *fakeTalos) PullImage(ctx context.Context, ip string, ns talos.ImageNamespace, ref string) error {
 	f := ft.f()
 	m := f.machine(ip)
 
@@ -750,6 +754,31 @@ func (ft *fakeTalos) PullImage(_ context.Context, ip string, ns talos.ImageNames
 		return fmt.Errorf("node %q: pull %s: %w", ip, ref, talos.ErrPullUnsupported)
 	case m.faults.pullFails:
 		return fmt.Errorf("node %q: pull %s: failed to resolve reference: not found", ip, ref)
+	}
+
+	if d := m.faults.pullDelay; d > 0 {
+		f.mu.Lock()
+		if f.pulling == nil {
+			f.pulling = map[string]int{}
+		}
+		f.pulling[m.name]++
+		f.pullingMax = max(f.pullingMax, len(f.pulling))
+		f.mu.Unlock()
+
+		defer func() {
+			f.mu.Lock()
+			if f.pulling[m.name]--; f.pulling[m.name] == 0 {
+				delete(f.pulling, m.name)
+			}
+			f.mu.Unlock()
+		}()
+
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			// As the Talos client says a deadline: a gRPC status, not ctx's error.
+			return fmt.Errorf("node %q: pull %s: rpc error: code = DeadlineExceeded desc = context deadline exceeded", ip, ref)
+		}
 	}
 
 	f.mu.Lock()

@@ -173,6 +173,10 @@ func (o EngineOptions) withDefaults() EngineOptions {
 		o.Concurrency = DefaultConcurrency
 	}
 
+	if o.PullConcurrency <= 0 {
+		o.PullConcurrency = DefaultPullConcurrency
+	}
+
 	if o.MaxUnavailable <= 0 {
 		o.MaxUnavailable = 1
 	}
