@@ -51,7 +51,7 @@ type Check interface {
 func Kubernetes() []Check {
 	return []Check{
 		VersionSkew{}, Invariant{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
-		Drains{}, HeldNodes{}, BootstrapManifests{}, TalosAccess{}, RunnerNode{},
+		Drains{}, HeldNodes{}, KubeProxyRollout{}, BootstrapManifests{}, TalosAccess{}, RunnerNode{},
 	}
 }
 

@@ -295,4 +295,49 @@ func TestBootstrapManifestsCheck(t *testing.T) {
 
 	r = run(nil)
 	assert.Equal(t, api.ResultWarn, r.Result, "not read is not OK")
+
+	// Talos' own earlier writes are said, and taken over.
+	talos := []kube.Holder{{Manager: "talos", Operation: "Update"}}
+	r = run(&checks.ManifestFindings{Node: "cp-1", Objects: 10, TakenOver: []kube.TakenOver{{Object: "DaemonSet kube-system/kube-proxy", From: talos}}})
+	assert.Equal(t, api.ResultOK, r.Result)
+	assert.Contains(t, r.Detail, `1 held by Talos' own earlier writes, taken over: DaemonSet kube-system/kube-proxy (from "talos" (Update))`)
+
+	// The kube-proxy DaemonSet held by another manager: the rollout could never come.
+	r = checks.BootstrapManifests{}.Run(context.Background(), &checks.Input{Target: stages.MustParseVersion("v1.36.3"), Manifests: &checks.ManifestFindings{
+		Node: "cp-1", Objects: 10, Skipped: []kube.Skipped{{
+			Object:   "DaemonSet kube-system/kube-proxy",
+			Conflict: `Apply failed with 1 conflict: conflict with "helm" using apps/v1: .spec.template.spec.containers[name="kube-proxy"].image`,
+			Holders:  []kube.Holder{{Manager: "helm", Operation: "Update"}},
+		}},
+	}})
+	assert.Equal(t, api.ResultRefused, r.Result)
+	assert.Contains(t, r.Detail, `DaemonSet kube-system/kube-proxy of cp-1 at v1.36.3: field manager "helm" (Update) holds fields the sync would change`)
+	assert.Contains(t, r.Detail, "kube-proxy would never reach v1.36.3")
+	assert.Contains(t, r.Action, `kubectl ichor upgrade kubernetes --to v1.36.3 --manifests-force "DaemonSet kube-system/kube-proxy"`)
+}
+
+// TestKubeProxyRolloutCheck: a NotReady node, held as the plan advises, takes the only
+// slot of kube-proxy's rollout: plan warns, naming the node and what to do.
+func TestKubeProxyRolloutCheck(t *testing.T) {
+	run := func(maxUnavailable int, nodes ...discovery.Node) api.Check {
+		snap := &discovery.Snapshot{Nodes: nodes, KubeProxy: discovery.KubeProxyInfo{Present: true, Image: "registry.k8s.io/kube-proxy:v1.35.4", MaxUnavailable: maxUnavailable}}
+
+		return checks.KubeProxyRollout{}.Run(context.Background(), &checks.Input{Snapshot: snap, Target: stages.MustParseVersion("v1.36.3")})
+	}
+
+	r := run(1, discovery.Node{Name: "cp-1", Ready: true}, discovery.Node{Name: "worker-1", Ready: true})
+	assert.Equal(t, api.ResultOK, r.Result)
+
+	r = run(1, discovery.Node{Name: "cp-1", Ready: true}, discovery.Node{Name: "worker-2", Held: true})
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Equal(t, "worker-2 (held) NotReady: its kube-proxy pod cannot become Ready and takes 1 of the DaemonSet's 1 unavailable slot(s) (maxUnavailable), "+
+		"so no other pod can be replaced: the KubeProxy stage pauses at its rollout", r.Detail)
+	assert.Contains(t, r.Action, "kubectl delete node worker-2")
+
+	r = run(3, discovery.Node{Name: "cp-1", Ready: true}, discovery.Node{Name: "worker-2", Held: true})
+	assert.Equal(t, api.ResultWarn, r.Result, "slots left, but the rollout cannot finish")
+	assert.Contains(t, r.Detail, "the rollout cannot finish while it is down")
+
+	snap := &discovery.Snapshot{Nodes: []discovery.Node{{Name: "worker-2"}}}
+	assert.Equal(t, api.ResultOK, checks.KubeProxyRollout{}.Run(context.Background(), &checks.Input{Snapshot: snap}).Result, "kube-proxy disabled")
 }
