@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +17,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // fakeMetrics serves a fixed /metrics body or error.
@@ -340,4 +342,48 @@ func TestKubeProxyRolloutCheck(t *testing.T) {
 
 	snap := &discovery.Snapshot{Nodes: []discovery.Node{{Name: "worker-2"}}}
 	assert.Equal(t, api.ResultOK, checks.KubeProxyRollout{}.Run(context.Background(), &checks.Input{Snapshot: snap}).Result, "kube-proxy disabled")
+}
+
+// TestKernelArgsCheck warns, per node, where Talos' lifecycle upgrade drops
+// machine.install.extraKernelArgs: GRUB without the UKI command line, on a node upgraded
+// through LifecycleService (Talos 1.13+). A node that boots a UKI, one on the UKI's
+// command line, and a Talos 1.12 node (MachineService.Upgrade carries them) are not named.
+func TestKernelArgsCheck(t *testing.T) {
+	node := func(name, version string, args []string, ukiCmdline bool, installed *talos.Installed) discovery.Node {
+		cfg := container.NewV1Alpha1(&v1alpha1.Config{MachineConfig: &v1alpha1.MachineConfig{
+			MachineType: "worker",
+			MachineInstall: &v1alpha1.InstallConfig{
+				InstallExtraKernelArgs: args, InstallGrubUseUKICmdline: &ukiCmdline,
+			},
+		}})
+
+		return discovery.Node{Name: name, Ready: true, Talos: &discovery.Talos{Version: version, Config: cfg, Installed: installed}}
+	}
+	grub := &talos.Installed{Platform: "metal"}
+	sdboot := &talos.Installed{Platform: "metal", BootedWithUKI: true}
+	args := []string{"console=ttyS1", "net.ifnames=0"}
+
+	run := func(nodes ...discovery.Node) api.Check {
+		return checks.KernelArgs{}.Run(context.Background(), &checks.Input{Snapshot: &discovery.Snapshot{Nodes: nodes}, Target: stages.MustParseVersion("v1.14.1")})
+	}
+
+	r := run(
+		node("cp-1", "v1.13.9", nil, false, grub),
+		node("worker-1", "v1.13.9", args, false, grub),
+		node("worker-2", "v1.13.9", args, false, sdboot),
+		node("worker-3", "v1.13.9", args, true, grub),
+		node("worker-4", "v1.12.4", args, false, grub),
+	)
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Equal(t, "worker-1 (console=ttyS1 net.ifnames=0): GRUB without the UKI command line; Talos' lifecycle upgrade does not carry "+
+		"machine.install.extraKernelArgs (siderolabs/talos#13967): they boot v1.14.1 without them", r.Detail)
+	assert.Contains(t, r.Action, "customization.extraKernelArgs")
+	assert.Contains(t, r.Action, "talosctl upgrade --legacy")
+
+	r = run(node("worker-1", "v1.13.9", args, false, nil))
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Contains(t, r.Detail, "its boot loader was not read")
+
+	r = run(node("worker-2", "v1.13.9", args, false, sdboot), node("cp-1", "v1.13.9", nil, false, grub))
+	assert.Equal(t, api.ResultOK, r.Result)
 }
