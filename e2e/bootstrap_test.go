@@ -355,3 +355,21 @@ func requireAtManifest(t *testing.T, dyn dynamic.Interface, mapper meta.RESTMapp
 
 	assert.True(t, reflect.DeepEqual(strip(live), strip(dry)), "%s is not at its manifest:\nlive %v\ndry  %v", name, strip(live), strip(dry))
 }
+
+// TestPlanTalosKernelArgs: two workers set machine.install.extraKernelArgs, one booting
+// with GRUB (its own command line), one a UKI with systemd-boot. plan talos warns about
+// the GRUB one only: Talos' lifecycle upgrade would boot it without them.
+func TestPlanTalosKernelArgs(t *testing.T) {
+	t.Parallel()
+
+	c := startCluster(t, "--control-planes", "1", "--workers", "2", "--kubernetes", "v1.35.4", "--talos", "v1.13.9",
+		"--kernel-args", "worker-1=console=ttyS1,net.ifnames=0", "--kernel-args", "worker-2=console=ttyS1",
+		"--boot-loader", "worker-2=sd-boot")
+
+	r := c.ichor(t, 2*time.Minute, "plan", "talos", "--to", "v1.14.1")
+	check := tableChecks(r.stdout)["kernel arguments"]
+	require.Equal(t, api.ResultWarn, check.result, r.stdout)
+	require.Contains(t, check.detail, "worker-1 (console=ttyS1 net.ifnames=0): GRUB without the UKI command line")
+	require.NotContains(t, check.detail, "worker-2")
+	require.Contains(t, check.detail, "customization.extraKernelArgs")
+}
