@@ -346,8 +346,8 @@ rules:
 
 // TestJobManifestRoleTheJobMayNotCreate bootstraps, on Talos 1.14, an inline manifest
 // holding a ClusterRole that grants what the Job does not hold (reading every Secret),
-// then deletes it live. Talos 1.14 does not create it again (it is in Talos' inventory;
-// Talos 1.13 would, on its next render). The Job may re-apply the role as it is, never
+// then deletes it live. Talos does not create it again (it is in Talos' inventory, which
+// Talos 1.13 and later keep; 1.12 would, on its next render). The Job may re-apply the role as it is, never
 // create it: Kubernetes refuses the create as an escalation. The sync's dry run pauses the stage before it changes
 // anything, naming the role and what to do; once the operator re-creates the role,
 // resume finishes and the role is as the manifest says.

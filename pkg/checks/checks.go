@@ -51,14 +51,14 @@ type Check interface {
 func Kubernetes() []Check {
 	return []Check{
 		VersionSkew{}, Invariant{}, TalosPairing{}, NodesReady{}, NotTalos{}, RemovedAPIs{}, Endpoint{},
-		Drains{}, HeldNodes{}, BootstrapManifests{}, TalosAccess{}, RunnerNode{},
+		Drains{}, HeldNodes{}, KubeProxyRollout{}, BootstrapManifests{}, TalosAccess{}, RunnerNode{},
 	}
 }
 
 // Talos returns the checks of a Talos OS upgrade, in the order they are shown.
 func Talos() []Check {
 	return []Check{
-		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, Drains{}, HeldNodes{}, TalosAccess{}, RunnerNode{},
+		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, KernelArgs{}, Drains{}, HeldNodes{}, TalosAccess{}, RunnerNode{},
 	}
 }
 

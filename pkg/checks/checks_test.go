@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +17,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // fakeMetrics serves a fixed /metrics body or error.
@@ -295,4 +297,93 @@ func TestBootstrapManifestsCheck(t *testing.T) {
 
 	r = run(nil)
 	assert.Equal(t, api.ResultWarn, r.Result, "not read is not OK")
+
+	// Talos' own earlier writes are said, and taken over.
+	talos := []kube.Holder{{Manager: "talos", Operation: "Update"}}
+	r = run(&checks.ManifestFindings{Node: "cp-1", Objects: 10, TakenOver: []kube.TakenOver{{Object: "DaemonSet kube-system/kube-proxy", From: talos}}})
+	assert.Equal(t, api.ResultOK, r.Result)
+	assert.Contains(t, r.Detail, `1 held by Talos' own earlier writes, taken over: DaemonSet kube-system/kube-proxy (from "talos" (Update))`)
+
+	// The kube-proxy DaemonSet held by another manager: the rollout could never come.
+	r = checks.BootstrapManifests{}.Run(context.Background(), &checks.Input{Target: stages.MustParseVersion("v1.36.3"), Manifests: &checks.ManifestFindings{
+		Node: "cp-1", Objects: 10, Skipped: []kube.Skipped{{
+			Object:   "DaemonSet kube-system/kube-proxy",
+			Conflict: `Apply failed with 1 conflict: conflict with "helm" using apps/v1: .spec.template.spec.containers[name="kube-proxy"].image`,
+			Holders:  []kube.Holder{{Manager: "helm", Operation: "Update"}},
+		}},
+	}})
+	assert.Equal(t, api.ResultRefused, r.Result)
+	assert.Contains(t, r.Detail, `DaemonSet kube-system/kube-proxy of cp-1 at v1.36.3: field manager "helm" (Update) holds fields the sync would change`)
+	assert.Contains(t, r.Detail, "kube-proxy would never reach v1.36.3")
+	assert.Contains(t, r.Action, `kubectl ichor upgrade kubernetes --to v1.36.3 --manifests-force "DaemonSet kube-system/kube-proxy"`)
+}
+
+// TestKubeProxyRolloutCheck: a NotReady node, held as the plan advises, takes the only
+// slot of kube-proxy's rollout: plan warns, naming the node and what to do.
+func TestKubeProxyRolloutCheck(t *testing.T) {
+	run := func(maxUnavailable int, nodes ...discovery.Node) api.Check {
+		snap := &discovery.Snapshot{Nodes: nodes, KubeProxy: discovery.KubeProxyInfo{Present: true, Image: "registry.k8s.io/kube-proxy:v1.35.4", MaxUnavailable: maxUnavailable}}
+
+		return checks.KubeProxyRollout{}.Run(context.Background(), &checks.Input{Snapshot: snap, Target: stages.MustParseVersion("v1.36.3")})
+	}
+
+	r := run(1, discovery.Node{Name: "cp-1", Ready: true}, discovery.Node{Name: "worker-1", Ready: true})
+	assert.Equal(t, api.ResultOK, r.Result)
+
+	r = run(1, discovery.Node{Name: "cp-1", Ready: true}, discovery.Node{Name: "worker-2", Held: true})
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Equal(t, "worker-2 (held) NotReady: its kube-proxy pod cannot become Ready and takes 1 of the DaemonSet's 1 unavailable slot(s) (maxUnavailable), "+
+		"so no other pod can be replaced: the KubeProxy stage pauses at its rollout", r.Detail)
+	assert.Contains(t, r.Action, "kubectl delete node worker-2")
+
+	r = run(3, discovery.Node{Name: "cp-1", Ready: true}, discovery.Node{Name: "worker-2", Held: true})
+	assert.Equal(t, api.ResultWarn, r.Result, "slots left, but the rollout cannot finish")
+	assert.Contains(t, r.Detail, "the rollout cannot finish while it is down")
+
+	snap := &discovery.Snapshot{Nodes: []discovery.Node{{Name: "worker-2"}}}
+	assert.Equal(t, api.ResultOK, checks.KubeProxyRollout{}.Run(context.Background(), &checks.Input{Snapshot: snap}).Result, "kube-proxy disabled")
+}
+
+// TestKernelArgsCheck warns, per node, where Talos' lifecycle upgrade drops
+// machine.install.extraKernelArgs: GRUB without the UKI command line, on a node upgraded
+// through LifecycleService (Talos 1.13+). A node that boots a UKI, one on the UKI's
+// command line, and a Talos 1.12 node (MachineService.Upgrade carries them) are not named.
+func TestKernelArgsCheck(t *testing.T) {
+	node := func(name, version string, args []string, ukiCmdline bool, installed *talos.Installed) discovery.Node {
+		cfg := container.NewV1Alpha1(&v1alpha1.Config{MachineConfig: &v1alpha1.MachineConfig{
+			MachineType: "worker",
+			MachineInstall: &v1alpha1.InstallConfig{
+				InstallExtraKernelArgs: args, InstallGrubUseUKICmdline: &ukiCmdline,
+			},
+		}})
+
+		return discovery.Node{Name: name, Ready: true, Talos: &discovery.Talos{Version: version, Config: cfg, Installed: installed}}
+	}
+	grub := &talos.Installed{Platform: "metal"}
+	sdboot := &talos.Installed{Platform: "metal", BootedWithUKI: true}
+	args := []string{"console=ttyS1", "net.ifnames=0"}
+
+	run := func(nodes ...discovery.Node) api.Check {
+		return checks.KernelArgs{}.Run(context.Background(), &checks.Input{Snapshot: &discovery.Snapshot{Nodes: nodes}, Target: stages.MustParseVersion("v1.14.1")})
+	}
+
+	r := run(
+		node("cp-1", "v1.13.9", nil, false, grub),
+		node("worker-1", "v1.13.9", args, false, grub),
+		node("worker-2", "v1.13.9", args, false, sdboot),
+		node("worker-3", "v1.13.9", args, true, grub),
+		node("worker-4", "v1.12.4", args, false, grub),
+	)
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Equal(t, "worker-1 (console=ttyS1 net.ifnames=0): GRUB without the UKI command line; Talos' lifecycle upgrade does not carry "+
+		"machine.install.extraKernelArgs (siderolabs/talos#13967): they boot v1.14.1 without them", r.Detail)
+	assert.Contains(t, r.Action, "customization.extraKernelArgs")
+	assert.Contains(t, r.Action, "talosctl upgrade --legacy")
+
+	r = run(node("worker-1", "v1.13.9", args, false, nil))
+	assert.Equal(t, api.ResultWarn, r.Result)
+	assert.Contains(t, r.Detail, "its boot loader was not read")
+
+	r = run(node("worker-2", "v1.13.9", args, false, sdboot), node("cp-1", "v1.13.9", nil, false, grub))
+	assert.Equal(t, api.ResultOK, r.Result)
 }

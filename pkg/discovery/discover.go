@@ -130,7 +130,8 @@ func (d *Discoverer) Discover(ctx context.Context) (*Snapshot, error) {
 	return snap, nil
 }
 
-// readTalos fills Node.Talos for every Talos node, a bounded number of nodes at a time.
+// readTalos fills Node.Talos for every Talos node, a bounded number of nodes at a time;
+// a held node whose Talos API is unreachable keeps a nil Talos.
 func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 	images := d.Images
 	if images == nil {
@@ -167,7 +168,16 @@ func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 
 		version, err := d.Talos.Version(ctx, ip)
 		if err != nil {
-			return talosError(n.Name, ip, "version", err)
+			err = talosError(n.Name, ip, "version", err)
+
+			// A held node is left as it is: one that is down (the plan's advice for a
+			// NotReady node is to hold it) leaves its Talos side unread, not the plan.
+			var unreachable *UnreachableError
+			if n.Held && errors.As(err, &unreachable) {
+				return nil
+			}
+
+			return err
 		}
 
 		cfg, err := d.Talos.MachineConfig(ctx, ip)

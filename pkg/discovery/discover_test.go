@@ -84,6 +84,30 @@ func TestDiscoverSkipsTalosForNodesThatAreNotTalos(t *testing.T) {
 	assert.Nil(t, w2.Talos)
 }
 
+// A held node that is down (held, as plan advises for a NotReady node) leaves its Talos
+// side unread; the same node not held fails discovery, naming it.
+func TestDiscoverHeldNodeTalosUnreachable(t *testing.T) {
+	c := discoverytest.ThreePlusTwo()
+	c.Node("worker-2").Hold = discoverytest.Ptr("powered off")
+
+	talos := c.Talos()
+	talos.Errors["10.0.0.22"] = status.Error(codes.Unavailable, "connection refused")
+
+	snap, err := (&discovery.Discoverer{Kube: c.Clientset(), Talos: talos}).Discover(context.Background())
+	require.NoError(t, err)
+
+	w2, _ := snap.Node("worker-2")
+	assert.True(t, w2.Held)
+	assert.Nil(t, w2.Talos, "not read")
+
+	w1, _ := snap.Node("worker-1")
+	assert.NotNil(t, w1.Talos)
+
+	c.Node("worker-2").Hold = nil
+	_, err = (&discovery.Discoverer{Kube: c.Clientset(), Talos: talos}).Discover(context.Background())
+	require.ErrorContains(t, err, `node "worker-2"`)
+}
+
 // The number of Kubernetes requests must not grow with the node count.
 func TestDiscoverRequestsDoNotGrowWithNodes(t *testing.T) {
 	count := func(workers int) int {

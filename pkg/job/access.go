@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
 // ManifestVerbs are what the runner may do to each object of the bootstrap manifests, by
@@ -20,7 +22,8 @@ func ManifestVerbs() []string { return []string{"get", "create", "patch"} }
 
 // ManifestAccess is what the runner may do in the cluster to re-apply Talos' bootstrap
 // manifests, computed at launch from the manifests themselves (ComputeAccess): each object
-// by its name, never a kind as a whole. It holds no escalate, no bind and none of the
+// by its name, never a kind as a whole, and Talos' inventory of them (read it, record the
+// objects synced). It holds no escalate, no bind and none of the
 // permissions the manifests' roles grant: the apiserver lets it re-apply a Role,
 // ClusterRole or binding of the manifests unchanged (an apply that changes nothing is not
 // an escalation), and refuses any change to one, so the runner can never grant itself or
@@ -80,6 +83,15 @@ func ComputeAccess(objs []*unstructured.Unstructured, mapper meta.RESTMapper) (M
 	}
 
 	a := ManifestAccess{Left: left}
+
+	if len(objs) > 0 {
+		// Talos 1.13+ keeps an inventory of the objects: the sync records in it those it
+		// synced, as Talos' own pass does (kube.ManifestApplier.Sync).
+		key := objectKey{resource: "configmaps", namespace: kube.InventoryNamespace}
+		a.Namespaced = map[string][]rbacv1.PolicyRule{key.namespace: {{
+			APIGroups: []string{""}, Resources: []string{key.resource}, Verbs: kube.InventoryVerbs(), ResourceNames: []string{kube.InventoryName},
+		}}}
+	}
 
 	for _, k := range sortedKeys(names) {
 		rule := rbacv1.PolicyRule{APIGroups: []string{k.group}, Resources: []string{k.resource}, Verbs: ManifestVerbs(), ResourceNames: uniqueSorted(names[k])}

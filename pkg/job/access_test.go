@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
 // bootstrapManifests are objects shaped like Talos' bootstrap manifests (kube-proxy,
@@ -204,6 +206,8 @@ func TestComputeAccess(t *testing.T) {
 		"create secrets bootstrap-token-abcdef", "get secrets bootstrap-token-abcdef", "patch secrets bootstrap-token-abcdef",
 		"create serviceaccounts kube-proxy", "get serviceaccounts kube-proxy", "patch serviceaccounts kube-proxy",
 		"create services kube-dns", "get services kube-dns", "patch services kube-dns",
+		// Talos' inventory of the objects: read, and record the objects synced.
+		"get configmaps talos-bootstrap-manifests-inventory", "update configmaps talos-bootstrap-manifests-inventory",
 	}), sortedCopy(flatRules(a.Namespaced["kube-system"])))
 	assert.Equal(t, []string{"create widgets.example.com w1", "get widgets.example.com w1", "patch widgets.example.com w1"},
 		flatRules(a.Namespaced["tools"]), "a kind defined by a CRD of the manifests")
@@ -215,6 +219,12 @@ func TestComputeAccess(t *testing.T) {
 	// that is not by name.
 	for _, rules := range [][]rbacv1.PolicyRule{a.Cluster, a.Namespaced["kube-system"], a.Namespaced["tools"]} {
 		for _, r := range rules {
+			if slices.Equal(r.ResourceNames, []string{kube.InventoryName}) && slices.Equal(r.Resources, []string{"configmaps"}) {
+				assert.Equal(t, []string{"get", "update"}, r.Verbs, "the inventory: read and record, nothing else")
+
+				continue
+			}
+
 			assert.Subset(t, ManifestVerbs(), r.Verbs)
 			assert.NotContains(t, r.Resources, "*")
 			assert.NotContains(t, r.APIGroups, "*")

@@ -145,6 +145,10 @@ func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error
 // Stop stops the informers.
 func (c *Cache) Stop() { c.cancel() }
 
+// WakeAfter makes every Wait look at its condition again after d, whether the cache saw
+// a change or not: for a condition that depends on how long something lasted.
+func (c *Cache) WakeAfter(d time.Duration) { time.AfterFunc(d, c.notify) }
+
 func (c *Cache) notify() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -7,13 +7,16 @@
 //     polling) and gives up after a bound, saying what it still waited for;
 //   - the conditions verification waits for: a node Ready on a kubelet
 //     version, its static pods' mirror pods Ready on a tag, a DaemonSet
-//     rolled out on a tag;
+//     rolled out on a tag, and DaemonSetBlocked, whether NotReady nodes keep
+//     a DaemonSet's rollout from progressing;
 //   - Cordon and Uncordon, which mark the node with CordonedAnnotation so that
 //     a resumed engine (or abort) knows which cordon is ichor's, and Drain
 //     with k8s.io/kubectl/pkg/drain (DaemonSet pods ignored, PDBs respected
 //     through eviction, emptyDir data deleted, bounded);
 //   - ManifestApplier: server-side apply of Talos' bootstrap manifests with
-//     Talos' own field manager ("talos");
+//     Talos' own field manager ("talos"), a dry run first; TakeOver, the rule
+//     for whose fields it takes over (Talos' own writes, or forced); Talos'
+//     inventory of the manifests kept as Talos' own pass keeps it;
 //   - Observe: what the cluster runs (mirror pods, kube-proxy pods, kubelets),
 //     for the engine's invariant check;
 //   - Retry of what is temporary (an apiserver restarting) with a bound.

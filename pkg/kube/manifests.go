@@ -69,6 +69,26 @@ type Skipped struct {
 	Object string
 	// Conflict is the apiserver's word on it (the fields and their managers).
 	Conflict string
+	// Holders are the field managers the conflict names (see Holders).
+	Holders []Holder `json:"holders,omitempty"`
+}
+
+// TakenOver is an object whose fields held by Talos' own earlier writes (Holder.TalosOwn)
+// a sync takes over, as talosctl upgrade-k8s does.
+type TakenOver struct {
+	// Object is "Kind namespace/name".
+	Object string
+	// From are the holders whose fields the apply takes.
+	From []Holder
+}
+
+// DryRun is what a server-side dry run of the manifests found: what the sync will skip,
+// and what it will take over from Talos' own earlier writes.
+type DryRun struct {
+	// Skipped are the objects the sync leaves alone (TakeOver says no).
+	Skipped []Skipped
+	// TakenOver are the objects whose Talos-held fields the sync takes over.
+	TakenOver []TakenOver
 }
 
 // SyncResult is what a sync did.
@@ -77,6 +97,11 @@ type SyncResult struct {
 	Applied []string
 	// Skipped are the objects left alone.
 	Skipped []Skipped
+	// TakenOver are the applied objects whose fields Talos' own earlier writes held.
+	TakenOver []TakenOver
+	// Inventory is how many objects the sync recorded in Talos' inventory (0 on a
+	// cluster whose Talos keeps none).
+	Inventory int
 }
 
 // ObjectName is how a sync names obj: "Kind namespace/name", or "Kind name".
@@ -88,62 +113,106 @@ func ObjectName(obj *unstructured.Unstructured) string {
 	return obj.GetKind() + " " + obj.GetName()
 }
 
-// Check dry-runs objs server-side and returns the objects the sync would skip (fields
-// owned by another manager that it would take over, not forced), or the first error
-// naming its object. Nothing is changed.
-func (a *ManifestApplier) Check(ctx context.Context, objs []*unstructured.Unstructured, opts SyncOptions) ([]Skipped, error) {
+// Check dry-runs objs server-side, as Sync will apply them, and returns what the sync
+// would skip (fields another field manager owns that it would take over, not forced) and
+// what it would take over from Talos' own earlier writes (TakeOver), or the first error
+// naming its object. Nothing is changed. plan and the run call it on the same render of
+// the manifests, so they see the same conflicts.
+func (a *ManifestApplier) Check(ctx context.Context, objs []*unstructured.Unstructured, opts SyncOptions) (*DryRun, error) {
+	inventory, err := a.inventoryPresent(ctx)
+	if err != nil {
+		return &DryRun{}, err
+	}
+
+	return a.check(ctx, objs, opts, inventory)
+}
+
+func (a *ManifestApplier) check(ctx context.Context, objs []*unstructured.Unstructured, opts SyncOptions, inventory bool) (*DryRun, error) {
 	ordered := ordered(objs)
 	creates := creates(ordered)
-
-	var skipped []Skipped
+	dry := &DryRun{}
 
 	for _, obj := range ordered {
-		err := a.apply(ctx, obj, opts.forced(ObjectName(obj)), true)
+		name := ObjectName(obj)
+		forced := opts.forced(name)
+		_, err := a.apply(ctx, obj, forced, true, inventory)
+
+		if holders := Holders(err); apierrors.IsConflict(err) && TakeOver(holders, forced) {
+			// Talos' own fields: the apply takes them, if the apiserver lets it.
+			if _, err = a.apply(ctx, obj, true, true, inventory); err == nil {
+				dry.TakenOver = append(dry.TakenOver, TakenOver{Object: name, From: holders})
+
+				continue
+			}
+		}
 
 		switch {
 		case err == nil:
 		case apierrors.IsConflict(err):
-			skipped = append(skipped, Skipped{Object: ObjectName(obj), Conflict: conflictText(err)})
+			dry.Skipped = append(dry.Skipped, Skipped{Object: name, Conflict: conflictText(err), Holders: Holders(err)})
 		case dependsOnSet(obj, creates, err):
 			// Its Namespace or CRD is in the set and not there yet: the dry run cannot
 			// judge it before the real apply creates that.
 		default:
-			return skipped, err
+			return dry, err
 		}
 	}
 
-	return skipped, nil
+	return dry, nil
 }
 
-// Sync applies objs: a server-side dry run of every object first, so that an object the
-// runner may not write, or that the apiserver refuses, stops the sync before anything
-// is changed; then every object, less those whose fields another manager owns and the
-// apply would take over (skipped unless forced). Nothing is pruned. An error names its
-// object; the result says what was applied before it.
+// Sync applies objs: a server-side dry run of every object first (Check), so that an
+// object the runner may not write, or that the apiserver refuses, stops the sync before
+// anything is changed; then every object, less those whose fields another manager owns
+// and the apply would take over (skipped unless forced); fields held by Talos' own earlier
+// writes are taken over (TakeOver). Nothing is pruned. On a cluster whose Talos keeps the
+// inventory of its bootstrap manifests (1.13+), the sync leaves it as Talos' own pass
+// would: an object it creates carries the inventory annotation, and every object of the
+// manifests that exists is recorded in the inventory. An error names its object; the
+// result says what was applied before it.
 func (a *ManifestApplier) Sync(ctx context.Context, objs []*unstructured.Unstructured, opts SyncOptions) (*SyncResult, error) {
 	res := &SyncResult{}
 
-	skipped, err := a.Check(ctx, objs, opts)
+	inventory, err := a.inventoryPresent(ctx)
+	if err != nil {
+		return res, err
+	}
+
+	dry, err := a.check(ctx, objs, opts, inventory)
 	if err != nil {
 		return res, err
 	}
 
 	skip := map[string]bool{}
-	for _, s := range skipped {
+	for _, s := range dry.Skipped {
 		skip[s.Object] = true
 	}
 
-	res.Skipped = skipped
+	takeOver := map[string]TakenOver{}
+	for _, t := range dry.TakenOver {
+		takeOver[t.Object] = t
+	}
+
+	res.Skipped = dry.Skipped
+
+	var present []string
 
 	for _, obj := range ordered(objs) {
 		name := ObjectName(obj)
 		if skip[name] {
+			// Left alone, but there: Talos' pass records it too.
+			if key, ok := a.inventoryKey(obj); ok {
+				present = append(present, key)
+			}
+
 			continue
 		}
 
-		err := a.apply(ctx, obj, opts.forced(name), false)
+		t, taken := takeOver[name]
+
+		key, err := a.apply(ctx, obj, opts.forced(name) || taken, false, inventory)
 		if apierrors.IsConflict(err) {
-			res.Skipped = append(res.Skipped, Skipped{Object: name, Conflict: conflictText(err)})
+			res.Skipped = append(res.Skipped, Skipped{Object: name, Conflict: conflictText(err), Holders: Holders(err)})
 
 			continue
 		}
@@ -153,6 +222,19 @@ func (a *ManifestApplier) Sync(ctx context.Context, objs []*unstructured.Unstruc
 		}
 
 		res.Applied = append(res.Applied, name)
+		present = append(present, key)
+
+		if taken {
+			res.TakenOver = append(res.TakenOver, t)
+		}
+	}
+
+	if inventory {
+		if err := a.recordInventory(ctx, present); err != nil {
+			return res, err
+		}
+
+		res.Inventory = len(present)
 	}
 
 	return res, nil
@@ -162,7 +244,7 @@ func (a *ManifestApplier) Sync(ctx context.Context, objs []*unstructured.Unstruc
 // applied. It stops at the first failure, naming the object.
 func (a *ManifestApplier) Apply(ctx context.Context, objs []*unstructured.Unstructured) (int, error) {
 	for i, obj := range ordered(objs) {
-		if err := a.apply(ctx, obj, true, false); err != nil {
+		if _, err := a.apply(ctx, obj, true, false, false); err != nil {
 			return i, err
 		}
 	}
@@ -227,14 +309,10 @@ func applyRank(obj *unstructured.Unstructured) int {
 	}
 }
 
-func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructured, force, dryRun bool) error {
+// resource maps obj to its resource client; namespaced says whether its kind is, and the
+// returned namespace is the one the object goes to ("" for a cluster-scoped one).
+func (a *ManifestApplier) resource(obj *unstructured.Unstructured) (dynamic.ResourceInterface, string, error) {
 	gvk := obj.GroupVersionKind()
-	name := ObjectName(obj)
-	verb := "apply"
-
-	if dryRun {
-		verb = "dry-run apply"
-	}
 
 	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 	if meta.IsNoMatchError(err) {
@@ -243,27 +321,46 @@ func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructu
 	}
 
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", verb, name, err)
+		return nil, "", err
 	}
 
-	var ri dynamic.ResourceInterface = a.dyn.Resource(mapping.Resource)
-
-	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-		ns := obj.GetNamespace()
-		if ns == "" {
-			ns = metav1.NamespaceDefault
-		}
-
-		ri = a.dyn.Resource(mapping.Resource).Namespace(ns)
+	if mapping.Scope.Name() != meta.RESTScopeNameNamespace {
+		return a.dyn.Resource(mapping.Resource), "", nil
 	}
 
-	// Talos 1.14 marks the objects it creates as its inventory's: keep the mark,
-	// or an unchanged manifest would change (and an RBAC object be refused).
-	obj = keepInventory(ctx, ri, obj)
+	ns := obj.GetNamespace()
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
+
+	return a.dyn.Resource(mapping.Resource).Namespace(ns), ns, nil
+}
+
+// apply server-side applies obj (a dry run when dryRun) under FieldManager, and returns
+// its inventory key. With inventory (Talos keeps one), an object the apply creates carries
+// the inventory annotation, as Talos 1.13+ creates it.
+func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructured, force, dryRun, inventory bool) (string, error) {
+	name := ObjectName(obj)
+	verb := "apply"
+
+	if dryRun {
+		verb = "dry-run apply"
+	}
+
+	ri, ns, err := a.resource(obj)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", verb, name, err)
+	}
+
+	key := inventoryKey(obj, ns)
+
+	// Talos marks the objects it creates as its inventory's: keep the mark, or an
+	// unchanged manifest would change (and an RBAC object be refused).
+	obj = markInventory(ctx, ri, obj, inventory)
 
 	data, err := obj.MarshalJSON()
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", verb, name, err)
+		return key, fmt.Errorf("%s %s: %w", verb, name, err)
 	}
 
 	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: &force}
@@ -277,43 +374,8 @@ func (a *ManifestApplier) apply(ctx context.Context, obj *unstructured.Unstructu
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", verb, name, err)
+		return key, fmt.Errorf("%s %s: %w", verb, name, err)
 	}
 
-	return nil
-}
-
-// InventoryAnnotation marks an object as a member of Talos' inventory of bootstrap
-// manifests: Talos (1.14) sets it on each object it creates, with its field manager.
-const InventoryAnnotation = "config.k8s.io/owning-inventory"
-
-// keepInventory returns obj with the live object's InventoryAnnotation, if it has one:
-// applied with Talos' field manager, an object without it would lose it, so that an
-// unchanged manifest would change the object (and its membership of Talos' inventory).
-// When the live object cannot be read, obj is applied as it is.
-func keepInventory(ctx context.Context, ri dynamic.ResourceInterface, obj *unstructured.Unstructured) *unstructured.Unstructured {
-	live, err := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
-	if err != nil {
-		return obj
-	}
-
-	v, ok := live.GetAnnotations()[InventoryAnnotation]
-	if !ok {
-		return obj
-	}
-
-	obj = obj.DeepCopy()
-	annotations := obj.GetAnnotations()
-
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
-
-	if _, set := annotations[InventoryAnnotation]; !set {
-		annotations[InventoryAnnotation] = v
-	}
-
-	obj.SetAnnotations(annotations)
-
-	return obj
+	return key, nil
 }

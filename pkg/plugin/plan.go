@@ -52,6 +52,14 @@ type planOptions struct {
 	// AllowEtcdOutage is --allow-etcd-outage (Talos): a control plane's reboot may stop a
 	// one- or two-member etcd.
 	AllowEtcdOutage bool
+	// ManifestsForce is --manifests-force (Kubernetes): the bootstrap manifest objects
+	// whose fields another field manager owns that the sync takes over ("all" for every
+	// one).
+	ManifestsForce []string
+
+	// kubernetes is true for a Kubernetes plan: its bootstrap manifests check dry-runs
+	// the manifests at the target.
+	kubernetes bool
 
 	// readEtcd makes discover read etcd through the control planes (a Talos plan); etcd
 	// is what it read.
@@ -68,6 +76,14 @@ type planOptions struct {
 	manifests     []*unstructured.Unstructured
 	manifestsNode string
 	manifestsErr  error
+}
+
+// addManifestsForceFlag adds --manifests-force (the Kubernetes commands).
+func (o *planOptions) addManifestsForceFlag(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&o.ManifestsForce, "manifests-force", nil,
+		`Bootstrap manifest objects ("Kind namespace/name", repeatable) whose fields changed by another field manager (Helm, kubectl) `+
+			`the manifest sync takes over; "all" for every object. Without it such objects are skipped and said (fields Talos' own `+
+			`earlier writes hold are taken over without it)`)
 }
 
 func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
@@ -104,6 +120,12 @@ func (o *planOptions) validate() error {
 
 	if o.MaxUnavailable < 1 {
 		return fmt.Errorf("--max-unavailable %d: pass 1 or more", o.MaxUnavailable)
+	}
+
+	for _, f := range o.ManifestsForce {
+		if kind, name, ok := strings.Cut(f, " "); f != kube.ForceAll && (!ok || kind == "" || name == "" || strings.Contains(name, " ")) {
+			return fmt.Errorf(`--manifests-force %q: name an object as "Kind namespace/name" (e.g. "DaemonSet kube-system/kube-flannel"), "Kind name" for a cluster-scoped one, or pass all`, f)
+		}
 	}
 
 	switch o.Output {
@@ -189,7 +211,7 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 		Drains:          plan.Drains,
 		Etcd:            o.etcd,
 		AllowEtcdOutage: o.AllowEtcdOutage,
-		Manifests:       o.manifestFindings(ctx, kube),
+		Manifests:       o.manifestFindings(ctx, kube, snap),
 	})
 	plan.Runnable = !checks.Refused(plan.Checks)
 
@@ -214,19 +236,43 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 }
 
 // manifestFindings dry-runs the manifests discover read, server-side with the
-// operator's credentials, as the sync would apply them (not forced); nil when none
-// were read.
-func (o *planOptions) manifestFindings(ctx context.Context, kt *kubeTarget) *checks.ManifestFindings {
-	if o.manifestsNode == "" || kt.dynamic == nil {
+// operator's credentials, as the run will sync them: rendered for the target
+// (stages.ManifestsAtTarget, as Talos re-renders them once the node runs kube-proxy at
+// the target) and through the same ManifestApplier.Check with the same
+// --manifests-force. nil for a Talos plan, or when none were read.
+func (o *planOptions) manifestFindings(ctx context.Context, kt *kubeTarget, snap *discovery.Snapshot) *checks.ManifestFindings {
+	if !o.kubernetes || o.manifestsNode == "" || kt.dynamic == nil {
 		return nil
 	}
 
 	f := &checks.ManifestFindings{Node: o.manifestsNode, Objects: len(o.manifests), Err: o.manifestsErr}
-	if f.Err == nil {
-		f.Skipped, f.Err = kube.NewManifestApplier(kt.dynamic, kt.client.Discovery()).Check(ctx, o.manifests, kube.SyncOptions{})
+	if f.Err != nil {
+		return f
 	}
 
+	objs, err := planManifests(snap, o.manifestsNode, o.manifests, o.target)
+	if err != nil {
+		f.Err = err
+
+		return f
+	}
+
+	dry, err := kube.NewManifestApplier(kt.dynamic, kt.client.Discovery()).Check(ctx, objs, kube.SyncOptions{Force: o.ManifestsForce})
+	f.Skipped, f.TakenOver, f.Err = dry.Skipped, dry.TakenOver, err
+
 	return f
+}
+
+// planManifests are the manifests of control plane node as the run will sync them to
+// target: Talos' render once its config runs kube-proxy at the target.
+func planManifests(snap *discovery.Snapshot, node string, objs []*unstructured.Unstructured, target stages.Version) ([]*unstructured.Unstructured, error) {
+	for _, n := range snap.Nodes {
+		if n.Name == node && n.Talos != nil {
+			return stages.ManifestsAtTarget(objs, n, n.Talos.Config, target)
+		}
+	}
+
+	return nil, fmt.Errorf("node %q: no machine config read to render its manifests for %s", node, target)
 }
 
 func printPlan(w io.Writer, output string, plan *api.Plan) error {
@@ -281,7 +327,7 @@ func (o *PlanKubernetesOptions) Run(ctx context.Context) error {
 }
 
 func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &PlanKubernetesOptions{planOptions{IOStreams: streams, flags: flags, deps: deps}}
+	o := &PlanKubernetesOptions{planOptions{IOStreams: streams, flags: flags, deps: deps, kubernetes: true}}
 
 	cmd := &cobra.Command{
 		Use:   "kubernetes --to vX.Y.Z",
@@ -303,6 +349,7 @@ func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalF
 	}
 
 	o.addFlags(cmd, "v1.37.2")
+	o.addManifestsForceFlag(cmd)
 
 	return cmd
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
@@ -52,9 +51,6 @@ type upgradeOptions struct {
 	JobImage string
 	// Credentials is --talos-credentials: serviceaccount or local.
 	Credentials string
-	// ManifestsForce is --manifests-force: the bootstrap manifest objects whose fields
-	// another field manager owns that the sync takes over ("all" for every one).
-	ManifestsForce []string
 	// Timeouts bound the engine's waits (0: its defaults).
 	ApplyTimeout, VerifyTimeout, DrainTimeout, UpgradeTimeout, RebootTimeout time.Duration
 	// PullTimeout is --pull-timeout: the bound of one node's pre-pull.
@@ -85,12 +81,6 @@ func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
 func (o *upgradeOptions) validate() error {
 	if err := o.planOptions.validate(); err != nil {
 		return err
-	}
-
-	for _, f := range o.ManifestsForce {
-		if kind, name, ok := strings.Cut(f, " "); f != kube.ForceAll && (!ok || kind == "" || name == "" || strings.Contains(name, " ")) {
-			return fmt.Errorf(`--manifests-force %q: name an object as "Kind namespace/name" (e.g. "DaemonSet kube-system/kube-flannel"), "Kind name" for a cluster-scoped one, or pass all`, f)
-		}
 	}
 
 	switch job.Credentials(o.Credentials) {
@@ -342,7 +332,7 @@ func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
 }
 
 func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &UpgradeKubernetesOptions{upgradeOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}}
+	o := &UpgradeKubernetesOptions{upgradeOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps, kubernetes: true}}}
 
 	cmd := &cobra.Command{
 		Use:   "kubernetes --to vX.Y.Z",
@@ -366,9 +356,7 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
 
 	o.addFlags(cmd, "v1.37.2")
 	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
-	cmd.Flags().StringSliceVar(&o.ManifestsForce, "manifests-force", nil,
-		`Bootstrap manifest objects ("Kind namespace/name", repeatable) whose fields changed by another field manager (Helm, kubectl) `+
-			`the manifest sync takes over; "all" for every object. Without it such objects are skipped and said`)
+	o.addManifestsForceFlag(cmd)
 	cmd.Flags().DurationVar(&o.ApplyTimeout, "apply-timeout", stages.DefaultApplyTimeout, "How long one machine config apply may take")
 
 	return cmd

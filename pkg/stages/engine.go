@@ -96,6 +96,10 @@ type EngineOptions struct {
 	RebootTimeout  time.Duration // a Talos node coming back after its reboot
 	PullTimeout    time.Duration // one node's pre-pull of a stage's images (its images at once; each node its own bound)
 	RenderTimeout  time.Duration // Talos re-rendering the bootstrap manifests for the target after an apply
+	// RolloutStuckAfter is how long the kube-proxy rollout may stay blocked (NotReady
+	// nodes hold its unavailable slots: kube.DaemonSetBlocked) before the stage pauses
+	// on it, rather than wait out VerifyTimeout.
+	RolloutStuckAfter time.Duration
 	// MirrorPodTimeout is how long an invariant check waits for a control plane's
 	// missing kube-apiserver mirror pod before it pauses: a kubelet that restarted
 	// on a new version deletes and recreates its mirror pods.
@@ -124,6 +128,10 @@ const (
 	DefaultConcurrency      = 32
 	DefaultPullConcurrency  = 32
 )
+
+// DefaultRolloutStuckAfter is EngineOptions.RolloutStuckAfter's default: it outlasts a
+// node's short NotReady (a kubelet restart).
+const DefaultRolloutStuckAfter = time.Minute
 
 // PauseError is how the engine stops on a failure: the operation pauses with
 // this reason, and resuming it continues from the cluster's state. Nothing is

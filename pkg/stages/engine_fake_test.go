@@ -105,8 +105,13 @@ type fakeCluster struct {
 	applied   []string // manifests: "fieldManager force Kind ns/name"
 	dryRuns   int      // manifests dry-run
 	// manifestOwners are objects ("Kind ns/name") with fields another field manager
-	// owns that an apply would take over: a non-forced apply conflicts.
+	// owns that an apply would take over: a non-forced apply conflicts, naming the
+	// manager ("helm", or "talos/Update" for a manager whose operation was Update) as
+	// the apiserver does. The kube-proxy DaemonSet conflicts only when the apply
+	// changes its image, as a server-side apply conflicts only on a changed value.
 	manifestOwners map[string]string
+	// appliedObjects are the objects of the non-dry-run manifest applies, as sent.
+	appliedObjects []*unstructured.Unstructured
 	// manifestForbidden are objects ("Kind ns/name") the runner may not write.
 	manifestForbidden map[string]bool
 	// staleManifests is how many reads of the manifests still show kube-proxy at
@@ -490,13 +495,27 @@ func (f *fakeCluster) applyManifest(action k8stesting.Action) (bool, runtime.Obj
 	forbidden := f.manifestForbidden[key]
 	f.mu.Unlock()
 
+	if owned && obj.GetKind() == "DaemonSet" && obj.GetName() == "kube-proxy" {
+		ds, err := f.cs.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{})
+		require.NoError(f.t, err)
+
+		owned = ds.Spec.Template.Spec.Containers[0].Image != kubeProxyImage([]*unstructured.Unstructured{obj})
+	}
+
 	switch {
 	case forbidden:
 		return true, nil, apierrors.NewForbidden(gr, obj.GetName(), errors.New("the runner may not patch it"))
 	case owned && !force:
+		manager, op, _ := strings.Cut(owner, "/")
+		msg := fmt.Sprintf("conflict with %q", manager)
+
+		if op == "Update" {
+			msg += " using " + obj.GetAPIVersion()
+		}
+
 		return true, nil, apierrors.NewApplyConflict([]metav1.StatusCause{{
-			Type: metav1.CauseTypeFieldManagerConflict, Message: fmt.Sprintf("conflict with %q: .spec.template", owner), Field: ".spec.template",
-		}}, fmt.Sprintf("Apply failed with 1 conflict: conflict with %q: .spec.template", owner))
+			Type: metav1.CauseTypeFieldManagerConflict, Message: msg, Field: ".spec.template",
+		}}, fmt.Sprintf("Apply failed with 1 conflict: %s: .spec.template", msg))
 	}
 
 	if len(patch.PatchOptions.DryRun) > 0 {
@@ -509,6 +528,7 @@ func (f *fakeCluster) applyManifest(action k8stesting.Action) (bool, runtime.Obj
 
 	f.mu.Lock()
 	f.applied = append(f.applied, fmt.Sprintf("%s %t %s %s/%s", patch.PatchOptions.FieldManager, force, obj.GetKind(), patch.GetNamespace(), obj.GetName()))
+	f.appliedObjects = append(f.appliedObjects, obj.DeepCopy())
 	f.mu.Unlock()
 
 	if obj.GetKind() == "DaemonSet" && obj.GetName() == "kube-proxy" {

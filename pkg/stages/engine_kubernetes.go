@@ -13,9 +13,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -612,10 +610,18 @@ func renderAction(node string, err error) string {
 // render returns the stage's config for node n (its kubelet version read
 // from its Node) from its active config cfg.
 func (r *kubeRun) render(s KubernetesStage, n discovery.Node, cfg config.Provider) (*render.Result, error) {
+	return RenderStage(s, n, cfg, r.target)
+}
+
+// RenderStage returns stage s's config for node n of an upgrade to target, from the
+// node's active config cfg: each component's image at the version the stage wants
+// (DesiredVersion, its pins read from n's kubelet version). The run applies it; plan
+// predicts with it what the run will apply (ManifestsAtTarget).
+func RenderStage(s KubernetesStage, n discovery.Node, cfg config.Provider, target Version) (*render.Result, error) {
 	versions := render.Versions{}
 
 	for c, image := range render.Images(cfg) {
-		v, err := DesiredVersion(s, n, c, image, r.target)
+		v, err := DesiredVersion(s, n, c, image, target)
 		if err != nil {
 			return nil, err
 		}
@@ -964,194 +970,6 @@ func (r *kubeRun) expect(s KubernetesStage, sn *stageNode, res *render.Result) k
 	}
 
 	return e
-}
-
-// syncManifests server-side applies the bootstrap manifests of a control
-// plane whose config runs kube-proxy at the target, once the invariant
-// allows kube-proxy at the target everywhere. It reports whether it synced.
-func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode, res *render.Result) (bool, error) {
-	image, ok := render.Images(res.Config)[discovery.KubeProxy]
-	if !ok || render.TagOf(image) != r.target.String() {
-		return false, nil
-	}
-
-	if err := r.predictKubeProxy(ctx, stage, sn.Name); err != nil {
-		return false, err
-	}
-
-	objs, err := r.renderedManifests(ctx, stage, sn)
-	if err != nil {
-		return false, err
-	}
-
-	res2, err := r.applier.Sync(ctx, objs, kube.SyncOptions{Force: r.opts.ManifestsForce})
-	if err != nil {
-		reason := fmt.Sprintf("node %q: sync bootstrap manifests (%d of %d applied, nothing after): %v", sn.Name, len(res2.Applied), len(objs), err)
-
-		return false, r.pause(ctx, stage, sn.Name, reason, syncAction(err, sn.InternalIP), errors.New(reason))
-	}
-
-	for _, sk := range res2.Skipped {
-		r.e.node(stage, sn.Name, PhaseVerifying, "bootstrap manifests: skipped %s: another field manager owns fields the sync would take over (%s); "+
-			"to take them over, upgrade with --manifests-force %q", sk.Object, sk.Conflict, sk.Object)
-	}
-
-	msg := fmt.Sprintf("applied %d bootstrap manifest object(s) from %s (field manager %s, nothing pruned)", len(res2.Applied), sn.Name, kube.FieldManager)
-	if len(res2.Skipped) > 0 {
-		names := make([]string, 0, len(res2.Skipped))
-		for _, sk := range res2.Skipped {
-			names = append(names, sk.Object)
-		}
-
-		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), summarize(names))
-	}
-
-	r.e.stepTime(stage, StepManifests, StepTiming{Done: true})
-	r.e.step(stage, StepManifests, "%s", msg)
-
-	return true, nil
-}
-
-// syncAction says what to do about the object a manifest sync stopped at (err names it).
-// The Job's access to the manifests' objects is computed from them when the operation is
-// launched or resumed, so a kind the cluster serves by the resume is covered then.
-func syncAction(err error, ip string) string {
-	fix := fmt.Sprintf("or take it out of the machine config's inline or extra manifests (talosctl -n %s get manifests)", ip)
-
-	switch {
-	case meta.IsNoMatchError(err):
-		return "the cluster does not serve the object's kind: install its CustomResourceDefinition (resume grants the Job access to the object), " +
-			fix + ", then resume"
-	case apierrors.IsForbidden(err):
-		return "the Job may not write the object (its access is computed from the manifests at launch and on resume; an admission policy may refuse it too): " +
-			"apply it yourself as a cluster admin, lift the policy, " + fix + ", then resume"
-	default:
-		return "the apiserver refuses the object (its validation or an admission policy, as the error says): fix the object or lift the policy, " +
-			fix + ", then resume"
-	}
-}
-
-// renderedManifests reads node's bootstrap manifests once Talos has re-rendered them
-// for the target (it does so asynchronously after the apply): the kube-proxy
-// DaemonSet's image at the target, waiting at most RenderTimeout.
-func (r *kubeRun) renderedManifests(ctx context.Context, stage string, sn *stageNode) ([]*unstructured.Unstructured, error) {
-	wctx, cancel := context.WithTimeout(ctx, r.opts.RenderTimeout)
-	defer cancel()
-
-	var (
-		seen string
-		last error
-	)
-
-	for {
-		readCtx, cancelRead := context.WithTimeout(wctx, talosReadTimeout)
-		objs, err := r.e.Talos.Manifests(readCtx, sn.InternalIP)
-
-		cancelRead()
-
-		if err == nil {
-			seen = kubeProxyImage(objs)
-			if render.TagOf(seen) == r.target.String() {
-				return objs, nil
-			}
-		}
-
-		last = err
-
-		select {
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("read bootstrap manifests: %w", ctx.Err())
-			}
-
-			if last != nil {
-				err := fmt.Errorf("node %q: read bootstrap manifests: %w", sn.Name, last)
-
-				return nil, r.pause(ctx, stage, sn.Name, err.Error(), actionTalosAccess, err)
-			}
-
-			err := fmt.Errorf("node %q: Talos has not re-rendered the bootstrap manifests for %s after %s (kube-proxy image %s)",
-				sn.Name, r.target, r.opts.RenderTimeout, orUnknownTag(seen))
-
-			return nil, r.pause(ctx, stage, sn.Name, err.Error(),
-				fmt.Sprintf("check the node's manifests (talosctl -n %s get manifests) and its controller logs (talosctl -n %s logs controller-runtime), then resume",
-					sn.InternalIP, sn.InternalIP), err)
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-// kubeProxyImage is the kube-proxy container's image of the kube-proxy DaemonSet among
-// objs, "" when there is none.
-func kubeProxyImage(objs []*unstructured.Unstructured) string {
-	for _, obj := range objs {
-		if obj.GetKind() != "DaemonSet" || obj.GetName() != discovery.KubeProxyDaemonSet || obj.GetNamespace() != discovery.StaticPodNamespace {
-			continue
-		}
-
-		containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-		for _, c := range containers {
-			m, _ := c.(map[string]any)
-			if m["name"] == discovery.KubeProxyDaemonSet {
-				image, _ := m["image"].(string)
-
-				return image
-			}
-		}
-	}
-
-	return ""
-}
-
-// rollout waits for the kube-proxy DaemonSet to run the target everywhere,
-// timing it as it advances (StepTimer).
-func (r *kubeRun) rollout(ctx context.Context, stage string) error {
-	tag := r.target.String()
-	r.e.stepTime(stage, StepRollout, r.rolloutTiming(false))
-	r.e.step(stage, StepRollout, "waiting for DaemonSet %s/%s on %s", discovery.StaticPodNamespace, discovery.KubeProxyDaemonSet, tag)
-
-	start := time.Now()
-
-	err := r.cache.Wait(ctx, r.opts.VerifyTimeout,
-		r.cache.DaemonSetRolledOut(discovery.KubeProxyDaemonSet, discovery.KubeProxyDaemonSet, tag),
-		func(waiting string) {
-			r.e.stepTime(stage, StepRollout, r.rolloutTiming(false))
-			r.e.step(stage, StepRollout, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
-		})
-	if err != nil {
-		reason := "kube-proxy rollout: " + err.Error()
-
-		return r.pause(ctx, stage, "", reason, fmt.Sprintf("check the kube-proxy pods (kubectl -n %s get pods -l %s=%s -o wide), then resume",
-			discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.KubeProxyDaemonSet), fmt.Errorf("stage %s: %s", stage, reason))
-	}
-
-	r.e.stepTime(stage, StepRollout, r.rolloutTiming(true))
-
-	running, err := kube.Observe(ctx, r.e.Kube)
-	if err != nil {
-		return r.pause(ctx, stage, "", "invariant check: "+err.Error(), actionResume, err)
-	}
-
-	if err := r.notWorse(ctx, stage, "", running, brokenAction); err != nil {
-		return err
-	}
-
-	r.e.step(stage, StepRollout, "DaemonSet %s rolled out on %s", discovery.KubeProxyDaemonSet, tag)
-
-	return nil
-}
-
-// rolloutTiming is how far the kube-proxy DaemonSet's rollout has come, as
-// the cache has it.
-func (r *kubeRun) rolloutTiming(done bool) StepTiming {
-	t := StepTiming{Done: done}
-
-	if ds, ok := r.cache.DaemonSet(discovery.KubeProxyDaemonSet); ok {
-		t.Pods, t.Updated = int(ds.Status.DesiredNumberScheduled), int(ds.Status.UpdatedNumberScheduled)
-		t.MaxUnavailable = discovery.DaemonSetMaxUnavailable(ds)
-	}
-
-	return t
 }
 
 // pause is Engine.pause for this run.

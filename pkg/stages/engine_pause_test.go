@@ -624,7 +624,7 @@ func TestEngineOptions(t *testing.T) {
 	assert.Equal(t, EngineOptions{
 		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
-		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle,
+		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
 		Concurrency: DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
 	}, EngineOptions{}.withDefaults())
 }

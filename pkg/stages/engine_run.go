@@ -166,6 +166,7 @@ func (o EngineOptions) withDefaults() EngineOptions {
 	def(&o.RebootTimeout, DefaultRebootTimeout)
 	def(&o.PullTimeout, DefaultPullTimeout)
 	def(&o.RenderTimeout, DefaultRenderTimeout)
+	def(&o.RolloutStuckAfter, DefaultRolloutStuckAfter)
 	def(&o.MirrorPodTimeout, DefaultMirrorPodTimeout)
 	def(&o.StaticPodSettle, DefaultStaticPodSettle)
 

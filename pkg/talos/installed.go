@@ -23,6 +23,9 @@ type Installed struct {
 	// SecureBoot is true when the node booted with UEFI SecureBoot (the
 	// runtime SecurityState resource).
 	SecureBoot bool
+	// BootedWithUKI is true when the node booted a UKI with systemd-boot, false when it
+	// booted with GRUB (SecurityState bootedWithUKI: the loader entry systemd-boot set).
+	BootedWithUKI bool
 	// Extensions are the system extensions the node runs (the runtime
 	// ExtensionStatus resources, `talosctl get extensions`), by resource ID.
 	// An image built by Image Factory carries a virtual one named "schematic"
@@ -118,6 +121,7 @@ func (c *Client) Installed(ctx context.Context, node string) (Installed, error) 
 		return out, nodeErr(node, "get securitystate", err)
 	default:
 		out.SecureBoot = sec.TypedSpec().SecureBoot
+		out.BootedWithUKI = sec.TypedSpec().BootedWithUKI
 	}
 
 	if out.Platform == "" {

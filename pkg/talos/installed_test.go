@@ -30,12 +30,14 @@ func TestInstalled(t *testing.T) {
 
 	sec := runtime.NewSecurityStateSpec(runtime.NamespaceName)
 	sec.TypedSpec().SecureBoot = true
+	sec.TypedSpec().BootedWithUKI = true
 	require.NoError(t, st.Create(t.Context(), sec))
 
 	got, err = c.Installed(t.Context(), node)
 	require.NoError(t, err)
 	assert.Equal(t, "aws", got.Platform)
 	assert.True(t, got.SecureBoot)
+	assert.True(t, got.BootedWithUKI, "systemd-boot, not GRUB")
 	assert.Equal(t, []string{"iscsi-tools"}, got.SystemExtensions())
 
 	s, ok := got.Schematic()

@@ -70,6 +70,7 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 	fs.IntVar(&o.Workers, "workers", 2, "number of worker machines")
 	fs.StringVar(&o.KubernetesVersion, "kubernetes", "v1.35.4", "Kubernetes version every component starts at")
 	fs.StringVar(&o.TalosVersion, "talos", "v1.13.9", "Talos version every machine runs")
+	fs.StringVar(&o.BornOn, "born-on", "", "Talos version the cluster was bootstrapped on (default --talos): its bootstrap objects and machine configs are that version's")
 	fs.StringVar(&o.BinDir, "bin-dir", filepath.Join(filepath.Dir(exe), "..", "cluster-bins"), "directory with etcd, kube-apiserver, kube-controller-manager and kube-scheduler")
 	fs.StringVar(&o.FaultsFile, "faults", "", "faults file (YAML, re-read when it changes); see the faults package")
 	fs.StringVar(&o.ConfigLayout, "config-layout", "", "where the machine configs keep the Kubernetes settings: "+strings.Join(cluster.ConfigLayouts(), ", ")+" (default: as talosctl gen config of --talos writes them)")
@@ -106,6 +107,28 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 			o.Schematics = map[string]string{}
 		}
 		o.Schematics[node] = id
+		return nil
+	})
+	fs.Func("boot-loader", "NODE=grub|sd-boot: the boot loader machine NODE boots with (default grub; sd-boot boots a UKI) (repeatable)", func(v string) error {
+		node, bl, ok := strings.Cut(v, "=")
+		if !ok || node == "" || bl == "" {
+			return fmt.Errorf("want NODE=grub or NODE=sd-boot, got %q", v)
+		}
+		if o.BootLoaders == nil {
+			o.BootLoaders = map[string]string{}
+		}
+		o.BootLoaders[node] = bl
+		return nil
+	})
+	fs.Func("kernel-args", "NODE=ARG,...: machine NODE's machine.install.extraKernelArgs (repeatable)", func(v string) error {
+		node, list, ok := strings.Cut(v, "=")
+		if !ok || node == "" || list == "" {
+			return fmt.Errorf("want NODE=ARG,..., got %q", v)
+		}
+		if o.KernelArgs == nil {
+			o.KernelArgs = map[string][]string{}
+		}
+		o.KernelArgs[node] = append(o.KernelArgs[node], strings.Split(list, ",")...)
 		return nil
 	})
 	fs.Func("inline-manifest", "NAME=FILE: the control planes carry FILE (multi-document YAML) in cluster.inlineManifests as NAME (repeatable)", func(v string) error {

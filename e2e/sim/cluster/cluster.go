@@ -42,6 +42,7 @@ type Info struct {
 	APIServer         string        `json:"apiServer"`
 	KubernetesVersion string        `json:"kubernetesVersion"`
 	TalosVersion      string        `json:"talosVersion"`
+	BornOn            string        `json:"bornOn"`
 	Machines          []MachineInfo `json:"machines"`
 	StartedIn         string        `json:"startedIn"`
 }
@@ -121,6 +122,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			ControlPlane:       spec.ControlPlane,
 			TalosVersion:       opts.TalosVersion,
 			Extensions:         opts.machineExtensions(spec.Name),
+			BootedWithUKI:      opts.BootLoaders[spec.Name] == BootLoaderSystemdBoot,
 			Config:             spec.Config,
 			AdminKubeconfig:    adminKubeconfig,
 			Events:             ev,
@@ -202,12 +204,15 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		go drainer.uncordonAfterBoot(kctx, m)
 	}
 
-	log.Info("applying the bootstrap manifests")
+	// The bootstrap as the Talos version the cluster was born on did it; from
+	// then on each control plane's controller keeps the objects as the version
+	// it runs does (Watch), as it would after Talos upgrades.
+	log.Info("applying the bootstrap manifests", "as", opts.BornOn)
 	manifests, err := simmanifests.NewApplier(cp.restConfig, log)
 	if err != nil {
 		return fmt.Errorf("bootstrap manifests: %w", err)
 	}
-	if err := manifests.Apply(ctx, machines[0]); err != nil {
+	if err := manifests.ApplyAs(ctx, machines[0], opts.BornOn); err != nil {
 		return fmt.Errorf("bootstrap manifests: %w", err)
 	}
 	var controlPlanes []*machine.Machine
@@ -244,6 +249,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		APIServer:         fmt.Sprintf("https://%s:%d", addrs.apiServer(), apiPort),
 		KubernetesVersion: opts.KubernetesVersion,
 		TalosVersion:      opts.TalosVersion,
+		BornOn:            opts.BornOn,
 		StartedIn:         time.Since(start).Round(time.Millisecond).String(),
 	}
 	for _, m := range machines {

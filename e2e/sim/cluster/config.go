@@ -48,10 +48,21 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 		return nil, fmt.Errorf("talos version %s: %w", opts.TalosVersion, err)
 	}
 	// A cluster with v1alpha1 configs on a Talos that writes documents was
-	// born before Talos 1.14: its configs (and secrets) are of 1.13's kind.
+	// born before Talos 1.14: its configs (and secrets) are of 1.13's kind, or
+	// of the version it was born on.
 	legacy := contract
 	if contract.MultidocKubernetesConfigSupported() && opts.ConfigLayout != LayoutMultiDoc {
 		legacy = config.TalosVersion1_13
+	}
+	if opts.BornOn != "" && opts.ConfigLayout != LayoutMultiDoc {
+		born, err := config.ParseContractFromVersion(opts.BornOn)
+		if err != nil {
+			return nil, fmt.Errorf("talos version %s: %w", opts.BornOn, err)
+		}
+		if born.Greater(legacy) {
+			born = legacy
+		}
+		legacy = born
 	}
 	bundle, err := secrets.NewBundle(secrets.NewClock(), legacy)
 	if err != nil {
@@ -222,6 +233,11 @@ func personalize(base config.Provider, spec machineSpec, opts Options) (config.P
 					v1alpha1.ClusterInlineManifest{InlineManifestName: m.Name, InlineManifestContents: m.Contents})
 			}
 			cfg.ClusterConfig.ExtraManifests = append(cfg.ClusterConfig.ExtraManifests, opts.ExtraManifests...)
+		}
+		if args := opts.KernelArgs[spec.Name]; len(args) > 0 {
+			// Talos refuses extraKernelArgs with the UKI command line (1.13.4+).
+			cfg.MachineConfig.MachineInstall.InstallExtraKernelArgs = append([]string(nil), args...) //nolint:staticcheck // what configs in the field carry
+			cfg.MachineConfig.MachineInstall.InstallGrubUseUKICmdline = new(false)
 		}
 		if talosAPIAccess && spec.ControlPlane && !accessDocument {
 			if cfg.MachineConfig.MachineFeatures == nil {

@@ -31,6 +31,12 @@ type Options struct {
 	KubernetesVersion string
 	// TalosVersion is the Talos version every machine runs (vA.B.C).
 	TalosVersion string
+	// BornOn is the Talos version the cluster was bootstrapped on (vA.B.C, no newer
+	// than TalosVersion; "" is TalosVersion): its bootstrap manifest objects are created
+	// as that version created them (a plain Create before 1.13, server-side apply with
+	// the inventory from 1.13), then kept by TalosVersion's controller as it keeps those
+	// of an upgraded cluster, and its machine configs are those that version generates.
+	BornOn string
 	// BinDir holds etcd, kube-apiserver, kube-controller-manager and
 	// kube-scheduler (make cluster-bins).
 	BinDir string
@@ -53,6 +59,13 @@ type Options struct {
 	// Extensions are, by node name, the system extensions ("name" or
 	// "name@version") a machine was installed with.
 	Extensions map[string][]string
+	// BootLoaders are, by node name, the boot loader a machine booted with:
+	// BootLoaderGRUB (the default) or BootLoaderSystemdBoot (a UKI, as UEFI installs
+	// from Talos 1.10 and SecureBoot ones boot), as its SecurityState says.
+	BootLoaders map[string]string
+	// KernelArgs are, by node name, the machine's machine.install.extraKernelArgs
+	// (with machine.install.grubUseUKICmdline false, which Talos requires with them).
+	KernelArgs map[string][]string
 	// Schematics are, by node name, the Image Factory schematic ID a machine
 	// was installed from (its virtual "schematic" extension, built by
 	// https://factory.talos.dev).
@@ -141,6 +154,9 @@ func (o *Options) Validate() error {
 	if err != nil {
 		return fmt.Errorf("--talos %s: %w", o.TalosVersion, err)
 	}
+	if err := o.validateBornOn(); err != nil {
+		return err
+	}
 	k8s, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(o.KubernetesVersion, "v"))
 	if err != nil {
 		return fmt.Errorf("--kubernetes %s: %w", o.KubernetesVersion, err)
@@ -152,10 +168,15 @@ func (o *Options) Validate() error {
 	if err != nil {
 		return fmt.Errorf("--talos %s: %w", o.TalosVersion, err)
 	}
+	born, err := config.ParseContractFromVersion(o.BornOn)
+	if err != nil {
+		return fmt.Errorf("--born-on %s: %w", o.BornOn, err)
+	}
 	switch o.ConfigLayout {
 	case "":
+		// As talosctl gen config of the version the cluster was born on writes them.
 		o.ConfigLayout = LayoutV1Alpha1
-		if contract.MultidocKubernetesConfigSupported() {
+		if born.MultidocKubernetesConfigSupported() {
 			o.ConfigLayout = LayoutMultiDoc
 		}
 	case LayoutV1Alpha1:
@@ -246,15 +267,68 @@ func free(addr netip.Addr, port int) bool {
 	return true
 }
 
-// validateExtensions checks --extensions and --schematic name machines of
-// the cluster and real-looking schematic IDs.
-func (o *Options) validateExtensions() error {
+// validateBornOn checks --born-on and fills its default, --talos.
+func (o *Options) validateBornOn() error {
+	if o.BornOn == "" {
+		o.BornOn = o.TalosVersion
+		return nil
+	}
+	if !semverRE.MatchString(o.BornOn) {
+		return fmt.Errorf("--born-on %q: want a Talos version like v1.12.4", o.BornOn)
+	}
+	if versionLess(o.TalosVersion, o.BornOn) {
+		return fmt.Errorf("--born-on %s is newer than --talos %s: a cluster runs the version it was born on or a later one", o.BornOn, o.TalosVersion)
+	}
+	return nil
+}
+
+// versionLess reports whether vA.B.C version a is older than b.
+func versionLess(a, b string) bool {
+	var x, y [3]int
+	_, _ = fmt.Sscanf(a, "v%d.%d.%d", &x[0], &x[1], &x[2])
+	_, _ = fmt.Sscanf(b, "v%d.%d.%d", &y[0], &y[1], &y[2])
+	for i := range x {
+		if x[i] != y[i] {
+			return x[i] < y[i]
+		}
+	}
+	return false
+}
+
+// The boot loaders a machine can boot with (BootLoaders).
+const (
+	BootLoaderGRUB        = "grub"
+	BootLoaderSystemdBoot = "sd-boot"
+)
+
+// machineNames are the names of the cluster's machines.
+func (o *Options) machineNames() map[string]bool {
 	known := map[string]bool{}
 	for i := range o.ControlPlanes {
 		known[fmt.Sprintf("cp-%d", i+1)] = true
 	}
 	for i := range o.Workers {
 		known[fmt.Sprintf("worker-%d", i+1)] = true
+	}
+	return known
+}
+
+// validateExtensions checks --extensions, --schematic, --boot-loader and --kernel-args
+// name machines of the cluster, real-looking schematic IDs and known boot loaders.
+func (o *Options) validateExtensions() error {
+	known := o.machineNames()
+	for node, bl := range o.BootLoaders {
+		if !known[node] {
+			return fmt.Errorf("--boot-loader %s=...: no machine %s in this cluster (cp-1.., worker-1..)", node, node)
+		}
+		if bl != BootLoaderGRUB && bl != BootLoaderSystemdBoot {
+			return fmt.Errorf("--boot-loader %s=%s: want %s or %s", node, bl, BootLoaderGRUB, BootLoaderSystemdBoot)
+		}
+	}
+	for node := range o.KernelArgs {
+		if !known[node] {
+			return fmt.Errorf("--kernel-args %s=...: no machine %s in this cluster (cp-1.., worker-1..)", node, node)
+		}
 	}
 	for node := range o.Extensions {
 		if !known[node] {

@@ -32,6 +32,12 @@ func TestValidate(t *testing.T) {
 			o.InlineManifests = []InlineManifest{{Name: "cni", Contents: "a: b"}, {Name: "cni", Contents: "c: d"}}
 		}, `--inline-manifest "cni": give each inline manifest a name of its own`},
 		{"extra manifest not a URL", func(o *Options) { o.ExtraManifests = []string{"/tmp/x.yaml"} }, "want an http or https URL"},
+		{"born on an older Talos", func(o *Options) { o.BornOn = "v1.12.4" }, ""},
+		{"born on a newer Talos", func(o *Options) { o.BornOn = "v1.14.1" }, "--born-on v1.14.1 is newer than --talos v1.13.9"},
+		{"born on not a version", func(o *Options) { o.BornOn = "1.12" }, "want a Talos version like v1.12.4"},
+		{"boot loader of no machine", func(o *Options) { o.BootLoaders = map[string]string{"worker-9": BootLoaderGRUB} }, "no machine worker-9"},
+		{"unknown boot loader", func(o *Options) { o.BootLoaders = map[string]string{"worker-1": "lilo"} }, "want grub or sd-boot"},
+		{"kernel args of no machine", func(o *Options) { o.KernelArgs = map[string][]string{"cp-9": {"console=ttyS0"}} }, "--kernel-args cp-9=...: no machine cp-9"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good()
@@ -41,6 +47,7 @@ func TestValidate(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, DefaultLatency(), o.Latency)
 				require.Equal(t, "ichor-sim", o.Name)
+				require.NotEmpty(t, o.BornOn, "defaults to --talos")
 				return
 			}
 			require.ErrorContains(t, err, tc.want)
@@ -113,6 +120,28 @@ func TestGeneratedConfigs(t *testing.T) {
 			require.Empty(t, urls, m.Name)
 		}
 	}
+}
+
+// TestBornOnAndKernelArgs: a cluster born on Talos 1.13 and running 1.14 keeps the
+// v1alpha1 layout that 1.13 generated; --kernel-args land in the node's
+// machine.install, with the UKI command line off, as Talos requires.
+func TestBornOnAndKernelArgs(t *testing.T) {
+	o := Options{Dir: t.TempDir(), ControlPlanes: 1, Workers: 1, KubernetesVersion: "v1.35.4", TalosVersion: "v1.14.1", BornOn: "v1.13.9", BinDir: "/bin",
+		KernelArgs: map[string][]string{"worker-1": {"console=ttyS1", "net.ifnames=0"}}}
+	require.NoError(t, o.Validate())
+	require.Equal(t, LayoutV1Alpha1, o.ConfigLayout, "as Talos 1.13 generated it")
+	p, err := pickAddresses(o.Dir)
+	require.NoError(t, err)
+	g, err := generateConfigs(o, p)
+	require.NoError(t, err)
+	cfg, err := configloader.NewFromBytes(g.machines[1].Config)
+	require.NoError(t, err)
+	require.Equal(t, []string{"console=ttyS1", "net.ifnames=0"}, cfg.Machine().Install().ExtraKernelArgs())
+	require.False(t, cfg.Machine().Install().GrubUseUKICmdline())
+	cp, err := configloader.NewFromBytes(g.machines[0].Config)
+	require.NoError(t, err)
+	require.Empty(t, cp.Machine().Install().ExtraKernelArgs())
+	require.False(t, cp.Has(k8s.KubeletConfig), "no 1.14 documents")
 }
 
 func TestConfigLayoutOption(t *testing.T) {

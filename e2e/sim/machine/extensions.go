@@ -87,7 +87,8 @@ func installerExtensions(image string, current []Extension) []Extension {
 // publishExtensions writes what machined publishes of the installed
 // extensions at boot: an ExtensionStatus per layer (IDs "0", "1", ... as the
 // imager numbers them), on Talos 1.14 the ImageFactorySchematic resource
-// when a schematic is among them, and the SecurityState (no SecureBoot).
+// when a schematic is among them, and the SecurityState (no SecureBoot; the
+// boot loader of Options.BootedWithUKI).
 func (m *Machine) publishExtensions(ctx context.Context, version string, exts []Extension) error {
 	for i, e := range exts {
 		id := strconv.Itoa(i)
@@ -120,6 +121,7 @@ func (m *Machine) publishExtensions(ctx context.Context, version string, exts []
 	}
 	if err := safe.StateModify(ctx, m.cosi, runtime.NewSecurityStateSpec(runtime.NamespaceName), func(r *runtime.SecurityState) error {
 		r.TypedSpec().SecureBoot = false
+		r.TypedSpec().BootedWithUKI = m.opts.BootedWithUKI
 		return nil
 	}); err != nil {
 		return fmt.Errorf("security state: %w", err)

@@ -85,3 +85,21 @@ func TestUpgradeExtensionsFollowTheInstaller(t *testing.T) {
 	assert.Equal(t, "v1.14.1", m.State().TalosVersion)
 	assert.Empty(t, extensionNames(t, m))
 }
+
+// TestSecurityStateSaysTheBootLoader: a machine booted with GRUB says bootedWithUKI
+// false, one booted from a UKI with systemd-boot true, as Talos' SecurityState does.
+func TestSecurityStateSaysTheBootLoader(t *testing.T) {
+	t.Parallel()
+	for _, uki := range []bool{false, true} {
+		m, err := simmachine.New(simmachine.Options{
+			Name: "node-1", IP: netip.MustParseAddr("127.0.0.11"), TalosVersion: "v1.13.9",
+			Config: bytesOf(t, genConfig(t, machine.TypeWorker)), BootedWithUKI: uki,
+			RebootDelay: 50 * time.Millisecond, PullLatency: time.Millisecond, HealthCheckDelay: 50 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		t.Cleanup(m.Close)
+		sec, err := safe.StateGetByID[*runtime.SecurityState](t.Context(), m.COSI(), runtime.SecurityStateID)
+		require.NoError(t, err)
+		assert.Equal(t, uki, sec.TypedSpec().BootedWithUKI)
+	}
+}

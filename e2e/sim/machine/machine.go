@@ -61,6 +61,9 @@ type Options struct {
 	// resources). An upgrade replaces them with what its installer carries
 	// (see installerExtensions).
 	Extensions []Extension
+	// BootedWithUKI is true for a machine that boots a UKI with systemd-boot
+	// (SecurityState bootedWithUKI), false for one that boots with GRUB.
+	BootedWithUKI bool
 	// AdminKubeconfig is returned by the Kubeconfig call (control planes).
 	AdminKubeconfig []byte
 	// Events records every boot; may be nil.

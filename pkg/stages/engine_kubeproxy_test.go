@@ -1,0 +1,139 @@
+package stages
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+)
+
+// TestPlanAndRunAgreeOnTheManifests: plan dry-runs the manifests as the run will apply
+// them. Its prediction (ManifestsAtTarget of the control plane's manifests and config,
+// read before the run) is what the run applies once Talos re-rendered them, and the same
+// ManifestApplier.Check finds the same conflicts: the kube-proxy DaemonSet, whose image
+// Talos' own Create holds (talos, operation Update), taken over; the ServiceAccount Helm
+// changed, skipped. The current manifests, dry-run as they are, show no conflict on the
+// DaemonSet at all: its image does not change there.
+func TestPlanAndRunAgreeOnTheManifests(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+	f.manifestOwners = map[string]string{
+		"DaemonSet kube-system/kube-proxy":      "talos/Update",
+		"ServiceAccount kube-system/kube-proxy": "helm",
+	}
+
+	cp := f.machines[0]
+	current, err := (*fakeTalos)(f).Manifests(ctx, cp.ip)
+	require.NoError(t, err)
+
+	node := discovery.Node{Name: cp.name, ControlPlane: true, InternalIP: cp.ip, KubeletVersion: "v1.35.4"}
+	predicted, err := ManifestsAtTarget(current, node, cp.active, MustParseVersion("v1.36.3"))
+	require.NoError(t, err)
+	assert.Equal(t, "registry.k8s.io/kube-proxy:v1.36.3", kubeProxyImage(predicted))
+	assert.Equal(t, "registry.k8s.io/kube-proxy:v1.35.4", kubeProxyImage(current), "not changed")
+
+	applier := kube.NewManifestApplier(f.dyn, f.cs.Discovery())
+
+	planned, err := applier.Check(ctx, predicted, kube.SyncOptions{})
+	require.NoError(t, err)
+	require.Len(t, planned.TakenOver, 1)
+	assert.Equal(t, KubeProxyObject, planned.TakenOver[0].Object)
+	assert.Equal(t, []kube.Holder{{Manager: "talos", Operation: metav1.ManagedFieldsOperationUpdate}}, planned.TakenOver[0].From)
+	require.Len(t, planned.Skipped, 1)
+	assert.Equal(t, "ServiceAccount kube-system/kube-proxy", planned.Skipped[0].Object)
+
+	asIs, err := applier.Check(ctx, current, kube.SyncOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, asIs.TakenOver, "the current render changes no image: it meets no conflict on the DaemonSet")
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+	require.NoError(t, e.Run(ctx))
+
+	// The run applied the prediction, less what it skipped, and took the DaemonSet over.
+	var want []string
+
+	for _, obj := range predicted {
+		if kube.ObjectName(obj) != planned.Skipped[0].Object {
+			b, err := json.Marshal(obj.Object)
+			require.NoError(t, err)
+			want = append(want, string(b))
+		}
+	}
+
+	var got []string
+
+	for _, obj := range f.appliedObjects {
+		b, err := json.Marshal(obj.Object)
+		require.NoError(t, err)
+		got = append(got, string(b))
+	}
+
+	assert.ElementsMatch(t, want, got, "the run applies what plan predicted")
+	assert.Contains(t, f.applied, "talos true DaemonSet kube-system/kube-proxy", "taken over")
+	assert.NotEmpty(t, rec.with("KubeProxy", `took over 1 from Talos' own earlier writes: DaemonSet kube-system/kube-proxy (from "talos" (Update))`,
+		"skipped 1 changed by another field manager: ServiceAccount kube-system/kube-proxy"))
+	requireFinished(t, f, "v1.36.3")
+}
+
+// TestEngineKubeProxySkippedPausesAtOnce: a kube-proxy DaemonSet another field manager
+// holds is skipped by the sync, so its rollout cannot come: the stage pauses at once,
+// naming the manager and the flag, instead of waiting out the rollout bound.
+func TestEngineKubeProxySkippedPausesAtOnce(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+	f.manifestOwners = map[string]string{"DaemonSet kube-system/kube-proxy": "helm/Update"}
+
+	start := time.Now()
+	err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 30 * time.Second }).Run(context.Background())
+
+	pause := requirePause(t, err, "KubeProxy", "cp-1", `DaemonSet kube-system/kube-proxy skipped: field manager "helm" (Update) holds fields the sync would change`,
+		"kube-proxy cannot reach v1.36.3")
+	assert.Contains(t, pause.Action, `--manifests-force "DaemonSet kube-system/kube-proxy"`)
+	assert.Less(t, time.Since(start), 20*time.Second, "no wait for a rollout that cannot come")
+	assert.NotContains(t, strings.Join(f.applied, "\n"), "DaemonSet")
+}
+
+// TestEngineRolloutBlockedByHeldNotReadyNode: a held NotReady node's kube-proxy pod takes
+// the DaemonSet's only unavailable slot, and the rollout never moves: the stage pauses
+// with that cause once it has lasted RolloutStuckAfter, not at the verify bound.
+func TestEngineRolloutBlockedByHeldNotReadyNode(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+	f.rolloutStuck = true
+
+	n, err := f.cs.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	n.Annotations[discovery.HoldAnnotation] = "dead"
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", Message: "Kubelet stopped posting node status."}}
+	_, err = f.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	pod, err := f.cs.CoreV1().Pods("kube-system").Get(ctx, "kube-proxy-worker-2", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	pod.Status.Conditions = readyStatus(false).Conditions
+	_, err = f.cs.CoreV1().Pods("kube-system").Update(ctx, pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	start := time.Now()
+	err = f.engine("v1.36.3", func(o *EngineOptions) {
+		o.VerifyTimeout, o.RolloutStuckAfter = 40*time.Second, 100*time.Millisecond
+	}).Run(ctx)
+
+	pause := requirePause(t, err, "KubeProxy", "", "kube-proxy rollout cannot progress",
+		"worker-2 is NotReady (NodeStatusUnknown: Kubelet stopped posting node status.) and its pod kube-proxy-worker-2 is not Ready",
+		"1 of the DaemonSet's 1 unavailable slot(s)")
+	assert.Contains(t, pause.Action, "kubectl delete node worker-2")
+	assert.Less(t, time.Since(start), 30*time.Second, "paused on the cause, not at the verify bound")
+}
