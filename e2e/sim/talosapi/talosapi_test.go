@@ -362,7 +362,7 @@ func TestTalosAPI(t *testing.T) {
 		// machined reads it: what tells a staged upgrade on Talos.
 		evidence, err := ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, cl, nctx)))
 		require.NoError(t, err)
-		assert.Equal(t, ichortalos.InstallDone.String(), evidence.String())
+		assert.Equal(t, ichortalos.InstallDone.String(), evidence.State.String())
 	})
 
 	t.Run("legacy upgrade of the routed node on Talos 1.12: it reboots by itself", func(t *testing.T) {
