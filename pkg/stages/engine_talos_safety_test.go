@@ -67,6 +67,8 @@ func TestTalosEtcdGateOnResume(t *testing.T) {
 		{name: "MachineService.Upgrade announced by a dead runner", legacy: true, install: true, want: "right before its install"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
 			o := newFakeOS(t, talosSpec())
 			if tc.legacy {
 				for name := range o.machines {
