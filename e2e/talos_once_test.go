@@ -150,7 +150,7 @@ func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 			return err
 		}
 
-		if state != talos.InstallDone && state != talos.InstallSequence {
+		if state.State != talos.InstallDone && state.State != talos.InstallSequence {
 			return fmt.Errorf("worker-1's machined log: %s", state)
 		}
 

@@ -58,7 +58,7 @@ func Kubernetes() []Check {
 // Talos returns the checks of a Talos OS upgrade, in the order they are shown.
 func Talos() []Check {
 	return []Check{
-		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, EtcdQuorum{}, KernelArgs{}, Drains{}, HeldNodes{}, TalosAccess{}, RunnerNode{},
+		UpgradePath{}, KubernetesSupported{}, NodesReady{}, NotTalos{}, StagedConfig{}, EtcdQuorum{}, KernelArgs{}, Drains{}, HeldNodes{}, TalosAccess{}, RunnerNode{},
 	}
 }
 

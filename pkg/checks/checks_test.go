@@ -5,9 +5,11 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -386,4 +388,55 @@ func TestKernelArgsCheck(t *testing.T) {
 
 	r = run(node("worker-2", "v1.13.9", args, false, sdboot), node("cp-1", "v1.13.9", nil, false, grub))
 	assert.Equal(t, api.ResultOK, r.Result)
+}
+
+// TestStagedConfigCheck: a node whose persistent machine config differs from
+// its active one is refused, named with where; nodes whose persistent config
+// was not read make a warning; none staged is OK.
+func TestStagedConfigCheck(t *testing.T) {
+	target := stages.MustParseVersion("v1.14.1")
+	c := discoverytest.ThreePlusTwo()
+
+	discover := func(t *testing.T, fake *discoverytest.FakeTalos, persistent bool) *checks.Input {
+		t.Helper()
+
+		d := &discovery.Discoverer{Kube: c.Clientset(), Endpoint: discoverytest.Endpoint, Talos: fake}
+		if persistent {
+			d.Persistent = fake
+		}
+
+		snap, err := d.Discover(context.Background())
+		require.NoError(t, err)
+
+		return &checks.Input{Snapshot: snap, Target: target}
+	}
+
+	t.Run("none staged", func(t *testing.T) {
+		r := checks.StagedConfig{}.Run(context.Background(), discover(t, c.Talos(), true))
+		assert.Equal(t, api.ResultOK, r.Result, r.Detail)
+		assert.Equal(t, "no machine config change staged on 5 node(s)", r.Detail)
+	})
+
+	t.Run("not read", func(t *testing.T) {
+		r := checks.StagedConfig{}.Run(context.Background(), discover(t, c.Talos(), false))
+		assert.Equal(t, api.ResultWarn, r.Result, r.Detail)
+	})
+
+	t.Run("worker-2 staged", func(t *testing.T) {
+		fake := c.Talos()
+		staged, err := fake.Configs["10.0.0.22"].PatchV1Alpha1(func(cfg *v1alpha1.Config) error {
+			cfg.MachineConfig.MachineNodeLabels = map[string]string{"rack": "r2"}
+
+			return nil
+		})
+		require.NoError(t, err)
+
+		fake.Persistent = map[string]config.Provider{"10.0.0.22": staged}
+
+		r := checks.StagedConfig{}.Run(context.Background(), discover(t, fake, true))
+		assert.Equal(t, api.ResultRefused, r.Result, r.Detail)
+		assert.Contains(t, r.Detail, "worker-2: a machine config change is staged for the next reboot (at machine.nodeLabels.rack)")
+		assert.Contains(t, r.Detail, "the upgrade's reboot would activate it")
+		assert.Contains(t, r.Action, "talosctl -n 10.0.0.22 reboot")
+	})
 }

@@ -35,6 +35,13 @@ type InstalledReader interface {
 	Installed(ctx context.Context, node string) (talos.Installed, error)
 }
 
+// PersistentReader reads the machine config a node saved for its next boot; *talos.Client
+// satisfies it.
+type PersistentReader interface {
+	// PersistentMachineConfig returns the persistent config, nil when the node keeps none.
+	PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error)
+}
+
 // DefaultConcurrency bounds the Talos calls in flight when Discoverer.Concurrency is 0.
 // Each node costs two calls, proxied by the endpoint's apid, so discovery waits about
 // 2 x nodes x latency / DefaultConcurrency: with 10, a 1000-node cluster at 10 ms a call
@@ -53,6 +60,10 @@ type Discoverer struct {
 	// Installed, when set, also reads each Talos node's system extensions and
 	// schematic (Node.Talos.Installed), which a Talos upgrade must keep.
 	Installed InstalledReader
+	// Persistent, when set, also reads each Talos node's persistent machine config and
+	// says where it differs from the active one (Node.Talos.Staged): a change staged for
+	// the next reboot, which a Talos upgrade's reboot would activate.
+	Persistent PersistentReader
 	// Concurrency bounds the Talos calls in flight; 0 means DefaultConcurrency.
 	Concurrency int
 	// Images extracts component images from a machine config; nil means render.Images.
@@ -194,6 +205,19 @@ func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 			}
 
 			t.Installed = &installed
+		}
+
+		if d.Persistent != nil {
+			persistent, err := d.Persistent.PersistentMachineConfig(ctx, ip)
+			if err != nil {
+				return talosError(n.Name, ip, "persistent machine config", err)
+			}
+
+			if t.Staged, err = render.Staged(cfg, persistent); err != nil {
+				return fmt.Errorf("node %q: compare its active and persistent machine configs: %w", n.Name, err)
+			}
+
+			t.StagedRead = true
 		}
 
 		// Each call writes only its own node.

@@ -139,6 +139,11 @@ type Talos struct {
 	// SecureBoot, system extensions and schematic); nil when not read
 	// (Discoverer.Installed unset).
 	Installed *talos.Installed
+	// Staged says where the node's persistent machine config differs from its active
+	// one (render.Staged): a change staged for the next reboot; "" when none, or when
+	// not read (StagedRead false: Discoverer.Persistent unset).
+	Staged     string
+	StagedRead bool
 	// KubeProxyEnabled is false when kube-proxy is disabled
 	// (cluster.proxy.disabled, or KubeProxyConfig enabled: false).
 	KubeProxyEnabled bool

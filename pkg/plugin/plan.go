@@ -71,6 +71,9 @@ type planOptions struct {
 	// installed makes discovery read each node's system extensions and
 	// schematic too (a Talos upgrade keeps them).
 	installed bool
+	// staged makes discovery read each node's persistent machine config, for the staged
+	// config check (a Talos plan): the upgrade's reboot would activate a staged change.
+	staged bool
 	// manifests are a control plane's bootstrap manifests, read by discover for the
 	// manifests check.
 	manifests     []*unstructured.Unstructured
@@ -166,6 +169,12 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 		}
 
 		d.Installed = r
+	}
+
+	if o.staged {
+		if r, ok := capable[discovery.PersistentReader](talos); ok {
+			d.Persistent = r
+		}
 	}
 
 	snap, err := d.Discover(ctx)
@@ -390,6 +399,7 @@ func (o *PlanTalosOptions) Validate() error {
 // Run discovers the cluster, plans the Talos upgrade, runs the checks and prints the plan.
 func (o *PlanTalosOptions) Run(ctx context.Context) error {
 	o.installed = true
+	o.staged = true
 
 	snap, kube, err := o.discover(ctx)
 	if err != nil {

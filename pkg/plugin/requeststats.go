@@ -218,6 +218,18 @@ func (c *countingTalos) Installed(ctx context.Context, node string) (talos.Insta
 	return r.Installed(ctx, node)
 }
 
+// PersistentMachineConfig counts and forwards the call when the wrapped reader can make it.
+func (c *countingTalos) PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error) {
+	c.stats.talosCall("PersistentMachineConfig", node)
+
+	r, ok := c.TalosReader.(discovery.PersistentReader)
+	if !ok {
+		return nil, errors.New("this Talos client cannot read persistent machine configs")
+	}
+
+	return r.PersistentMachineConfig(ctx, node)
+}
+
 // Manifests counts and forwards the call when the wrapped reader can make it.
 func (c *countingTalos) Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error) {
 	c.stats.talosCall("Manifests", node)

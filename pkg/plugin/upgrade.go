@@ -433,6 +433,7 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 	}
 
 	o.installed = true
+	o.staged = true
 
 	if o.EtcdSnapshot != "" {
 		o.beforeLaunch = o.saveEtcdSnapshot

@@ -20,11 +20,16 @@
 //
 // The Talos OS upgrade (engine_talos.go) visits the nodes in the same order with the
 // same checks' style: upgrade path and Kubernetes pairing (machinery's compatibility
-// tables), node Ready, etcd all voters on a control plane; then it cordons and drains
-// the node itself (a Reboot after LifecycleService.Upgrade does not drain), records the
-// node's boot ID in Memo before the Upgrade call (under its own deadline), and follows
-// the reboot by that boot ID: unreachable is rebooting, the same ID is not yet, a new ID
-// on the old version is an A/B fallback and pauses. The node is done once Ready on the
+// tables), node Ready, no staged machine config, etcd all voters on a control plane;
+// then it cordons and drains the node itself (a Reboot after LifecycleService.Upgrade
+// does not drain), records the node's boot ID in Memo before the Upgrade call (under
+// its own deadline), gates the node again right before its Install and its Reboot
+// (etcd, a staged config: engine_talos_etcd.go), and follows the reboot by that boot
+// ID: unreachable is rebooting, the same ID is not yet, a new ID on the old version is
+// an A/B fallback and pauses. What a run does with a node whose upgrade is under way
+// is decide() (engine_talos_once.go), from the node's boot ID, version and machined's
+// log of the installs of that boot: only an install of the installer chosen for the
+// node is rebooted into (engine_talos_foreign.go). The node is done once Ready on the
 // new osImage (and, on a control plane, etcd all voters again), and uncordoned. The
 // boot ID is all it keeps: a new runner resumes a node from it and the node's state.
 //

@@ -722,7 +722,7 @@ func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (
 	)
 
 	if applied {
-		if err := r.refuseStaged(ctx, stage, name, ip, cfg, activeHash); err != nil {
+		if err := r.refuseStaged(ctx, stage, name, ip, cfg); err != nil {
 			return false, err
 		}
 
@@ -857,8 +857,8 @@ func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Pro
 
 // refuseStaged refuses a node whose persistent config differs from its
 // active one: a change staged for the next reboot, which an apply would
-// overwrite.
-func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider, activeHash string) error {
+// overwrite (render.Staged, as the Talos upgrade refuses it).
+func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider) error {
 	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
 	defer cancel()
 
@@ -869,49 +869,18 @@ func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, acti
 		return r.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
 	}
 
-	if persistent == nil {
-		return nil
-	}
-
-	hash, err := render.Hash(persistent)
+	where, err := render.Staged(active, persistent)
 	if err != nil {
 		return r.pause(ctx, stage, name, err.Error(), actionResume, err)
 	}
 
-	if hash == activeHash {
+	if where == "" {
 		return nil
 	}
 
-	where := stagedPaths(active, persistent)
 	err = fmt.Errorf("node %q: a machine config change is staged for the next reboot (%s): applying would overwrite it", name, where)
 
-	return r.pause(ctx, stage, name, err.Error(),
-		fmt.Sprintf("settle it first: reboot the node into it (talosctl -n %s reboot) or apply the active config again, then resume", ip), err)
-}
-
-// stagedPaths names where the persistent config differs from the active one.
-func stagedPaths(active, persistent config.Provider) string {
-	var paths []string
-
-	var changed *render.UnexpectedChangeError
-	if err := render.Verify(active, persistent); errors.As(err, &changed) {
-		paths = append(paths, changed.Paths...)
-	}
-
-	before, after := render.Images(active), render.Images(persistent)
-	for _, c := range render.Components() {
-		if before[c] != after[c] {
-			paths = append(paths, c.PathIn(render.LayoutOf(active, c)))
-		}
-	}
-
-	if len(paths) == 0 {
-		return "the documents differ in form"
-	}
-
-	slices.Sort(paths)
-
-	return "at " + strings.Join(paths, ", ")
+	return r.pause(ctx, stage, name, err.Error(), render.StagedAction(ip), err)
 }
 
 // apply dry-runs, then applies, the render, each call under its own

@@ -117,6 +117,9 @@ type Engine struct {
 	// talosPoll overrides how often a Talos upgrade polls a node's Talos API
 	// while it reboots (tests).
 	talosPoll time.Duration
+	// etcdGap overrides the gap between the two passes of an etcd read
+	// (default EtcdProgressGap; tests shorten it).
+	etcdGap time.Duration
 }
 
 // Run drives the upgrade. It returns nil once every stage is done, a

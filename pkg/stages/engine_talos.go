@@ -17,6 +17,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -32,6 +33,10 @@ type OSTalos interface {
 	// BootID returns the ID of the node's current boot: it changes with
 	// every reboot.
 	BootID(ctx context.Context, node string) (string, error)
+	// PersistentMachineConfig returns the config saved for the next boot
+	// (nil when the node keeps none): one that differs from the active
+	// config is a change staged for the reboot.
+	PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error)
 	// EtcdReader reads etcd's members, each member's status and the alarms
 	// through a control plane (see etcd.go).
 	EtcdReader
@@ -73,10 +78,14 @@ type upgradeMark struct {
 	// MachineService.Upgrade (a Talos before 1.13): the node drains,
 	// installs and reboots by itself, in a sequence of its own.
 	Legacy bool `json:"legacy,omitempty"`
-	// Fallback is the boot ID in which the node came back on its old version
-	// (an A/B fallback) and the operation paused; the next run, a resume,
-	// tries the node's upgrade again.
+	// Fallback is the boot ID in which the node came back on another version
+	// than the target (its old one: an A/B fallback) and the operation
+	// paused; the next run, a resume, tries the node's upgrade again.
 	Fallback string `json:"fallback,omitempty"`
+	// From is the Talos version the node ran when its install was announced
+	// ("" in a mark of an older ichor): a node that comes back on another
+	// version than this one and the target did not fall back.
+	From string `json:"from,omitempty"`
 }
 
 // following reports whether the mark is of an upgrade under way: recorded
@@ -360,11 +369,19 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 	stage := r.stage.Name()
 
 	var (
-		path, installers, notReady []string
-		pathNodes, installerNodes  []string
+		path, installers, notReady, staged     []string
+		pathNodes, installerNodes, stagedNodes []string
 	)
 
 	for _, n := range pending {
+		switch where, err := r.stagedConfig(ctx, n); {
+		case err != nil:
+			return r.e.pause(ctx, stage, n.Name, "checks: "+err.Error(), actionTalosAccess, err)
+		case where != "":
+			staged = append(staged, fmt.Sprintf("%s (%s)", n.Name, where))
+			stagedNodes = append(stagedNodes, n.Name)
+		}
+
 		if err := upgradePath(r.target, n.version); err != nil {
 			path = append(path, fmt.Sprintf("%s: %v", n.Name, err))
 			pathNodes = append(pathNodes, n.Name)
@@ -400,9 +417,28 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 	case len(installers) > 0:
 		return r.refuse(ctx, installerNodes, "installer: "+summarize(installers),
 			installerAction(r.target))
+	case len(staged) > 0:
+		ip := ""
+		if n := r.pendingNode(pending, stagedNodes[0]); n != nil {
+			ip = n.InternalIP
+		}
+
+		return r.refuse(ctx, stagedNodes, "a machine config change is staged for the next reboot, which the upgrade's would activate: "+summarize(staged),
+			render.StagedAction(ip))
 	case len(notReady) > 0:
 		return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", "),
 			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+	}
+
+	return nil
+}
+
+// pendingNode is the pending node named name, nil when none.
+func (r *talosRun) pendingNode(pending []*osNode, name string) *osNode {
+	for _, n := range pending {
+		if n.Name == name {
+			return n
+		}
 	}
 
 	return nil
@@ -515,6 +551,10 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 			fmt.Sprintf("fix it, or hold it (kubectl annotate node %s %s=<reason>), then resume", name, discovery.HoldAnnotation), err)
 	}
 
+	if err := r.stagedGate(ctx, n, r.untouched(name)); err != nil {
+		return err
+	}
+
 	if n.ControlPlane {
 		if err := r.etcdGate(ctx, n); err != nil {
 			return err
@@ -537,7 +577,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 
 	n.cfg = cfg
 
-	return r.drive(ctx, n, upgradeMark{BootID: boot, Step: stepInstall}, outcome{from: version, installer: installer, drained: drained}, installer, actInstall)
+	return r.drive(ctx, n, upgradeMark{BootID: boot, Step: stepInstall, From: version}, outcome{from: version, installer: installer, drained: drained}, installer, actInstall)
 }
 
 // undo uncordons a node whose upgrade failed before its Upgrade call took
@@ -633,6 +673,18 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 			return fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
 		}
 
+		if mark.From != "" && running != mark.From {
+			// Neither the version it ran nor the target: it booted an install
+			// nobody chose here (staged before, or installed since).
+			err := fmt.Errorf("node %q: it rebooted (boot ID changed) into Talos %s, neither the target %s nor the %s it ran: not an A/B fallback, an install this operation did not choose",
+				name, running, r.target, mark.From)
+
+			return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned",
+				fmt.Sprintf("inspect the node (talosctl -n %s version; talosctl -n %s logs machined | grep upgrade), then resume to upgrade it from %s "+
+					"(kubectl ichor resume), or abort (kubectl ichor abort uncordons it)", ip, ip, running),
+				err)
+		}
+
 		err := fmt.Errorf("node %q: A/B fallback: it rebooted (boot ID changed) but runs Talos %s, not %s", name, running, r.target)
 
 		return r.e.pause(ctx, stage, name,
@@ -687,7 +739,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 		// ReadEtcd bounds each of its calls; it reads several in turn, so it
 		// gets the run's ctx, not the poll's short one.
 		err := r.pollUntil(ctx, deadline, bound, func(context.Context) (bool, string, error) {
-			verdict = ReadEtcd(ctx, r.e.Talos, r.etcdNodes).Judge("")
+			verdict = r.readEtcd(ctx).Judge("")
 			if waiting := verdict.Rejoined(name); waiting != "" {
 				return false, "etcd: " + waiting, nil
 			}

@@ -54,8 +54,8 @@ func (ft *fakeTalos) Reboot(context.Context, string) error {
 	return errors.New("fake talos: no OS side (use fakeOS)")
 }
 
-func (ft *fakeTalos) InstallEvidence(context.Context, string) (talos.InstallState, error) {
-	return talos.InstallUnknown, errors.New("fake talos: no OS side (use fakeOS)")
+func (ft *fakeTalos) InstallEvidence(context.Context, string) (talos.Evidence, error) {
+	return talos.Evidence{}, errors.New("fake talos: no OS side (use fakeOS)")
 }
 
 func (ft *fakeTalos) Installed(context.Context, string) (talos.Installed, error) {
@@ -74,10 +74,22 @@ type osFaults struct {
 	// logRolled: machined's log no longer reaches back to the boot's start
 	// (and holds no install) while set.
 	logRolled bool
-	learner   bool // this control plane is an etcd learner while set
+	// logSlow: reading machined's log answers nothing until the caller gives
+	// up, while set.
+	logSlow bool
+	// installHangs: the Install call installs, then answers nothing until
+	// its caller gives up (its deadline), while set.
+	installHangs bool
+	// installTakes: an install runs this long on the node, whether its
+	// caller waits or not (Talos runs the installer to its end).
+	installTakes time.Duration
+	learner      bool // this control plane is an etcd learner while set
 	// learnerAfterBoot keeps this control plane a learner this long after
 	// each boot.
 	learnerAfterBoot time.Duration
+	// bootsVersion: a reboot boots this version, whatever was installed (an
+	// install over ichor's that nobody chose).
+	bootsVersion string
 	// stayNotReady keeps the Node NotReady after a boot.
 	stayNotReady bool
 	// etcdStopped: its etcd runs no more (its status call times out), but the
@@ -87,6 +99,11 @@ type osFaults struct {
 	etcdAlarm string
 	// etcdLag is how far its raft index trails the leader's.
 	etcdLag uint64
+	// etcdStalled: its raft index stays where its first status under the
+	// fault found it, while the others move (fakeOS.raftRate).
+	etcdStalled bool
+	// etcdStatusDelay: its status is read, and answered, this late.
+	etcdStatusDelay time.Duration
 	// rebootLag keeps the machine up, on the same boot, this long after its
 	// Upgrade call returned (as Talos does while it shuts down).
 	rebootLag time.Duration
@@ -113,8 +130,11 @@ type osMachine struct {
 	staged     string
 	installing bool
 	installed  talos.InstallState // machined's log of this boot's installs
-	rebooting  bool
-	reboots    int // Reboot calls that took
+	// image is the installer of the last install in machined's log.
+	image     string
+	stalledAt uint64 // the raft index an etcdStalled member stays at (0: not yet read)
+	rebooting bool
+	reboots   int // Reboot calls that took
 	// runs is what Installed reports (platform metal, no extensions
 	// unless a test sets them).
 	runs talos.Installed
@@ -136,6 +156,10 @@ type fakeOS struct {
 	// unavailable is, at each Upgrade that took, the nodes cordoned by
 	// ichor then (the node itself included).
 	unavailable [][]string
+	// raftRate is how many raft entries a second the cluster writes: the
+	// members' indexes move by it (0: they stay at 5000).
+	raftRate float64
+	started  time.Time
 	// onUpgrade, when set, is called at every Install call before it acts.
 	// An error fails the call: before it acts with skip (nothing happened on
 	// the node), else after (a runner stopped mid-call while the node went
@@ -149,7 +173,7 @@ func newFakeOS(t *testing.T, spec clusterSpec) *fakeOS {
 	t.Helper()
 
 	f := newFakeCluster(t, spec)
-	o := &fakeOS{fakeTalos: (*fakeTalos)(f), f: f, rebootDelay: 20 * time.Millisecond, done: make(chan struct{}), machines: map[string]*osMachine{}}
+	o := &fakeOS{fakeTalos: (*fakeTalos)(f), f: f, rebootDelay: 20 * time.Millisecond, done: make(chan struct{}), machines: map[string]*osMachine{}, started: time.Now()}
 
 	for i, m := range f.machines {
 		// Booted from the installer of its version: newFakeCluster generates
@@ -297,8 +321,8 @@ func (o *fakeOS) etcdMember(name string) (uint64, bool) {
 }
 
 // EtcdStatus is the control plane's own member: the first control plane
-// leads, at raft index 5000; a stopped etcd answers nothing until the
-// caller gives up.
+// leads, at raft index 5000 and on by raftRate entries a second; a stopped
+// etcd answers nothing until the caller gives up.
 func (o *fakeOS) EtcdStatus(ctx context.Context, ip string) (talos.EtcdStatus, error) {
 	self, err := o.reachable(ctx, ip)
 	if err != nil {
@@ -306,7 +330,7 @@ func (o *fakeOS) EtcdStatus(ctx context.Context, ip string) (talos.EtcdStatus, e
 	}
 
 	o.mu.Lock()
-	stopped := self.faults.etcdStopped
+	stopped, delay := self.faults.etcdStopped, self.faults.etcdStatusDelay
 	o.mu.Unlock()
 
 	if !self.controlPlane {
@@ -319,11 +343,30 @@ func (o *fakeOS) EtcdStatus(ctx context.Context, ip string) (talos.EtcdStatus, e
 		return talos.EtcdStatus{}, fmt.Errorf("node %q: etcd status: %w", ip, status.FromContextError(ctx.Err()).Err())
 	}
 
+	if delay > 0 {
+		select {
+		case <-ctx.Done():
+			return talos.EtcdStatus{}, fmt.Errorf("node %q: etcd status: %w", ip, status.FromContextError(ctx.Err()).Err())
+		case <-time.After(delay):
+		}
+	}
+
 	o.mu.Lock()
 	defer o.mu.Unlock()
 
+	index := 5000 + uint64(o.raftRate*time.Since(o.started).Seconds()) - self.faults.etcdLag
+
+	switch {
+	case !self.faults.etcdStalled:
+		self.stalledAt = 0
+	case self.stalledAt == 0:
+		self.stalledAt = index
+	default:
+		index = self.stalledAt
+	}
+
 	id, learner := o.etcdMember(self.name)
-	s := talos.EtcdStatus{MemberID: id, Leader: 1, RaftIndex: 5000 - self.faults.etcdLag, RaftTerm: 2, IsLearner: learner}
+	s := talos.EtcdStatus{MemberID: id, Leader: 1, RaftIndex: index, RaftTerm: 2, IsLearner: learner}
 
 	for _, m := range o.machines {
 		if m.faults.etcdAlarm != "" {
@@ -392,8 +435,9 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 
 	o.mu.Lock()
 	fails, breaks, hook, busy := m.faults.upgradeFails, m.faults.installBreaks, o.onUpgrade, m.installing
+	hangs, takes := m.faults.installHangs, m.faults.installTakes
 	if !busy {
-		m.installing = true
+		m.installing, m.image = true, image
 	}
 	o.mu.Unlock()
 
@@ -401,7 +445,14 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 		return false, fmt.Errorf("node %q: upgrade: %w", ip, status.Error(codes.FailedPrecondition, "another installation/upgrade is already in progress"))
 	}
 
+	// The install ends here, or (installTakes) where its installer ends.
+	detached := false
+
 	defer func() {
+		if detached {
+			return
+		}
+
 		o.mu.Lock()
 		m.installing = false
 		o.mu.Unlock()
@@ -428,12 +479,50 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 
 	cordoned := o.f.cordonedByIchor()
 
-	o.mu.Lock()
-	o.upgrades = append(o.upgrades, m.name+" "+image)
-	o.unavailable = append(o.unavailable, cordoned)
-	m.staged = render.TagOf(image)
-	m.installed = talos.InstallDone
-	o.mu.Unlock()
+	install := func() {
+		o.mu.Lock()
+		o.upgrades = append(o.upgrades, m.name+" "+image)
+		o.unavailable = append(o.unavailable, cordoned)
+		m.staged = render.TagOf(image)
+		m.installed = talos.InstallDone
+		m.installing = false
+		o.mu.Unlock()
+	}
+
+	if takes > 0 {
+		// Talos runs the installer to its end whether its caller waits or not.
+		detached = true
+		done := make(chan struct{})
+
+		o.wg.Add(1)
+
+		go func() {
+			defer o.wg.Done()
+			defer close(done)
+
+			select {
+			case <-o.done:
+				return
+			case <-time.After(takes):
+			}
+
+			install()
+		}()
+
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false, fmt.Errorf("node %q: upgrade to %s: %w", ip, image, status.FromContextError(ctx.Err()).Err())
+		}
+	} else {
+		install()
+	}
+
+	if hangs {
+		<-ctx.Done()
+
+		return false, fmt.Errorf("node %q: upgrade to %s: %w", ip, image, status.FromContextError(ctx.Err()).Err())
+	}
 
 	if after == nil && breaks {
 		after = status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer")
@@ -484,10 +573,20 @@ func (o *fakeOS) legacyUpgrade(ctx context.Context, m *osMachine, ip, image stri
 }
 
 // InstallEvidence is machined's log of the installs of the current boot.
-func (o *fakeOS) InstallEvidence(ctx context.Context, ip string) (talos.InstallState, error) {
+func (o *fakeOS) InstallEvidence(ctx context.Context, ip string) (talos.Evidence, error) {
 	m, err := o.reachable(ctx, ip)
 	if err != nil {
-		return talos.InstallUnknown, fmt.Errorf("node %q: read machined's log: %w", ip, err)
+		return talos.Evidence{}, fmt.Errorf("node %q: read machined's log: %w", ip, err)
+	}
+
+	o.mu.Lock()
+	slow := m.faults.logSlow
+	o.mu.Unlock()
+
+	if slow {
+		<-ctx.Done()
+
+		return talos.Evidence{}, fmt.Errorf("node %q: read machined's log: %w", ip, status.FromContextError(ctx.Err()).Err())
 	}
 
 	o.mu.Lock()
@@ -495,12 +594,14 @@ func (o *fakeOS) InstallEvidence(ctx context.Context, ip string) (talos.InstallS
 
 	switch {
 	case m.installing:
-		return talos.InstallRunning, nil
+		return talos.Evidence{State: talos.InstallRunning, Image: m.image}, nil
 	case m.faults.logRolled && m.installed == talos.InstallNone:
-		return talos.InstallUnknown, nil
+		return talos.Evidence{State: talos.InstallUnknown}, nil
+	case m.installed == talos.InstallNone || m.installed == talos.InstallUnknown:
+		return talos.Evidence{State: m.installed}, nil
 	}
 
-	return m.installed, nil
+	return talos.Evidence{State: m.installed, Image: m.image}, nil
 }
 
 // Reboot reboots the machine into its staged version: it goes down at once
@@ -593,13 +694,16 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 	}
 
 	o.mu.Lock()
-	if !m.faults.abFallback {
+	switch {
+	case m.faults.bootsVersion != "":
+		m.version = m.faults.bootsVersion
+	case !m.faults.abFallback:
 		m.version = staged
 	}
 
 	m.boots++
 	m.bootID = fmt.Sprintf("boot-%s-%d", m.name, m.boots)
-	m.staged, m.installed, m.rebooting = "", talos.InstallNone, false
+	m.staged, m.installed, m.rebooting, m.image = "", talos.InstallNone, false, ""
 	m.bootedAt = time.Now()
 	m.up = true
 	version, notReady := m.version, m.faults.stayNotReady
@@ -683,7 +787,7 @@ func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*EngineOpti
 		fn(&opts)
 	}
 
-	return &Engine{Kube: o.f.cs, Talos: o, Options: opts, Memo: memo, evictRetryDelay: time.Millisecond, talosPoll: time.Millisecond}
+	return &Engine{Kube: o.f.cs, Talos: o, Options: opts, Memo: memo, evictRetryDelay: time.Millisecond, talosPoll: time.Millisecond, etcdGap: time.Millisecond}
 }
 
 // mapMemo is a Memo in memory. A Set with its context ended writes nothing,

@@ -58,8 +58,9 @@ type installTalos interface {
 	// Reboot asks the node to reboot.
 	Reboot(ctx context.Context, node string) error
 	// InstallEvidence says what the node's machined log shows of the
-	// installs of its current boot.
-	InstallEvidence(ctx context.Context, node string) (talos.InstallState, error)
+	// installs of its current boot: the last one's state and installer
+	// image. The read ends with ctx.
+	InstallEvidence(ctx context.Context, node string) (talos.Evidence, error)
 }
 
 // nodeSeen is what a node reports when a run decides its next step.
@@ -67,8 +68,10 @@ type nodeSeen struct {
 	reachable bool
 	bootID    string
 	version   string
-	// evidence is read only in the boot the install was announced in.
-	evidence talos.InstallState
+	// evidence is read only in the boot the install was announced in;
+	// evidenceErr is why it could not be read (the node answered the rest).
+	evidence    talos.Evidence
+	evidenceErr error
 }
 
 // resumeAction is what a run does next with a node whose upgrade is under
@@ -82,16 +85,20 @@ const (
 	actVerify                      // on the target: verify
 	actWait                        // an install runs on the node: look again
 	actPause                       // the node cannot tell whether it installed: pause
+	actForeign                     // another installer's install is staged or runs in this boot: pause
+	actUnread                      // machined's log could not be read: look again, within the install bound
 )
 
 func (a resumeAction) String() string {
-	return [...]string{"install", "reboot", "follow", "verify", "wait", "pause"}[a]
+	return [...]string{"install", "reboot", "follow", "verify", "wait", "pause", "foreign", "unread"}[a]
 }
 
 // decide is what to do with a node whose mark says its upgrade to target is
-// under way, from what the node reports. Never a second install in the boot
-// the mark announced one in, unless the node says none ran or it failed.
-func decide(mark upgradeMark, seen nodeSeen, target string) resumeAction {
+// under way, from what the node reports; chosen is the installer chosen for
+// the node in this operation. Never a second install in the boot the mark
+// announced one in, unless the node says none ran or it failed; never a
+// reboot into an install of another installer than chosen.
+func decide(mark upgradeMark, seen nodeSeen, target, chosen string) resumeAction {
 	switch {
 	case !seen.reachable:
 		return actFollow // going down, down, or coming back: the boot ID will say
@@ -101,31 +108,49 @@ func decide(mark upgradeMark, seen nodeSeen, target string) resumeAction {
 		return actFollow // rebooted since, on the old version: follow says it fell back
 	}
 
+	ev := seen.evidence
+	installed := mark.step() == stepInstalled || mark.step() == stepReboot
+
+	if seen.evidenceErr != nil && (mark.Legacy || !installed) {
+		return actUnread // what happened in this boot is in machined's log alone
+	}
+
 	// The same boot as the mark's, on the old version.
-	if mark.Legacy || seen.evidence == talos.InstallSequence {
+	if mark.Legacy || ev.State == talos.InstallSequence {
 		// MachineService.Upgrade's sequence reboots the node by itself (a
 		// Reboot cannot take over an upgrade sequence): follow it, unless
 		// machined says it failed (the node did not reboot: call again).
-		if seen.evidence == talos.InstallFailed {
+		if ev.State == talos.InstallFailed {
 			return actInstall
 		}
 
 		return actFollow
 	}
 
-	switch mark.step() {
-	case stepInstalled, stepReboot:
+	if installed {
 		// Installed; the reboot never came (or is still shutting down):
 		// asking again is harmless.
 		return actReboot
 	}
 
-	switch seen.evidence {
+	switch ev.State {
 	case talos.InstallDone:
+		// Installed in this boot: by this operation, or by another one
+		// (aborted between its install and its reboot, talosctl upgrade
+		// --no-reboot). Only the chosen installer's install is booted; one
+		// whose start rolled out of the log cannot be told apart.
+		if !sameInstaller(ev.Image, chosen) {
+			return actForeign
+		}
+
 		return actReboot
 	case talos.InstallNone, talos.InstallFailed:
 		return actInstall
 	case talos.InstallRunning:
+		if ev.Image != "" && !sameInstaller(ev.Image, chosen) {
+			return actForeign
+		}
+
 		return actWait
 	}
 
@@ -136,7 +161,7 @@ func decide(mark upgradeMark, seen nodeSeen, target string) resumeAction {
 // left the node in any state (the connection broke: stream reset, gRPC
 // Unavailable, the endpoint down) rather than saying the install failed.
 func transientInstallError(err error) bool {
-	if talos.IsUnreachable(err) {
+	if talos.IsUnreachable(err) || errors.Is(err, talos.ErrInstallStreamEnded) {
 		return true
 	}
 
@@ -156,16 +181,34 @@ const talosEtcdRefusal = "error validating etcd for upgrade"
 // error in one boot (each only when the node says no install ran).
 const installAttempts = 5
 
+// installLost is how an Install call ended without an answer that says
+// what the node did.
+type installLost int
+
+const (
+	lostNothing  installLost = iota // the call answered
+	lostStream                      // the stream broke (Unavailable, a reset, an end without exit code)
+	lostDeadline                    // the call ran out its own bound (UpgradeTimeout)
+)
+
 // drive takes a node whose upgrade is under way to the target, deciding
 // each step from what the node reports: first is actInstall for a fresh
-// upgrade (mark not yet written), else actFollow. It returns once the node
-// is verified, or with a pause.
+// upgrade (mark not yet written), else actFollow. Right before each Install
+// and each Reboot the node is gated again (etcd on a control plane, a
+// staged config: gateBefore). It returns once the node is verified, or with
+// a pause.
 func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out outcome, installer string, first resumeAction) error {
 	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
 	deadline := time.Now().Add(r.opts.UpgradeTimeout + r.opts.RebootTimeout)
 	act := first
 	attempts := 0
 	seenVersion := "?"
+	lost := lostNothing
+
+	var (
+		unreadSince time.Time // machined's log unreadable since
+		seen        nodeSeen
+	)
 
 	// A fresh upgrade asks the node too: an install may have ended in this boot
 	// with no record of it (the state replaced, an operation aborted between its
@@ -176,12 +219,19 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 
 	for {
 		if look {
-			seen, err := r.look(ctx, n, mark)
-			if err != nil {
+			var err error
+			if seen, err = r.look(ctx, n, mark); err != nil {
 				return err
 			}
 
-			act = decide(mark, seen, r.target.String())
+			if ev := seen.evidence; installer == "" && seen.evidenceErr == nil && (ev.State == talos.InstallDone || ev.State == talos.InstallRunning) {
+				// What the node installs is judged against the installer chosen for it.
+				if installer, err = r.installer(ctx, n.Node, n.cfg); err != nil {
+					return r.e.pause(ctx, stage, name, "checks: "+err.Error()+"; the node stays cordoned", installerAction(r.target), err)
+				}
+			}
+
+			act = decide(mark, seen, r.target.String(), installer)
 			if fresh && act == actPause {
 				act = actInstall
 			}
@@ -193,9 +243,22 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			if act == actFollow && seen.reachable && mark.step() != stepReboot {
 				mark.Step = stepReboot // rebooted since: there is nothing else to do but follow
 			}
+			if act != actUnread {
+				unreadSince = time.Time{}
+			}
 		}
 
 		look = true
+
+		if lost == lostDeadline {
+			// The Install call ran out its bound: the installer may still run, or
+			// have ended, on the node. Only the node's word that it installed
+			// the chosen installer, or that it installs still, goes on.
+			switch act {
+			case actInstall, actPause:
+				return r.pendingPause(ctx, n, seen)
+			}
+		}
 
 		switch act {
 		case actVerify:
@@ -211,6 +274,10 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			continue
 		case actReboot:
 			if err := r.ensureDrained(ctx, n); err != nil {
+				return err
+			}
+
+			if err := r.gateBefore(ctx, n, momentReboot); err != nil {
 				return err
 			}
 
@@ -240,6 +307,10 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 		case actWait:
 			if time.Now().After(deadline) {
 				err := fmt.Errorf("node %q: an install started in boot %s and has not ended after %s (machined's log)", name, shortID(mark.BootID), r.opts.UpgradeTimeout+r.opts.RebootTimeout)
+				if lost == lostDeadline {
+					err = fmt.Errorf("node %q: the Install call ran out its bound of %s and the install it started in boot %s has not ended after %s (machined's log): "+
+						"an install may be pending", name, r.opts.UpgradeTimeout, shortID(mark.BootID), r.opts.UpgradeTimeout+r.opts.RebootTimeout)
+				}
 
 				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned",
 					fmt.Sprintf("look at it (talosctl -n %s logs machined | grep upgrade): once it says upgrade completed, resume (kubectl ichor resume) to reboot it", ip), err)
@@ -250,6 +321,27 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			if err := sleep(ctx, max(r.poll, time.Second)); err != nil {
 				return fmt.Errorf("stage %s: node %q: %w", stage, name, err)
 			}
+		case actUnread:
+			if unreadSince.IsZero() {
+				unreadSince = time.Now()
+			}
+
+			if waited := time.Since(unreadSince); waited >= r.opts.UpgradeTimeout {
+				err := fmt.Errorf("node %q: its machined log could not be read within %s (%s): whether an install ran in boot %s is not known",
+					name, r.opts.UpgradeTimeout, firstLine(seen.evidenceErr), shortID(mark.BootID))
+
+				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned",
+					fmt.Sprintf("look at it (talosctl -n %s logs machined | grep upgrade): resume (kubectl ichor resume) once the log answers; "+
+						"a second install in this boot would overwrite the running boot slot", ip), err)
+			}
+
+			r.e.node(stage, name, PhaseUpgrading, "machined's log: %s: reading it again", firstLine(seen.evidenceErr))
+
+			if err := sleep(ctx, max(r.poll, time.Second)); err != nil {
+				return fmt.Errorf("stage %s: node %q: %w", stage, name, err)
+			}
+		case actForeign:
+			return r.foreignPause(ctx, n, seen.evidence, installer)
 		case actPause:
 			err := fmt.Errorf("node %q: its upgrade was announced in boot %s, which it still runs, and its machined log no longer reaches back to say whether the install ran", name, shortID(mark.BootID))
 
@@ -275,7 +367,15 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				}
 			}
 
+			if err := r.gateBefore(ctx, n, momentInstall); err != nil {
+				return err
+			}
+
 			mark.Step = stepInstall
+			if mark.From == "" && seenVersion != "?" {
+				mark.From = seenVersion
+			}
+
 			if err := r.writeMark(ctx, name, mark); err != nil {
 				return err
 			}
@@ -290,6 +390,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 
 			callCtx, cancel := context.WithTimeout(ctx, r.opts.UpgradeTimeout)
 			rebooting, err := r.e.Talos.Install(callCtx, ip, installer)
+			ranOut := callCtx.Err() != nil
 
 			cancel()
 
@@ -316,9 +417,17 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				act, look = actReboot, false
 			case talos.IsInstallInProgress(err):
 				act, look = actWait, false
+			case ranOut || deadlineError(err):
+				// Talos runs the installer to its end whether its caller waits or
+				// not: the install may still run, or have ended, on the node.
+				lost = lostDeadline
+				r.e.node(stage, name, PhaseUpgrading, "the Install call ran out its bound of %s (%s): the installer may still run on the node: asking it what it did",
+					r.opts.UpgradeTimeout, firstLine(err))
 			case transientInstallError(err):
-				// The legacy call's answer lost: its sequence may run all the same;
-				// machined's log says (the mark keeps stepInstall until it does).
+				// The answer lost: the install (the legacy call's sequence) may run
+				// all the same; machined's log says (the mark keeps stepInstall
+				// until it does).
+				lost = lostStream
 				r.e.node(stage, name, PhaseUpgrading, "the Install call broke off (%s): asking the node what it did", firstLine(err))
 			case strings.Contains(err.Error(), talosEtcdRefusal):
 				// MachineService.Upgrade's own etcd checks (Talos before 1.13),
@@ -332,6 +441,37 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			}
 		}
 	}
+}
+
+// pendingPause pauses a node whose Install call ran out its bound and
+// whose machined log does not say the chosen install completed (nothing
+// started, it failed, or the log does not reach back): the node stays
+// cordoned, as an install may still be pending on it.
+func (r *talosRun) pendingPause(ctx context.Context, n *osNode, seen nodeSeen) error {
+	name, ip := n.Name, n.InternalIP
+
+	err := fmt.Errorf("node %q: the Install call ran out its bound of %s and machined's log says: %s; an install may be pending on the node",
+		name, r.opts.UpgradeTimeout, seen.evidence)
+
+	return r.e.pause(ctx, r.stage.Name(), name, err.Error()+"; the node stays cordoned",
+		fmt.Sprintf("look at it (talosctl -n %s logs machined | grep upgrade), then resume (kubectl ichor resume: it asks the node again, "+
+			"reboots it if the install completed and installs only if none ran), or abort (kubectl ichor abort uncordons it; "+
+			"an install that completes boots at the node's next reboot: talosctl -n %s rollback drops it)", ip, ip), err)
+}
+
+// deadlineError reports whether err, from an Install call, is a deadline or
+// a cancellation (the client's bound, or the server's) rather than an answer.
+func deadlineError(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+
+	switch client.StatusCode(err) {
+	case codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+
+	return false
 }
 
 // errSameBoot is follow finding the node up in the boot its install was
@@ -366,13 +506,23 @@ func (r *talosRun) look(ctx context.Context, n *osNode, mark upgradeMark) (nodeS
 	seen := nodeSeen{reachable: true, bootID: boot, version: version}
 
 	if boot == mark.BootID && version != r.target.String() && (mark.step() == stepInstall || mark.Legacy) {
-		ev, err := r.e.Talos.InstallEvidence(callCtx, ip)
-		if err != nil {
-			if talos.IsPermissionDenied(err) {
-				return nodeSeen{}, r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
-			}
+		// The log gets its own bound: it is the one read of a node that
+		// answered that can be long, and its answer alone says what the boot
+		// did.
+		evCtx, cancel := context.WithTimeout(ctx, min(installEvidenceTimeout, r.opts.UpgradeTimeout))
+		ev, err := r.e.Talos.InstallEvidence(evCtx, ip)
 
-			return nodeSeen{}, nil // not answering after all: follow it
+		cancel()
+
+		switch {
+		case ctx.Err() != nil:
+			return nodeSeen{}, fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
+		case talos.IsPermissionDenied(err):
+			return nodeSeen{}, r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+		case err != nil:
+			seen.evidenceErr = err
+
+			return seen, nil
 		}
 
 		seen.evidence = ev
@@ -381,6 +531,10 @@ func (r *talosRun) look(ctx context.Context, n *osNode, mark upgradeMark) (nodeS
 
 	return seen, nil
 }
+
+// installEvidenceTimeout bounds one read of machined's log (never more than
+// the install's own bound).
+const installEvidenceTimeout = 20 * time.Second
 
 // ensureDrained cordons and drains a node whose upgrade is under way when
 // ichor's cordon is no longer on it, or its mark is but the node is

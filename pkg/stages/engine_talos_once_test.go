@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -22,7 +23,11 @@ func TestDecide(t *testing.T) {
 		target = "v1.13.9"
 		old    = "v1.12.4"
 		boot   = "boot-0"
+		chosen = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.13.9"
 	)
+
+	// ev is machined's log showing an install in state s of the chosen installer.
+	ev := func(s talos.InstallState) talos.Evidence { return talos.Evidence{State: s, Image: chosen} }
 
 	marks := map[string]upgradeMark{
 		"install":           {BootID: boot, Step: stepInstall},
@@ -46,14 +51,29 @@ func TestDecide(t *testing.T) {
 		"unreachable":                    {nodeSeen{}, actFollow, actFollow, actFollow},
 		"rebooted, on the target":        {nodeSeen{reachable: true, bootID: "boot-1", version: target}, actVerify, actVerify, actVerify},
 		"rebooted, on the old version":   {nodeSeen{reachable: true, bootID: "boot-1", version: old}, actFollow, actFollow, actFollow},
-		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.InstallNone}, actVerify, actVerify, actVerify},
-		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallNone}, actInstall, actReboot, actFollow},
-		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallFailed}, actInstall, actReboot, actInstall},
-		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallRunning}, actWait, actReboot, actFollow},
-		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallDone}, actReboot, actReboot, actFollow},
-		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallUnknown}, actPause, actReboot, actFollow},
+		"same boot, on the target":       {nodeSeen{reachable: true, bootID: boot, version: target, evidence: talos.Evidence{State: talos.InstallNone}}, actVerify, actVerify, actVerify},
+		"same boot, no install":          {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.Evidence{State: talos.InstallNone}}, actInstall, actReboot, actFollow},
+		"same boot, install failed":      {nodeSeen{reachable: true, bootID: boot, version: old, evidence: ev(talos.InstallFailed)}, actInstall, actReboot, actInstall},
+		"same boot, install running":     {nodeSeen{reachable: true, bootID: boot, version: old, evidence: ev(talos.InstallRunning)}, actWait, actReboot, actFollow},
+		"same boot, installed":           {nodeSeen{reachable: true, bootID: boot, version: old, evidence: ev(talos.InstallDone)}, actReboot, actReboot, actFollow},
+		"same boot, log no longer there": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.Evidence{State: talos.InstallUnknown}}, actPause, actReboot, actFollow},
 		// The log of MachineService.Upgrade's sequence, whatever the mark says.
-		"same boot, upgrade sequence": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: talos.InstallSequence}, actFollow, actFollow, actFollow},
+		"same boot, upgrade sequence": {nodeSeen{reachable: true, bootID: boot, version: old, evidence: ev(talos.InstallSequence)}, actFollow, actFollow, actFollow},
+		// Another installer's install, or one the log no longer names: never rebooted into.
+		"same boot, another version installed": {nodeSeen{reachable: true, bootID: boot, version: old,
+			evidence: talos.Evidence{State: talos.InstallDone, Image: "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.13.8"}},
+			actForeign, actReboot, actFollow},
+		"same boot, the target from another installer": {nodeSeen{reachable: true, bootID: boot, version: old,
+			evidence: talos.Evidence{State: talos.InstallDone, Image: "ghcr.io/siderolabs/installer:v1.13.9"}}, actForeign, actReboot, actFollow},
+		"same boot, installed, its installer no longer in the log": {nodeSeen{reachable: true, bootID: boot, version: old,
+			evidence: talos.Evidence{State: talos.InstallDone}}, actForeign, actReboot, actFollow},
+		"same boot, another installer running": {nodeSeen{reachable: true, bootID: boot, version: old,
+			evidence: talos.Evidence{State: talos.InstallRunning, Image: "ghcr.io/siderolabs/installer:v1.13.9"}}, actForeign, actReboot, actFollow},
+		"same boot, an install running, its installer not named": {nodeSeen{reachable: true, bootID: boot, version: old,
+			evidence: talos.Evidence{State: talos.InstallRunning}}, actWait, actReboot, actFollow},
+		// machined's log could not be read: it alone says what the boot did.
+		"same boot, log unreadable": {nodeSeen{reachable: true, bootID: boot, version: old, evidenceErr: errors.New("deadline exceeded")},
+			actUnread, actReboot, actUnread},
 	}
 
 	for mn, mark := range marks {
@@ -67,7 +87,7 @@ func TestDecide(t *testing.T) {
 				want = n.install
 			}
 
-			assert.Equal(t, want.String(), decide(mark, n.seen, target).String(), "mark %s, node %s", mn, nn)
+			assert.Equal(t, want.String(), decide(mark, n.seen, target, chosen).String(), "mark %s, node %s", mn, nn)
 		}
 	}
 }
@@ -259,7 +279,7 @@ func TestTalosInstalledWithoutRecord(t *testing.T) {
 
 	m := o.machine("worker-1")
 	o.mu.Lock()
-	m.staged, m.installed = "v1.13.9", talos.InstallDone
+	m.staged, m.installed, m.image = "v1.13.9", talos.InstallDone, "ghcr.io/siderolabs/installer:v1.13.9"
 	o.mu.Unlock()
 
 	rec := &recorder{}

@@ -160,14 +160,14 @@ func TestTalosBootIDFlow(t *testing.T) {
 	require.NoError(t, e.Run(context.Background()))
 	requireTalosFinished(t, o, "v1.13.9")
 
-	assert.Equal(t, upgradeMark{BootID: "00000000-boot-cp-1-0", Step: stepInstall}, atCall["cp-1"], "the install announced in the boot the node was on")
-	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Step: stepInstall}, atCall["worker-1"])
+	assert.Equal(t, upgradeMark{BootID: "00000000-boot-cp-1-0", Step: stepInstall, From: "v1.12.4"}, atCall["cp-1"], "the install announced in the boot the node was on")
+	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Step: stepInstall, From: "v1.12.4"}, atCall["worker-1"])
 	assert.NotEmpty(t, rec.with("TalosOS worker-1 Upgrading: waiting for the reboot (boot ID unchanged)"))
 	assert.Empty(t, rec.with("TalosOS cp-1 Upgrading: waiting for the reboot"), "cp-1 went down at once")
 
 	var mark upgradeMark
 	require.NoError(t, json.Unmarshal([]byte(memo.all()["talos/worker-1/v1.13.9"]), &mark))
-	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Step: stepReboot}, mark, "the reboot announced once the install ended")
+	assert.Equal(t, upgradeMark{BootID: "00000001-boot-worker-1-0", Step: stepReboot, From: "v1.12.4"}, mark, "the reboot announced once the install ended")
 }
 
 func TestTalosUpgradeInstallerOverride(t *testing.T) {
@@ -416,6 +416,11 @@ func TestTalosUpgradeCallFails(t *testing.T) {
 	requireTalosFinished(t, o, "v1.13.9")
 }
 
+// TestTalosUpgradeTimeout: the Install call runs out its own bound and the
+// node's log shows no install: the call may still be on its way on the node
+// (Talos runs an installer to its end whatever its caller does), so the node
+// stays cordoned and the pause says an install may be pending; it is never
+// uncordoned as if nothing had changed.
 func TestTalosUpgradeTimeout(t *testing.T) {
 	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 	o.onUpgrade = func(ctx context.Context, _ string) (bool, error) {
@@ -426,10 +431,14 @@ func TestTalosUpgradeTimeout(t *testing.T) {
 
 	start := time.Now()
 	err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.UpgradeTimeout = 100 * time.Millisecond }).Run(context.Background())
-	requirePause(t, err, "TalosOS", "cp-1", "context deadline exceeded", "(uncordoned again)")
+	p := requirePause(t, err, "TalosOS", "cp-1", "the Install call ran out its bound of 100ms", "machined's log says: no install in this boot",
+		"an install may be pending", "the node stays cordoned")
+	assert.NotContains(t, p.Reason, "uncordoned again")
+	assert.Contains(t, p.Action, "talosctl -n 10.0.0.11 logs machined")
 	assert.Less(t, time.Since(start), 5*time.Second, "the call had its own deadline")
 	assert.Empty(t, o.upgradeNodes())
-	assert.Empty(t, o.f.cordonedByIchor())
+	assert.Equal(t, []string{"cp-1"}, o.f.cordonedByIchor())
+	assert.Zero(t, o.state("cp-1").reboots)
 }
 
 func TestTalosAlreadyOnTarget(t *testing.T) {

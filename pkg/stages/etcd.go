@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
@@ -15,10 +16,11 @@ import (
 
 // Rebooting a control plane stops its etcd member. Talos' own upgrade path
 // (LifecycleService.Upgrade, then Reboot) checks nothing of etcd first, so
-// ichor does, before it cordons a control plane: every member answers its
-// status through Talos (reachable, no error, no alarm such as NOSPACE, not a
-// learner, its raft index close to the leader's), every control plane has a
-// member, and the voters left while this one is down still make a quorum.
+// ichor does, before it cordons a control plane and again right before its
+// install and its reboot: every member answers its status through Talos
+// (reachable, no error, no alarm such as NOSPACE, not a learner, its raft
+// log keeping up with the leader's), every control plane has a member, and
+// the voters left while this one is down still make a quorum.
 // A one- or two-member etcd cannot keep quorum through any reboot: it is
 // refused unless the operator accepts the outage (--allow-etcd-outage).
 
@@ -35,10 +37,33 @@ type EtcdReader interface {
 	EtcdAlarms(ctx context.Context, node string) ([]talos.EtcdAlarm, error)
 }
 
+// Raft lag. A member's status gives its committed index (raftIndex) and
+// what it has applied of it (raftAppliedIndex), read through apid at the
+// moment its call reaches it; the members are read concurrently, but one
+// answers later than another (Talos dials a new etcd client for every
+// status call, on a node that may be busy). Under write load the indexes
+// move by the write rate, so two healthy members read a second apart
+// differ by a second of writes: a fixed threshold on indexes read at
+// different moments trips on a busy cluster. Measured on the local cluster
+// (e2e TestEtcdRaftLagUnderLoad: one real etcd behind the simulated
+// members, each status read at the moment it is answered; 450 to 1100
+// writes a second, through the API server and straight to etcd): with every
+// member in step and cp-3's status answering 2 s late (a loaded node), the
+// committed indexes of one pass spread 700 to 1540 entries, and a threshold
+// of 1000 refused 4 healthy reads of 5; read in two passes as below, none.
+//
+// So etcd is read twice, EtcdProgressGap apart (ReadEtcdProgress), and a
+// member keeps up when its second reading has applied at least what the
+// most advanced member had committed at the first: a healthy follower
+// trails the leader by milliseconds, whatever the write rate, and passes;
+// a member whose raft stalled (a full disk, a wedged apply loop) stays
+// behind as soon as anything was written since it stalled, and one catching
+// up after a restart fails while it is more than the gap behind.
+const EtcdProgressGap = time.Second
+
 // EtcdMaxRaftLag is how far, in raft entries, a member's committed index may
-// trail the most advanced one read and still count as in step. The statuses
-// are read within a moment of each other; a member that is catching up after
-// a restart, or a slow disk, lags by far more.
+// trail the most advanced one read in the same pass and still count as in
+// step, for a view read in one pass only (no EtcdView.Before).
 const EtcdMaxRaftLag = 1000
 
 // etcdCallTimeout bounds each etcd call through Talos: a member whose etcd
@@ -62,6 +87,11 @@ type EtcdView struct {
 	// StatusErr why a control plane's did not come.
 	Status    map[string]talos.EtcdStatus
 	StatusErr map[string]error
+	// Before are the statuses of the first of two passes, Gap before Status
+	// (empty for a view read in one pass): what the members must have
+	// caught up with by the second.
+	Before map[string]talos.EtcdStatus
+	Gap    time.Duration
 	// Members is the member list, as ListedBy's etcd reports it; ListErr
 	// why no control plane could list them.
 	Members  []talos.EtcdMember
@@ -72,50 +102,39 @@ type EtcdView struct {
 	AlarmsErr error
 }
 
-// ReadEtcd reads every control plane's member status at once, then the
-// member list and the alarms from a control plane whose member answered
-// without errors. Each call is bounded; nothing here fails: what could not be
-// read is in the view, for Judge.
+// ReadEtcd is ReadEtcdProgress with EtcdProgressGap between its passes.
 func ReadEtcd(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode) *EtcdView {
-	v := &EtcdView{
-		ControlPlanes: controlPlanes,
-		Status:        map[string]talos.EtcdStatus{},
-		StatusErr:     map[string]error{},
-	}
+	return ReadEtcdProgress(ctx, r, controlPlanes, EtcdProgressGap)
+}
 
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
+// ReadEtcdProgress reads every control plane's member status at once,
+// twice, gap apart (Before, then Status: what the raft lag is judged on; a
+// member that did not answer the first pass is not asked again, its error
+// stands), then the member list and the alarms from a control plane whose
+// member answered without errors. Each call is bounded; nothing here
+// fails: what could not be read is in the view, for Judge.
+func ReadEtcdProgress(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode, gap time.Duration) *EtcdView {
+	v := &EtcdView{ControlPlanes: controlPlanes, Gap: gap}
+
+	var failed map[string]error
+
+	v.Before, failed = readEtcdStatuses(ctx, r, controlPlanes)
+
+	answered := make([]EtcdNode, 0, len(controlPlanes))
 
 	for _, n := range controlPlanes {
-		wg.Go(func() {
-			var (
-				s   talos.EtcdStatus
-				err error
-			)
-
-			if n.IP == "" {
-				err = fmt.Errorf("node %q has no InternalIP to reach its Talos API", n.Name)
-			} else {
-				callCtx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
-				s, err = r.EtcdStatus(callCtx, n.IP)
-
-				cancel()
-			}
-
-			mu.Lock()
-			defer mu.Unlock()
-
-			if err != nil {
-				v.StatusErr[n.Name] = err
-			} else {
-				v.Status[n.Name] = s
-			}
-		})
+		if _, ok := v.Before[n.Name]; ok {
+			answered = append(answered, n)
+		}
 	}
 
-	wg.Wait()
+	select {
+	case <-ctx.Done():
+	case <-time.After(gap):
+	}
+
+	v.Status, v.StatusErr = readEtcdStatuses(ctx, r, answered)
+	maps.Copy(v.StatusErr, failed)
 
 	// Ask a member that answered and follows a leader, the leader first
 	// (an alarm shows among every member's errors: it is no reason to skip).
@@ -163,6 +182,49 @@ func ReadEtcd(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode) *Etcd
 	return v
 }
 
+// readEtcdStatuses reads every control plane's own member status at once,
+// each call bounded: by Node name, the statuses and why the others did not
+// come.
+func readEtcdStatuses(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode) (map[string]talos.EtcdStatus, map[string]error) {
+	statuses, errs := map[string]talos.EtcdStatus{}, map[string]error{}
+
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+
+	for _, n := range controlPlanes {
+		wg.Go(func() {
+			var (
+				s   talos.EtcdStatus
+				err error
+			)
+
+			if n.IP == "" {
+				err = fmt.Errorf("node %q has no InternalIP to reach its Talos API", n.Name)
+			} else {
+				callCtx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+				s, err = r.EtcdStatus(callCtx, n.IP)
+
+				cancel()
+			}
+
+			mu.Lock()
+			defer mu.Unlock()
+
+			if err != nil {
+				errs[n.Name] = err
+			} else {
+				statuses[n.Name] = s
+			}
+		})
+	}
+
+	wg.Wait()
+
+	return statuses, errs
+}
+
 // EtcdMemberHealth is one member's health, as Judge found it.
 type EtcdMemberHealth struct {
 	// Name is the member's name (its node's hostname), or its ID in hex when
@@ -200,6 +262,21 @@ func (v EtcdVerdict) Unhealthy() []EtcdMemberHealth {
 	for _, m := range v.Members {
 		if m.Problem != "" {
 			out = append(out, m)
+		}
+	}
+
+	return out
+}
+
+// UnhealthyOther is the verdict's problems without node's own member: what
+// keeps etcd from taking node's reboot, its member down (Describe and
+// LookAction say them).
+func (v EtcdVerdict) UnhealthyOther(node string) EtcdVerdict {
+	out := EtcdVerdict{Problems: v.Problems, Voters: v.Voters, Quorum: v.Quorum, Left: v.Left}
+
+	for _, m := range v.Unhealthy() {
+		if m.Node != node || node == "" {
+			out.Members = append(out.Members, m)
 		}
 	}
 
@@ -269,9 +346,16 @@ func (v *EtcdView) Judge(node string) EtcdVerdict {
 		}
 	}
 
+	// The raft index every member must have reached: the most advanced
+	// committed index of the first pass (of this pass for a one-pass view).
 	var lead uint64
 
-	for _, s := range v.Status {
+	reference := v.Before
+	if len(reference) == 0 {
+		reference = v.Status
+	}
+
+	for _, s := range reference {
 		lead = max(lead, s.RaftIndex)
 	}
 
@@ -380,12 +464,38 @@ func (v *EtcdView) memberProblem(m talos.EtcdMember, n EtcdNode, ok bool, lead u
 			problems = append(problems, "a learner (not yet promoted to voter)")
 		}
 
-		if lead > s.RaftIndex && lead-s.RaftIndex > EtcdMaxRaftLag {
-			problems = append(problems, fmt.Sprintf("raft index %d is %d behind the leader's %d", s.RaftIndex, lead-s.RaftIndex, lead))
+		if problem := v.raftLag(s, lead); problem != "" {
+			problems = append(problems, problem)
 		}
 	}
 
 	return strings.Join(slices.Compact(problems), ", ")
+}
+
+// raftLag says how member status s fails to keep up with lead (see
+// EtcdProgressGap), "" when it keeps up. A two-pass view wants its applied
+// index (its committed one when it reports none) at lead, the leader's
+// committed index Gap before; a one-pass view its committed index within
+// EtcdMaxRaftLag of the most advanced one.
+func (v *EtcdView) raftLag(s talos.EtcdStatus, lead uint64) string {
+	if len(v.Before) == 0 {
+		if lead > s.RaftIndex && lead-s.RaftIndex > EtcdMaxRaftLag {
+			return fmt.Sprintf("raft index %d is %d behind the leader's %d", s.RaftIndex, lead-s.RaftIndex, lead)
+		}
+
+		return ""
+	}
+
+	index := s.RaftAppliedIndex
+	if index == 0 || index > s.RaftIndex {
+		index = s.RaftIndex
+	}
+
+	if index >= lead {
+		return ""
+	}
+
+	return fmt.Sprintf("raft index %d is %d behind the leader's %d of %s before: it does not keep up", index, lead-index, lead, v.Gap)
 }
 
 // peerHost is the host of the first peer URL, "" when none parses.

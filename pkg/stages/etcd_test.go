@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -148,6 +149,85 @@ func TestEtcdJudge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEtcdJudgeProgress: a view read in two passes a second apart judges
+// raft lag by progress: every member's second reading must have applied
+// what the most advanced member had committed at the first. Members read
+// at different moments under load (3000 entries apart in one pass: past
+// EtcdMaxRaftLag) keep up; a stalled member, or one that commits but does
+// not apply, does not.
+func TestEtcdJudgeProgress(t *testing.T) {
+	twoPass := func(before, after map[string][2]uint64) *EtcdView {
+		return etcdOf(3, func(v *EtcdView) {
+			v.Gap, v.Before = time.Second, map[string]talos.EtcdStatus{}
+
+			for name, s := range v.Status {
+				b, a := s, s
+				b.RaftIndex, b.RaftAppliedIndex = before[name][0], before[name][1]
+				a.RaftIndex, a.RaftAppliedIndex = after[name][0], after[name][1]
+				v.Before[name], v.Status[name] = b, a
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name          string
+		before, after map[string][2]uint64
+		problem       string
+	}{
+		{
+			name:   "under load, cp-3 read 300ms later in each pass",
+			before: map[string][2]uint64{"cp-1": {9000, 9000}, "cp-2": {9000, 8998}, "cp-3": {12000, 12000}},
+			after:  map[string][2]uint64{"cp-1": {22000, 22000}, "cp-2": {22000, 21999}, "cp-3": {25000, 25000}},
+		},
+		{
+			name:   "idle: nothing written, nothing moves",
+			before: map[string][2]uint64{"cp-1": {9000, 9000}, "cp-2": {9000, 9000}, "cp-3": {9000, 9000}},
+			after:  map[string][2]uint64{"cp-1": {9000, 9000}, "cp-2": {9000, 9000}, "cp-3": {9000, 9000}},
+		},
+		{
+			name:    "stalled",
+			before:  map[string][2]uint64{"cp-1": {9000, 9000}, "cp-2": {8990, 8990}, "cp-3": {9000, 9000}},
+			after:   map[string][2]uint64{"cp-1": {9500, 9500}, "cp-2": {8990, 8990}, "cp-3": {9500, 9500}},
+			problem: "member cp-2 raft index 8990 is 10 behind the leader's 9000 of 1s before: it does not keep up",
+		},
+		{
+			name:    "commits but does not apply",
+			before:  map[string][2]uint64{"cp-1": {9000, 9000}, "cp-2": {9000, 7000}, "cp-3": {9000, 9000}},
+			after:   map[string][2]uint64{"cp-1": {9500, 9500}, "cp-2": {9500, 7100}, "cp-3": {9500, 9500}},
+			problem: "member cp-2 raft index 7100 is 1900 behind the leader's 9000 of 1s before",
+		},
+		{
+			name:    "catching up, more than the gap behind",
+			before:  map[string][2]uint64{"cp-1": {90000, 90000}, "cp-2": {40000, 40000}, "cp-3": {90000, 90000}},
+			after:   map[string][2]uint64{"cp-1": {91000, 91000}, "cp-2": {60000, 60000}, "cp-3": {91000, 91000}},
+			problem: "member cp-2 raft index 60000 is 30000 behind the leader's 90000",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := twoPass(tc.before, tc.after).Judge("cp-1")
+			if tc.problem == "" {
+				assert.True(t, v.Healthy(), v.Describe())
+
+				return
+			}
+
+			assert.False(t, v.Healthy())
+			assert.Contains(t, v.Describe(), tc.problem)
+		})
+	}
+
+	// The same readings judged in one pass: the healthy members under load
+	// fall foul of the fixed threshold.
+	one := etcdOf(3, func(v *EtcdView) {
+		for name, idx := range map[string]uint64{"cp-1": 9000, "cp-2": 9000, "cp-3": 12000} {
+			s := v.Status[name]
+			s.RaftIndex = idx
+			v.Status[name] = s
+		}
+	})
+	assert.Contains(t, one.Judge("cp-1").Describe(), "member cp-1 raft index 9000 is 3000 behind the leader's 12000")
 }
 
 // etcdByIP is an EtcdReader over a view: what each control plane's Talos

@@ -355,6 +355,10 @@ func (c *Client) Upgrade(ctx context.Context, node, image string) error {
 	return nil
 }
 
+// ErrInstallStreamEnded is an upgrade stream that ended without the
+// installer's exit code: the answer was lost, not given.
+var ErrInstallStreamEnded = errors.New("the upgrade stream ended without an exit code")
+
 // lifecycleUpgrade runs LifecycleService.Upgrade and drains its progress.
 func (c *Client) lifecycleUpgrade(ctx context.Context, imageName string) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -378,7 +382,7 @@ func (c *Client) lifecycleUpgrade(ctx context.Context, imageName string) error {
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return errors.New("the upgrade stream ended without an exit code")
+			return ErrInstallStreamEnded
 		}
 
 		if err != nil {

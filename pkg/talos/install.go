@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
@@ -98,18 +99,22 @@ func (s InstallState) String() string {
 }
 
 // Install evidence in machined's log. Talos does not expose a staged upgrade
-// as a resource (the installer writes META's upgrade tag to the partition;
-// machined reloads it only at boot), but machined logs the lifecycle
-// upgrade's start and end: Talos 1.13 "starting upgrade: installer_image=…",
-// "upgrade completed successfully: exit_code=0", "upgrade failed:
-// exit_code=N"; Talos 1.14 the same events as structured lines ("starting
-// upgrade", "upgrade completed", "upgrade failed"). MachineService.Upgrade
-// (Talos 1.12) logs the sequence it runs in the background: "upgrade
-// sequence: 13 phase(s)" once it holds the lock ("stageUpgrade sequence: …"
-// for a staged one), "upgrade sequence: failed" and "upgrade failed: <why>"
-// when it fails; a sequence that could not take the lock logs "upgrade
-// failed: locked" and ran nothing. The log is the boot's: it starts with
-// "machined logger initialized".
+// as a resource (the installer writes the inactive boot slot and makes it
+// the bootloader's default; machined reads it only at boot), but machined
+// logs the lifecycle upgrade's start, with the installer image it runs, and
+// its end (internal/app/lifecycle/lifecycle.go): Talos 1.13 with log.Printf
+// ("starting upgrade: installer_image=<image>, disk=/dev/sda", "upgrade
+// completed successfully: exit_code=0", "upgrade failed: exit_code=N");
+// Talos 1.14 with machined's zap logger, the fields as JSON ("starting
+// upgrade {..., "installer_image": "<image>", ...}", "upgrade completed
+// {...}", "upgrade failed {...}"). MachineService.Upgrade (Talos 1.12) logs
+// the request ("validating "<image>""), then the sequence it runs in the
+// background: "upgrade sequence: 13 phase(s)" once it holds the lock
+// ("stageUpgrade sequence: …" for a staged one), "performing upgrade via
+// "<image>"" in its install phase, "upgrade sequence: failed" and "upgrade
+// failed: <why>" when it fails; a sequence that could not take the lock logs
+// "upgrade failed: locked" and ran nothing. The log is the boot's: it starts
+// with "machined logger initialized".
 const (
 	logBootStart      = "machined logger initialized"
 	logInstallStart   = "starting upgrade"
@@ -119,37 +124,85 @@ const (
 	logSequenceLocked = "upgrade failed: locked"
 )
 
-// logSequenceStart is the start of MachineService.Upgrade's sequence.
-var logSequenceStart = regexp.MustCompile(`\b(upgrade|stageUpgrade) sequence: \d+ phase\(s\)`)
+var (
+	// logSequenceStart is the start of MachineService.Upgrade's sequence.
+	logSequenceStart = regexp.MustCompile(`\b(upgrade|stageUpgrade) sequence: \d+ phase\(s\)`)
+	// logImagePrinted is the installer image of Talos 1.13's start line.
+	logImagePrinted = regexp.MustCompile(`installer_image=([^,\s]+)`)
+	// logImageField is the installer image field of Talos 1.14's.
+	logImageField = regexp.MustCompile(`"installer_image":\s*("(?:[^"\\]|\\.)*")`)
+	// logImageLegacy is the image of a MachineService.Upgrade request or of
+	// its install phase.
+	logImageLegacy = regexp.MustCompile(`(?:validating|performing upgrade via) ("(?:[^"\\]|\\.)*")`)
+)
 
-// InstallEvidence reads the node's machined log (talosctl logs machined) and
-// says what it shows of the installs of the current boot.
-func (c *Client) InstallEvidence(ctx context.Context, node string) (InstallState, error) {
+// EvidenceTailLines bounds how much of machined's log InstallEvidence reads:
+// its last lines, as many as Talos' in-memory log of a service holds at most
+// (1 MiB, logging.DesiredCapacity, at a line of 100 bytes or more). Talos
+// answers a bounded read from its buffer without following it.
+const EvidenceTailLines = 10000
+
+// Evidence is what a node's machined log shows of the installs of its
+// current boot.
+type Evidence struct {
+	// State is where the last install stands.
+	State InstallState
+	// Image is the installer image the last install ran, as machined logged
+	// it; "" when the log does not name it (its start rolled out of the log).
+	Image string
+}
+
+func (e Evidence) String() string {
+	if e.Image == "" || e.State == InstallNone || e.State == InstallUnknown {
+		return e.State.String()
+	}
+
+	return e.State.String() + " (" + e.Image + ")"
+}
+
+// InstallEvidence reads the node's machined log (talosctl logs machined
+// --tail EvidenceTailLines) and says what it shows of the installs of the
+// current boot. The read ends with ctx: give it its own deadline.
+func (c *Client) InstallEvidence(ctx context.Context, node string) (Evidence, error) {
 	ctx, cancel := context.WithCancel(client.WithNode(ctx, node))
 	defer cancel()
 
-	stream, err := c.c.Logs(ctx, "system", common.ContainerDriver_CONTAINERD, "machined", false, -1)
+	stream, err := c.c.Logs(ctx, "system", common.ContainerDriver_CONTAINERD, "machined", false, EvidenceTailLines)
 	if err != nil {
-		return InstallUnknown, nodeErr(node, "read machined's log", err)
+		return Evidence{}, nodeErr(node, "read machined's log", err)
 	}
 
 	r, err := client.ReadStream(stream)
 	if err != nil {
-		return InstallUnknown, nodeErr(node, "read machined's log", err)
+		return Evidence{}, nodeErr(node, "read machined's log", err)
 	}
 	defer r.Close()
 
-	state, err := ParseInstallEvidence(r)
+	ev, err := ParseInstallEvidence(r)
+	if err == nil {
+		// The stream ends quietly when its context does: what was read is
+		// not the log.
+		err = ctx.Err()
+	}
 
-	return state, nodeErr(node, "read machined's log", err)
+	if err != nil {
+		return Evidence{}, nodeErr(node, "read machined's log", err)
+	}
+
+	return ev, nil
 }
 
 // ParseInstallEvidence reads a machined log and says what it shows of the
-// installs of its boot: the last install's start and end.
-func ParseInstallEvidence(r io.Reader) (InstallState, error) {
-	var bootStart, started bool
+// installs of its boot: the last install's start, its image and its end.
+// An end whose start the log no longer holds is an install of an image it
+// cannot name.
+func ParseInstallEvidence(r io.Reader) (Evidence, error) {
+	var (
+		bootStart, started bool
+		validated          string // the image of the last MachineService.Upgrade request
+	)
 
-	state := InstallNone
+	ev := Evidence{State: InstallNone}
 
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
@@ -163,25 +216,53 @@ func ParseInstallEvidence(r io.Reader) (InstallState, error) {
 		case strings.Contains(line, logSequenceLocked):
 			// A second sequence that ran nothing.
 		case strings.Contains(line, logSequenceFailed) && started:
-			state = InstallFailed
+			ev.State = InstallFailed
 		case logSequenceStart.MatchString(line):
-			started, state = true, InstallSequence
+			started, ev = true, Evidence{State: InstallSequence, Image: validated}
 		case strings.Contains(line, logInstallStart):
-			started, state = true, InstallRunning
-		case strings.Contains(line, logInstallDone) && started:
-			state = InstallDone
+			started, ev = true, Evidence{State: InstallRunning, Image: startImage(line)}
+		case strings.Contains(line, logInstallDone):
+			started, ev.State = true, InstallDone
 		case strings.Contains(line, logInstallFailed) && started:
-			state = InstallFailed
+			ev.State = InstallFailed
+		case logImageLegacy.MatchString(line):
+			image := unquote(logImageLegacy.FindStringSubmatch(line)[1])
+			if ev.State == InstallSequence {
+				ev.Image = image
+			} else {
+				validated = image
+			}
 		}
 	}
 
 	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
-		return InstallUnknown, err
+		return Evidence{}, err
 	}
 
 	if !started && !bootStart {
-		return InstallUnknown, nil
+		return Evidence{State: InstallUnknown}, nil
 	}
 
-	return state, nil
+	return ev, nil
+}
+
+// startImage is the installer image of a lifecycle upgrade's start line.
+func startImage(line string) string {
+	if m := logImageField.FindStringSubmatch(line); m != nil {
+		return unquote(m[1])
+	}
+
+	if m := logImagePrinted.FindStringSubmatch(line); m != nil {
+		return m[1]
+	}
+
+	return ""
+}
+
+func unquote(s string) string {
+	if u, err := strconv.Unquote(s); err == nil {
+		return u
+	}
+
+	return strings.Trim(s, `"`)
 }

@@ -38,13 +38,17 @@ const (
 
 // Info is written to ready.json once the cluster is up.
 type Info struct {
-	Name              string        `json:"name"`
-	APIServer         string        `json:"apiServer"`
-	KubernetesVersion string        `json:"kubernetesVersion"`
-	TalosVersion      string        `json:"talosVersion"`
-	BornOn            string        `json:"bornOn"`
-	Machines          []MachineInfo `json:"machines"`
-	StartedIn         string        `json:"startedIn"`
+	Name              string `json:"name"`
+	APIServer         string `json:"apiServer"`
+	KubernetesVersion string `json:"kubernetesVersion"`
+	TalosVersion      string `json:"talosVersion"`
+	BornOn            string `json:"bornOn"`
+	// EtcdURL is the client URL (plain HTTP) of the cluster's one real etcd,
+	// the raft log the simulated members report (a test writes to it to load
+	// etcd as a busy cluster does).
+	EtcdURL   string        `json:"etcdURL"`
+	Machines  []MachineInfo `json:"machines"`
+	StartedIn string        `json:"startedIn"`
 }
 
 // MachineInfo names one machine.
@@ -250,6 +254,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		KubernetesVersion: opts.KubernetesVersion,
 		TalosVersion:      opts.TalosVersion,
 		BornOn:            opts.BornOn,
+		EtcdURL:           cp.etcdURL,
 		StartedIn:         time.Since(start).Round(time.Millisecond).String(),
 	}
 	for _, m := range machines {

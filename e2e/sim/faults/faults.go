@@ -14,8 +14,12 @@
 //	    neverBoots: true             # a Talos upgrade reboots and never comes back
 //	    upgradeUnavailable: true     # the Upgrade call does its work, then answers Unavailable (see below)
 //	    installHangs: true           # the install ends, then the upgrade stalls before its reboot (see below)
+//	    installTakes: 20s            # an install (LifecycleService.Upgrade) runs this long on the node, whether its caller waits or not
+//	    logSlow: 30s                 # reading machined's log (MachineService.Logs) answers only after this long
 //	    etcdStopped: true            # its etcd member is stopped but still listed: its etcd calls wait for the caller's deadline
 //	    etcdAlarm: NOSPACE           # its etcd member raised this alarm (NOSPACE or CORRUPT)
+//	    etcdStalled: true            # its etcd member answers, but its raft indexes stop where they are while the others move on
+//	    etcdStatusLatency: 2s        # its etcd status call answers this late (a loaded node: Talos dials etcd anew for each call)
 //	    poweredOff: true             # the machine is off: from `up` it boots (and joins) once cleared; set later, it loses power
 //
 // The two upgrade faults mean what the call the node's Talos has would show.
@@ -55,8 +59,12 @@ type Node struct {
 	NeverBoots            bool     `json:"neverBoots,omitempty"`
 	UpgradeUnavailable    bool     `json:"upgradeUnavailable,omitempty"` // see the package comment
 	InstallHangs          bool     `json:"installHangs,omitempty"`       // see the package comment
+	InstallTakes          Duration `json:"installTakes,omitempty"`
+	LogSlow               Duration `json:"logSlow,omitempty"`
 	EtcdStopped           bool     `json:"etcdStopped,omitempty"`
 	EtcdAlarm             string   `json:"etcdAlarm,omitempty"`
+	EtcdStalled           bool     `json:"etcdStalled,omitempty"`
+	EtcdStatusLatency     Duration `json:"etcdStatusLatency,omitempty"`
 	PoweredOff            bool     `json:"poweredOff,omitempty"`
 }
 

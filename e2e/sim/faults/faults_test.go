@@ -28,8 +28,14 @@ nodes:
     abFallback: true
     neverBoots: true
     poweredOff: true
+    installTakes: 20s
+    logSlow: 30s
+    etcdStalled: true
+    etcdStatusLatency: 2s
 `, want: Node{ApplyBlocks: true, NeverReady: []string{"kube-scheduler"}, StayNotReady: true, PullFails: true,
-			UnreachableAfterApply: Duration{20 * time.Second}, Unreachable: true, ABFallback: true, NeverBoots: true, PoweredOff: true}},
+			UnreachableAfterApply: Duration{20 * time.Second}, Unreachable: true, ABFallback: true, NeverBoots: true, PoweredOff: true,
+			InstallTakes: Duration{20 * time.Second}, LogSlow: Duration{30 * time.Second}, EtcdStalled: true,
+			EtcdStatusLatency: Duration{2 * time.Second}}},
 		{name: "powered off", doc: "nodes:\n  cp-2:\n    poweredOff: true\n    neverReady: [kube-scheduler]\n",
 			want: Node{PoweredOff: true, NeverReady: []string{"kube-scheduler"}}},
 		{name: "unknown field", doc: "nodes:\n  cp-1:\n    applyBlock: true\n", wantErr: "unknown field"},

@@ -20,7 +20,7 @@
 //
 // It owns no network listener: package talosapi serves the Talos gRPC API in
 // front of a Machine and calls the operations here (ApplyConfiguration, Pull,
-// StageUpgrade, Upgrade, Reboot, ...). Errors those operations return are gRPC
+// StageUpgrade, Upgrade, Reboot, Rollback, ...). Errors those operations return are gRPC
 // status errors with the codes a real node gives, so the API layer passes
 // them through unchanged.
 //

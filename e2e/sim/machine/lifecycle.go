@@ -84,7 +84,11 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 	m.installing = true
 	running := m.st.TalosVersion
 	m.mu.Unlock()
+	detached := false
 	defer func() {
+		if detached {
+			return // the installer's goroutine ends the install
+		}
 		m.mu.Lock()
 		m.installing = false
 		m.mu.Unlock()
@@ -101,6 +105,46 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 	if err := progress(fmt.Sprintf("installing Talos %s into the inactive boot slot", version)); err != nil {
 		return err
 	}
+	// Talos waits for the installer container on a context detached from
+	// the call's (internal/app/lifecycle/container.go: task.Wait(detachedCtx)):
+	// once started, the install runs to its end and machined logs it, whether
+	// or not the caller is still there to hear it.
+	detached = true
+	done := make(chan error, 1)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		done <- m.runInstaller(running, image, version)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return progress(fmt.Sprintf("Talos %s installed: it boots on the next reboot", version))
+}
+
+// runInstaller is the installer container of a lifecycle upgrade: it takes
+// faults.InstallTakes (0: at once), then writes version into the inactive
+// boot slot and machined logs the end; it ends the install under way.
+func (m *Machine) runInstaller(running, image, version string) error {
+	defer func() {
+		m.mu.Lock()
+		m.installing = false
+		m.mu.Unlock()
+		m.notify()
+	}()
+	if d := m.faults().InstallTakes.Duration; d > 0 {
+		m.log.Info("the install takes a while (fault)", "took", d)
+		select {
+		case <-time.After(d):
+		case <-m.ctx.Done():
+			return m.ctx.Err()
+		}
+	}
 	m.opMu.Lock()
 	m.mu.Lock()
 	up := m.st.Up
@@ -116,33 +160,58 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 	}
 	m.log.Info("upgrade staged", "version", version, "image", image)
 	m.logInstall(running, "done", image)
-	m.notify()
-	return progress(fmt.Sprintf("Talos %s installed: it boots on the next reboot", version))
+	return nil
 }
 
 // logInstall writes an install's start or end to machined's log as the
-// running Talos does: 1.13 with log.Printf, 1.14 as structured lines.
+// running Talos' lifecycle service does (internal/app/lifecycle/lifecycle.go):
+// 1.13 with log.Printf, under machined's "[talos] " prefix and the standard
+// date ("starting upgrade: installer_image=<image>, disk=/dev/sda"); 1.14
+// with machined's zap logger, whose console encoder writes the ISO 8601
+// time, the coloured level, the message and the fields as spaced JSON
+// ("starting upgrade {"component": "machined", "service": "lifecycle",
+// "installer_image": "<image>", "disk": "/dev/sda"}").
 func (m *Machine) logInstall(running, what, image string) {
-	structured := talosMinor(running) >= 14
-	var line string
-	switch {
-	case what == "start" && structured:
-		line = fmt.Sprintf(`starting upgrade {"installer_image": %q, "disk": "/dev/sda"}`, image)
-	case what == "start":
-		line = fmt.Sprintf("starting upgrade: installer_image=%s, disk=/dev/sda", image)
-	case what == "done" && structured:
-		line = `upgrade completed {"exit_code": 0}`
-	case what == "done":
-		line = "upgrade completed successfully: exit_code=0"
-	case structured:
-		line = `upgrade failed {"exit_code": 1}`
-	default:
-		line = "upgrade failed: exit_code=1"
+	if talosMinor(running) < 14 {
+		switch what {
+		case "start":
+			m.logMachined(fmt.Sprintf("starting upgrade: installer_image=%s, disk=%s", image, systemDisk))
+		case "done":
+			m.logMachined("upgrade completed successfully: exit_code=0")
+		default:
+			m.logMachined("upgrade failed: exit_code=1")
+		}
+		return
 	}
-	m.logMachined(line)
+	switch what {
+	case "start":
+		m.logZap("INFO", "starting upgrade", fmt.Sprintf(`"installer_image": %q, "disk": %q`, image, systemDisk))
+	case "done":
+		m.logZap("INFO", "upgrade completed", `"exit_code": 0`)
+	default:
+		m.logZap("WARN", "upgrade failed", `"exit_code": 1`)
+	}
 }
 
-// logMachined appends a line to machined's log of this boot.
+// systemDisk is the disk Talos is installed on, as the install lines name it.
+const systemDisk = "/dev/sda"
+
+// zapLevelColors are the ANSI colours of zap's CapitalColorLevelEncoder,
+// which machined's logger uses (logging.WithColoredLevels).
+var zapLevelColors = map[string]int{"INFO": 34, "WARN": 33, "ERROR": 31}
+
+// logZap appends a line of the lifecycle service's zap logger to machined's
+// log (Talos 1.14): fields are the spaced JSON fields after the logger's own.
+func (m *Machine) logZap(level, msg, fields string) {
+	line := fmt.Sprintf("%s \x1b[%dm%s\x1b[0m %s {\"component\": \"machined\", \"service\": \"lifecycle\", %s}",
+		time.Now().UTC().Format("2006-01-02T15:04:05.000Z0700"), zapLevelColors[level], level, msg, fields)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.machinedLog = append(m.machinedLog, line)
+}
+
+// logMachined appends a line to machined's log of this boot as machined's
+// log.Printf writes it ("[talos] 2006/01/02 15:04:05 <line>").
 func (m *Machine) logMachined(line string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -178,6 +247,40 @@ func (m *Machine) Reboot() error {
 		m.logMachined("reboot failed: locked")
 		return nil
 	}
+	return m.startSequence(false, nil)
+}
+
+// Rollback is MachineService.Rollback as Talos runs it (v1alpha1_server.go
+// Rollback, the bootloader's Revert): the other boot slot is made the
+// default again, then the machine reboots. With an install staged in this
+// boot (the default already flipped to it), the other slot is the running
+// one: the machine reboots into the Talos it runs and the staged install is
+// dropped (a new install then writes the inactive slot afresh). With none,
+// it boots the previous version (a real rollback); with no previous slot
+// Talos refuses ("cannot rollback to ..., label does not exist").
+func (m *Machine) Rollback() error {
+	m.logMachined("rollback via API received")
+	m.opMu.Lock()
+	m.mu.Lock()
+	switch {
+	case !m.st.Up:
+		m.mu.Unlock()
+		m.opMu.Unlock()
+		return m.errDown()
+	case m.st.StagedVersion != "":
+		m.log.Info("rollback: the staged install dropped, rebooting into the running version", "staged", m.st.StagedVersion, "running", m.st.TalosVersion)
+		m.st.StagedVersion, m.st.StagedExtensions = "", nil
+	case m.st.PreviousVersion != "":
+		m.log.Info("rollback: rebooting into the previous version", "previous", m.st.PreviousVersion)
+		m.st.StagedVersion, m.st.StagedExtensions = m.st.PreviousVersion, m.st.PreviousExtensions
+	default:
+		m.mu.Unlock()
+		m.opMu.Unlock()
+		return status.Error(codes.Unknown, `cannot rollback to "", label does not exist`)
+	}
+	m.mu.Unlock()
+	m.opMu.Unlock()
+	m.notify()
 	return m.startSequence(false, nil)
 }
 
@@ -263,6 +366,7 @@ func (m *Machine) bootNext(ctx context.Context) {
 		if m.faults().ABFallback {
 			m.log.Info("upgrade boot failed, falling back to the previous boot slot (fault)", "version", m.st.TalosVersion, "staged", staged)
 		} else {
+			m.st.PreviousVersion, m.st.PreviousExtensions = m.st.TalosVersion, m.st.Extensions
 			m.st.TalosVersion = staged
 			m.st.Extensions = m.st.StagedExtensions
 		}

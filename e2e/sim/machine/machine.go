@@ -155,6 +155,11 @@ type State struct {
 	Extensions []Extension
 	// StagedExtensions are those the staged version boots with.
 	StagedExtensions []Extension
+	// PreviousVersion is the Talos version in the boot slot the machine
+	// booted from before its last upgrade ("" before any): what a rollback
+	// without a staged install boots; PreviousExtensions those it runs.
+	PreviousVersion    string
+	PreviousExtensions []Extension
 }
 
 // Machine is one simulated Talos machine. It is safe for concurrent use.

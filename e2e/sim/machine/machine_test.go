@@ -72,6 +72,12 @@ type fixture struct {
 
 func newMachine(t *testing.T, controlPlane bool, faultsYAML string) *fixture {
 	t.Helper()
+	return newMachineAt(t, controlPlane, faultsYAML, "v1.12.4")
+}
+
+// newMachineAt is newMachine first booting Talos version.
+func newMachineAt(t *testing.T, controlPlane bool, faultsYAML, version string) *fixture {
+	t.Helper()
 	dir := t.TempDir()
 	f := &fixture{events: filepath.Join(dir, "events.jsonl"), faults: filepath.Join(dir, "faults.yaml"), drained: make(chan struct{}, 1)}
 	typ := machine.TypeWorker
@@ -91,7 +97,7 @@ func newMachine(t *testing.T, controlPlane bool, faultsYAML string) *fixture {
 		Name:         "node-1",
 		IP:           netip.MustParseAddr("127.0.0.10"),
 		ControlPlane: controlPlane,
-		TalosVersion: "v1.12.4",
+		TalosVersion: version,
 		Config:       bytesOf(t, f.cfg),
 		Events:       log,
 		Faults:       store,

@@ -33,6 +33,7 @@ func rules() map[string]role.Set {
 		"/machine.MachineService/Logs":               read,
 		"/machine.MachineService/Read":               role.MakeSet(role.Admin),
 		"/machine.MachineService/Reboot":             role.MakeSet(role.Admin, role.Operator),
+		"/machine.MachineService/Rollback":           role.MakeSet(role.Admin),
 		"/machine.MachineService/ServiceList":        read,
 		"/machine.MachineService/ServiceRestart":     role.MakeSet(role.Admin, role.Operator),
 		"/machine.MachineService/ServiceStart":       role.MakeSet(role.Admin, role.Operator),

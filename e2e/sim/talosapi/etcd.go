@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,12 +23,23 @@ import (
 )
 
 // Talos answers EtcdStatus and EtcdAlarmList from the control plane's own
-// etcd (a client to localhost:2379): a worker refuses them; a stopped etcd
-// makes the call wait until the caller's deadline (etcd's client waits for
-// the connection), then fail. The simulated members share one raft log: the
-// committed index is the same for all at a given moment (it advances with
-// time, 100 entries a second), the leader is the first control plane, by
-// name, whose etcd runs and that is up.
+// etcd (a client to localhost:2379, dialled anew for each call): a worker
+// refuses them; a stopped etcd makes the call wait until the caller's
+// deadline (etcd's client waits for the connection), then fail. The leader
+// is the first control plane, by name, whose etcd runs and that is up.
+//
+// The simulated members share one raft log: the real etcd's of the cluster
+// (Options.EtcdURL), whose Maintenance.Status gives the committed index
+// (raftIndex), the applied index (raftAppliedIndex) and the term, so that
+// the cluster's real write load (every write through the API server is a
+// raft entry) moves them as it moves a real member's. Each status is read
+// at the moment its call reaches the member: two members read at different
+// moments report different indexes, as real members read through apid do
+// (without an etcd, a counter of 100 entries a second stands in). A member
+// under etcdStalled answers, but its indexes stay at those of its first
+// status under the fault (its raft stopped: a full disk, a wedged apply
+// loop); etcdStatusLatency delays its status by that long before it is read
+// (a loaded node: Talos dials a new etcd client for each call).
 
 // etcdLeader returns the member ID of the leader, 0 when no member can lead.
 func (s *Server) etcdLeader() uint64 {
@@ -70,9 +82,110 @@ func (s *Server) etcdAlarms() []*machineapi.EtcdMemberAlarm {
 	return out
 }
 
-// etcdRaftIndex is the shared raft log's committed index now.
-func etcdRaftIndex() uint64 {
-	return uint64(time.Now().UnixMilli() / 10)
+// raftPoint is where a member's raft log stands: its committed and applied
+// indexes and its term.
+type raftPoint struct {
+	committed, applied, term uint64
+}
+
+// etcdRaft reads the shared raft log's point now: the real etcd's status, or
+// the counter when the simulated cluster has no etcd.
+func (s *Server) etcdRaft(ctx context.Context) (raftPoint, error) {
+	if s.etcdURL == "" {
+		index := uint64(time.Now().UnixMilli() / 10)
+
+		return raftPoint{committed: index, applied: index, term: 2}, nil
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, etcdStatusTimeout)
+	defer cancel()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.etcdURL+"/v3/maintenance/status", strings.NewReader("{}"))
+	if err != nil {
+		return raftPoint{}, err
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return raftPoint{}, err
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	if resp.StatusCode != http.StatusOK {
+		return raftPoint{}, fmt.Errorf("etcd answered %s", resp.Status)
+	}
+
+	// grpc-gateway writes uint64 fields as JSON strings.
+	var st struct {
+		RaftIndex        json.Number `json:"raftIndex"`
+		RaftAppliedIndex json.Number `json:"raftAppliedIndex"`
+		RaftTerm         json.Number `json:"raftTerm"`
+	}
+
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return raftPoint{}, fmt.Errorf("decode etcd status: %w", err)
+	}
+
+	var p raftPoint
+
+	for _, f := range []struct {
+		n   json.Number
+		out *uint64
+	}{{st.RaftIndex, &p.committed}, {st.RaftAppliedIndex, &p.applied}, {st.RaftTerm, &p.term}} {
+		if f.n == "" {
+			continue
+		}
+
+		if *f.out, err = strconv.ParseUint(string(f.n), 10, 64); err != nil {
+			return raftPoint{}, fmt.Errorf("decode etcd status: %w", err)
+		}
+	}
+
+	return p, nil
+}
+
+// etcdStatusTimeout bounds a read of the real etcd's status.
+const etcdStatusTimeout = 2 * time.Second
+
+// memberRaft is where member m's raft log stands now, read after its status
+// latency: the shared log's point, or under etcdStalled the point it stalled
+// at (its first read under the fault).
+func (s *Server) memberRaft(ctx context.Context, m *machine.Machine) (raftPoint, error) {
+	f := m.Faults()
+	if d := f.EtcdStatusLatency.Duration; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return raftPoint{}, ctx.Err()
+		}
+	}
+
+	s.raftMu.Lock()
+	stalled, ok := s.stalled[m.Name()]
+	if !f.EtcdStalled {
+		delete(s.stalled, m.Name())
+	}
+	s.raftMu.Unlock()
+
+	if f.EtcdStalled && ok {
+		return stalled, nil
+	}
+
+	p, err := s.etcdRaft(ctx)
+	if err != nil || !f.EtcdStalled {
+		return p, err
+	}
+
+	s.raftMu.Lock()
+	defer s.raftMu.Unlock()
+
+	if prev, ok := s.stalled[m.Name()]; ok {
+		return prev, nil
+	}
+
+	s.stalled[m.Name()] = p
+
+	return p, nil
 }
 
 // waitStoppedEtcd waits, as Talos' etcd client does for a stopped etcd,
@@ -125,7 +238,10 @@ func (ms *machineService) EtcdStatus(ctx context.Context, _ *emptypb.Empty) (*ma
 				errs = append(errs, fmt.Sprintf("memberID:%d alarm:%s ", a.GetMemberId(), a.GetAlarm()))
 			}
 
-			index := etcdRaftIndex()
+			raft, err := ms.s.memberRaft(ctx, m)
+			if err != nil {
+				return nil, status.Error(codes.Unknown, fmt.Sprintf("failed to query etcd status: %v", err))
+			}
 
 			return &machineapi.EtcdStatus{MemberStatus: &machineapi.EtcdMemberStatus{
 				MemberId:         machine.EtcdMemberID(m.Name()),
@@ -134,9 +250,9 @@ func (ms *machineService) EtcdStatus(ctx context.Context, _ *emptypb.Empty) (*ma
 				DbSize:           20 << 20,
 				DbSizeInUse:      12 << 20,
 				Leader:           leader,
-				RaftIndex:        index,
-				RaftTerm:         2,
-				RaftAppliedIndex: index,
+				RaftIndex:        raft.committed,
+				RaftTerm:         raft.term,
+				RaftAppliedIndex: raft.applied,
 				Errors:           errs,
 			}}, nil
 		})

@@ -121,3 +121,49 @@ func TestEtcdMemberJoinsOnFirstBoot(t *testing.T) {
 	assert.Equal(t, simmachine.EtcdMemberID("cp-1"), resp.GetMessages()[0].GetMemberStatus().GetLeader())
 	assert.Equal(t, simmachine.EtcdMemberID("cp-2"), resp.GetMessages()[0].GetMemberStatus().GetMemberId())
 }
+
+// TestEtcdRaftIndexes: a member's raft indexes are read at the moment its
+// status call reaches it, so they move between two reads; etcdStatusLatency
+// answers that late, with the indexes of that later moment; etcdStalled
+// keeps them where its first read under the fault found them, while the
+// shared log moves on; cleared, they move again.
+func TestEtcdRaftIndexes(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := c.client(t, c.talosconf)
+	ctx := client.WithNode(t.Context(), c.cpIP)
+
+	setFaults := func(doc string) {
+		t.Helper()
+		require.NoError(t, os.WriteFile(c.faults, []byte(doc), 0o644))
+	}
+
+	read := func() *machineapi.EtcdMemberStatus {
+		t.Helper()
+		resp, err := cl.MachineClient.EtcdStatus(ctx, &emptypb.Empty{})
+		require.NoError(t, err)
+		return resp.GetMessages()[0].GetMemberStatus()
+	}
+
+	first := read()
+	assert.Equal(t, first.GetRaftIndex(), first.GetRaftAppliedIndex(), "applied what it committed")
+	time.Sleep(50 * time.Millisecond)
+	assert.Greater(t, read().GetRaftIndex(), first.GetRaftIndex(), "the log moves on")
+
+	setFaults("nodes:\n  cp-1:\n    etcdStatusLatency: 300ms\n")
+	start := time.Now()
+	late := read()
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "answered late")
+	assert.Greater(t, late.GetRaftIndex(), first.GetRaftIndex())
+
+	setFaults("nodes:\n  cp-1:\n    etcdStalled: true\n")
+	stalled := read()
+	time.Sleep(50 * time.Millisecond)
+	again := read()
+	assert.Equal(t, stalled.GetRaftIndex(), again.GetRaftIndex(), "stalled: its committed index stays")
+	assert.Equal(t, stalled.GetRaftAppliedIndex(), again.GetRaftAppliedIndex(), "stalled: its applied index stays")
+	assert.Empty(t, again.GetErrors(), "a stalled member still answers")
+
+	setFaults("nodes: {}\n")
+	assert.Greater(t, read().GetRaftIndex(), stalled.GetRaftIndex(), "cleared, it moves again")
+}

@@ -225,6 +225,23 @@ func (ms *machineService) Reboot(ctx context.Context, _ *machineapi.RebootReques
 	return &machineapi.RebootResponse{Messages: msgs}, nil
 }
 
+// Rollback makes the other boot slot the default again and reboots the
+// target machine into it (see machine.Rollback), answering before it goes
+// down.
+func (ms *machineService) Rollback(ctx context.Context, _ *machineapi.RollbackRequest) (*machineapi.RollbackResponse, error) {
+	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Rollback { return &machineapi.Rollback{} },
+		func(_ context.Context, m *machine.Machine) (*machineapi.Rollback, error) {
+			if err := m.Rollback(); err != nil {
+				return nil, err
+			}
+			return &machineapi.Rollback{}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &machineapi.RollbackResponse{Messages: msgs}, nil
+}
+
 // Kubeconfig streams a tar.gz holding the admin kubeconfig (control planes).
 func (ms *machineService) Kubeconfig(_ *emptypb.Empty, srv grpc.ServerStreamingServer[common.Data]) error {
 	t, err := ms.s.single(srv.Context(), ms.self)
@@ -269,7 +286,9 @@ func (ms *machineService) Read(req *machineapi.ReadRequest, srv grpc.ServerStrea
 
 // Logs streams a service's log from the system namespace; only machined's
 // is kept (its log of the current boot: the lifecycle service's installs).
-// Follow is not served.
+// Follow is not served. Under the logSlow fault the log comes only after that
+// long (a node under load, a slow link to it), or not at all if the caller
+// gives up first.
 func (ms *machineService) Logs(req *machineapi.LogsRequest, srv grpc.ServerStreamingServer[common.Data]) error {
 	t, err := ms.s.single(srv.Context(), ms.self)
 	if err != nil {
@@ -280,6 +299,13 @@ func (ms *machineService) Logs(req *machineapi.LogsRequest, srv grpc.ServerStrea
 	}
 	if req.GetFollow() {
 		return status.Error(codes.Unimplemented, "the simulated machined does not follow logs")
+	}
+	if d := t.m.Faults().LogSlow.Duration; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-srv.Context().Done():
+			return status.FromContextError(srv.Context().Err()).Err()
+		}
 	}
 	b, err := t.m.MachinedLog()
 	if err != nil {

@@ -70,6 +70,11 @@ type Server struct {
 	etcdURL  string
 	listen   func(m *machine.Machine, addr string) (net.Listener, error)
 
+	// raftMu guards stalled: the raft point of each member under the
+	// etcdStalled fault (see memberRaft).
+	raftMu  sync.Mutex
+	stalled map[string]raftPoint
+
 	endpoints []*endpoint
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -105,6 +110,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		authz:    authorizer{rules: rules()},
 		etcdURL:  opts.EtcdURL,
 		listen:   opts.Listen,
+		stalled:  map[string]raftPoint{},
 	}
 	if s.listen == nil {
 		s.listen = func(_ *machine.Machine, addr string) (net.Listener, error) { return net.Listen("tcp", addr) }

@@ -362,7 +362,7 @@ func TestTalosAPI(t *testing.T) {
 		// machined reads it: what tells a staged upgrade on Talos.
 		evidence, err := ichortalos.ParseInstallEvidence(strings.NewReader(machinedLog(t, cl, nctx)))
 		require.NoError(t, err)
-		assert.Equal(t, ichortalos.InstallDone.String(), evidence.String())
+		assert.Equal(t, ichortalos.InstallDone.String(), evidence.State.String())
 	})
 
 	t.Run("legacy upgrade of the routed node on Talos 1.12: it reboots by itself", func(t *testing.T) {
@@ -423,6 +423,66 @@ func machinedLog(t *testing.T, cl *client.Client, ctx context.Context) string { 
 	b, err := io.ReadAll(r)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// TestLogSlowAndRollback: under logSlow machined's log answers only after
+// that long (a caller with a shorter deadline gets none); Rollback drops an
+// install staged in this boot and reboots the node into the version it runs.
+func TestLogSlowAndRollback(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := c.client(t, c.talosconf)
+	ctx := client.WithNode(t.Context(), c.wIP)
+
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes:\n  w-1:\n    logSlow: 2s\n"), 0o644))
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+
+	stream, err := cl.Logs(short, "system", common.ContainerDriver_CONTAINERD, "machined", false, -1)
+	if err == nil {
+		var r io.ReadCloser
+		if r, err = client.ReadStream(stream); err == nil {
+			var b []byte
+			b, err = io.ReadAll(r)
+			_ = r.Close()
+			if err == nil && len(b) == 0 {
+				err = short.Err()
+			}
+		}
+	}
+	require.Error(t, err, "no log within 300ms")
+
+	start := time.Now()
+	assert.Contains(t, machinedLog(t, cl, ctx), "machined logger initialized")
+	assert.GreaterOrEqual(t, time.Since(start), 2*time.Second, "the log came after the fault's delay")
+
+	require.NoError(t, os.WriteFile(c.faults, []byte("nodes: {}\n"), 0o644))
+
+	const image = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1"
+
+	before := readBootID(t, cl, ctx)
+	up, err := cl.LifecycleClient.Upgrade(ctx, &machineapi.LifecycleServiceUpgradeRequest{
+		Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
+		Source:     &machineapi.InstallArtifactsSource{ImageName: image},
+	})
+	require.NoError(t, err)
+	for {
+		if _, err := up.Recv(); err != nil {
+			require.ErrorIs(t, err, io.EOF)
+			break
+		}
+	}
+	require.Equal(t, "v1.14.1", c.worker.State().StagedVersion)
+
+	require.NoError(t, cl.Rollback(ctx))
+	require.Eventually(t, func() bool {
+		s := c.worker.State()
+		return s.Up && s.BootID != before
+	}, 10*time.Second, 50*time.Millisecond, "rebooted")
+	s := c.worker.State()
+	assert.Equal(t, "v1.13.9", s.TalosVersion, "back on the version it ran")
+	assert.Empty(t, s.StagedVersion, "the staged install dropped")
 }
 
 // clientVia returns an admin client whose only endpoint is ip.

@@ -388,6 +388,19 @@ type FakeTalos struct {
 	Installs map[string]talos.Installed
 	// ManifestObjects are the bootstrap manifests by IP.
 	ManifestObjects map[string][]*unstructured.Unstructured
+	// Persistent are the persistent machine configs by IP, where one differs
+	// from the active config (a change staged for the next reboot); a node
+	// without one keeps its active config.
+	Persistent map[string]config.Provider
+}
+
+// PersistentMachineConfig implements discovery.PersistentReader.
+func (f *FakeTalos) PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error) {
+	if cfg, found := f.Persistent[node]; found {
+		return cfg, nil
+	}
+
+	return f.MachineConfig(ctx, node)
 }
 
 // Installed implements discovery.InstalledReader.
