@@ -201,6 +201,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	for _, m := range machines {
 		go drainer.uncordonAfterBoot(kctx, m)
 	}
+	if err := recordCordons(kctx, cp.client, ev); err != nil {
+		return fmt.Errorf("record cordons: %w", err)
+	}
 
 	log.Info("applying the bootstrap manifests")
 	manifests, err := simmanifests.NewApplier(cp.restConfig, log)
