@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -197,6 +198,7 @@ type Machine struct {
 	// lastStatus the MachineStatusEvent published last in it.
 	events      *eventStream
 	lastStatus  *machineapi.MachineStatusEvent
+	eventSeq    atomic.Uint32
 	manifestGen uint64 // the latest scheduled manifest render
 	// poweredOff is a machine down under the poweredOff fault; joined is
 	// one that has booted at least once.

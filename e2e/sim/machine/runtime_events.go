@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
@@ -61,17 +62,20 @@ type EventsTail struct {
 // eventCapacity is how many events machined keeps (its runtime's buffer).
 const eventCapacity = 1000
 
-// eventStream is one boot's events and its watchers.
+// eventStream is one boot's events and its watchers. seq numbers the
+// machine's events across its boots, so that IDs keep increasing over a
+// reboot however fast (talosctl 1.14.1 resumes a watch after a reboot from
+// the last ID it saw).
 type eventStream struct {
+	seq      *atomic.Uint32
 	mu       sync.Mutex
 	events   []RuntimeEvent
 	watchers map[chan RuntimeEvent]string // the actor each wants ("": all)
-	counter  uint32
 	ended    bool
 }
 
-func newEventStream() *eventStream {
-	return &eventStream{watchers: map[chan RuntimeEvent]string{}}
+func newEventStream(seq *atomic.Uint32) *eventStream {
+	return &eventStream{seq: seq, watchers: map[chan RuntimeEvent]string{}}
 }
 
 // end ends the stream: every watch's channel is closed and new watches
@@ -98,8 +102,7 @@ func (s *eventStream) publish(actor string, payload proto.Message) {
 	if s.ended {
 		return
 	}
-	s.counter++
-	ev := RuntimeEvent{ID: newXID(s.counter), ActorID: actor, At: time.Now(), Payload: payload}
+	ev := RuntimeEvent{ID: newXID(s.seq.Add(1)), ActorID: actor, At: time.Now(), Payload: payload}
 	s.events = append(s.events, ev)
 	if len(s.events) > eventCapacity {
 		s.events = s.events[len(s.events)-eventCapacity:]
@@ -230,19 +233,10 @@ func (m *Machine) WatchEvents(tail EventsTail) (past []RuntimeEvent, next <-chan
 	return past, next, cancel, err
 }
 
-// NewEventID returns a new ID of the current boot's stream, for an event
-// that is not kept (the hello event a watch starts with).
+// NewEventID returns a new ID of the machine's events, for one that is not
+// kept (the hello event a watch starts with).
 func (m *Machine) NewEventID() string {
-	m.mu.Lock()
-	s := m.events
-	m.mu.Unlock()
-	if s == nil {
-		return newXID(0)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.counter++
-	return newXID(s.counter)
+	return newXID(m.eventSeq.Add(1))
 }
 
 // publish publishes a runtime event of the current boot.
@@ -255,7 +249,7 @@ func (m *Machine) publish(actor string, payload proto.Message) {
 
 // newBootEvents starts the event stream of a new boot, ending the last.
 func (m *Machine) newBootEvents() {
-	s := newEventStream()
+	s := newEventStream(&m.eventSeq)
 	m.mu.Lock()
 	old := m.events
 	m.events = s

@@ -29,14 +29,14 @@ func readyEvent(ev client.EventResult) bool {
 // it runs and is ready, as talosctl's tracker does after a reboot (it
 // retries while the node is down); the kubelet's Node Ready is reported on
 // the way, as the simulated kubelet would.
-func waitReadyEvent(t *testing.T, cl *client.Client, ctx context.Context, m *simmachine.Machine) { //nolint:revive // test helper
+func waitReadyEvent(t *testing.T, cl *client.Client, ctx context.Context, m *simmachine.Machine, tail client.EventsOptionFunc) { //nolint:revive // test helper
 	t.Helper()
 	require.Eventually(t, func() bool {
 		m.ObserveKubelet(simmachine.KubeletView{NodeReady: true})
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		ch := make(chan client.EventResult)
-		if err := cl.EventsWatchV2(wctx, ch, client.WithTailEvents(-1)); err != nil {
+		if err := cl.EventsWatchV2(wctx, ch, tail); err != nil {
 			return false
 		}
 		for {
@@ -67,7 +67,7 @@ func TestEventsFollowAReboot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(client.WithNode(t.Context(), c.wIP), time.Minute)
 	defer cancel()
 
-	waitReadyEvent(t, cl, ctx, c.worker)
+	waitReadyEvent(t, cl, ctx, c.worker, client.WithTailEvents(-1))
 	before := readBootID(t, cl, ctx)
 
 	ch := make(chan client.EventResult)
@@ -79,8 +79,9 @@ func TestEventsFollowAReboot(t *testing.T) {
 	require.NotEmpty(t, actor)
 
 	var (
-		mine  []string
-		ended error
+		mine   []string
+		ended  error
+		lastID string
 	)
 	for ended == nil {
 		select {
@@ -90,6 +91,8 @@ func TestEventsFollowAReboot(t *testing.T) {
 				break
 			}
 			assert.Len(t, ev.Event.ID, 20, "an xid")
+			assert.Greater(t, ev.Event.ID, lastID, "IDs increase")
+			lastID = ev.Event.ID
 			if ev.Event.ActorID != actor {
 				continue
 			}
@@ -108,7 +111,8 @@ func TestEventsFollowAReboot(t *testing.T) {
 	assert.Contains(t, mine, "task stopAllServices START")
 	assert.Equal(t, codes.Unavailable, client.StatusCode(ended), "the watch breaks when the node goes down: %v", ended)
 
-	waitReadyEvent(t, cl, ctx, c.worker)
+	waitReadyEvent(t, cl, ctx, c.worker, client.WithTailID(lastID))
+	waitReadyEvent(t, cl, ctx, c.worker, client.WithTailEvents(-1))
 	assert.NotEqual(t, before, readBootID(t, cl, ctx), "a new boot")
 }
 
@@ -120,7 +124,7 @@ func TestEventsTail(t *testing.T) {
 	cl := c.clientVia(t, c.cpIP)
 	ctx, cancel := context.WithTimeout(client.WithNode(t.Context(), c.wIP), time.Minute)
 	defer cancel()
-	waitReadyEvent(t, cl, ctx, c.worker)
+	waitReadyEvent(t, cl, ctx, c.worker, client.WithTailEvents(-1))
 
 	// The past events of a watch, read until the stream goes quiet.
 	past := func(opts ...client.EventsOptionFunc) []client.Event {
