@@ -109,12 +109,14 @@ type osMachine struct {
 	boots        int
 	faults       osFaults
 	// staged is the version installed into the other boot slot in this
-	// boot ("": none); installing is an Install under way.
-	staged     string
-	installing bool
-	installed  talos.InstallState // machined's log of this boot's installs
-	rebooting  bool
-	reboots    int // Reboot calls that took
+	// boot ("": none), stagedImage its installer; installing is an Install
+	// under way.
+	staged      string
+	stagedImage string
+	installing  bool
+	installed   talos.InstallState // machined's log of this boot's installs
+	rebooting   bool
+	reboots     int // Reboot calls that took
 	// runs is what Installed reports (platform metal, no extensions
 	// unless a test sets them).
 	runs talos.Installed
@@ -431,7 +433,7 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 	o.mu.Lock()
 	o.upgrades = append(o.upgrades, m.name+" "+image)
 	o.unavailable = append(o.unavailable, cordoned)
-	m.staged = render.TagOf(image)
+	m.staged, m.stagedImage = render.TagOf(image), image
 	m.installed = talos.InstallDone
 	o.mu.Unlock()
 
@@ -463,7 +465,7 @@ func (o *fakeOS) legacyUpgrade(ctx context.Context, m *osMachine, ip, image stri
 
 	if !locked {
 		o.upgrades = append(o.upgrades, m.name+" "+image)
-		m.staged = render.TagOf(image)
+		m.staged, m.stagedImage = render.TagOf(image), image
 		m.installed = talos.InstallSequence
 		m.reboots-- // the sequence's own reboot, not a Reboot call
 	}
@@ -595,7 +597,12 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 	o.mu.Lock()
 	if !m.faults.abFallback {
 		m.version = staged
+		if m.stagedImage != "" {
+			m.runs.Extensions = carriedBy(m.stagedImage, m.runs.Extensions)
+		}
 	}
+
+	m.stagedImage = ""
 
 	m.boots++
 	m.bootID = fmt.Sprintf("boot-%s-%d", m.name, m.boots)
@@ -612,6 +619,25 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 		}
 	})
+}
+
+// carriedBy is what a node running exts runs after booting image, as on
+// Talos (and the simulator): the factory installer of its schematic keeps
+// them, one of another schematic carries that schematic (what else it has
+// is not known here), any other installer carries none.
+func carriedBy(image string, exts []talos.Extension) []talos.Extension {
+	f, ok := parseFactoryInstaller(render.RepositoryOf(image))
+	if !ok {
+		return nil
+	}
+
+	for _, e := range exts {
+		if e.Name == "schematic" && e.Version == f.schematic {
+			return exts
+		}
+	}
+
+	return []talos.Extension{{Name: "schematic", Version: f.schematic, Author: "Image Factory (https://" + f.base + ")"}}
 }
 
 // setNode changes a Node's status.

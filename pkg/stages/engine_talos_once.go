@@ -269,9 +269,14 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			}
 
 			if installer == "" {
-				var err error
-				if installer, err = r.installer(ctx, n.Node, n.cfg); err != nil {
-					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction(r.target), err)
+				choice, err := r.installer(ctx, n.Node, n.cfg)
+				if err != nil {
+					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction([]string{name}, r.target), err)
+				}
+
+				installer = choice.Image
+				if mark.Expect == nil && !choice.Expect.empty() {
+					mark.Expect = &choice.Expect
 				}
 			}
 
