@@ -149,7 +149,7 @@ func TestTalosctlUpgradeAndReboot(t *testing.T) {
 	worker := c.Machine(t, "worker-1").IP
 	tc := openTalos(t, c)
 	ctx := context.Background()
-	const long = 10 * time.Minute
+	const long = 5 * time.Minute
 
 	bootID := func() string {
 		t.Helper()
