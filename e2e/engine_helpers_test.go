@@ -292,7 +292,7 @@ func invariantBreaks(evs []events.Event) []string {
 	var broken []string
 
 	for i, e := range evs {
-		if e.Component == events.Talos || e.Component == events.TalosInstall {
+		if e.Component == events.Talos || e.Component == events.TalosInstall || e.Component == events.Cordon {
 			continue
 		}
 

@@ -357,7 +357,7 @@ func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
 
 	for i := joinedAt + 1; i < caughtUp; i++ {
 		e := evs[i]
-		if e.Node == "cp-4" || e.Component == events.Talos || e.Component == events.TalosInstall {
+		if e.Node == "cp-4" || e.Component == events.Talos || e.Component == events.TalosInstall || e.Component == events.Cordon {
 			continue
 		}
 

@@ -442,16 +442,16 @@ func TestPlanTalos(t *testing.T) {
 		}, installers)
 	})
 
-	t.Run("--image overrides every installer", func(t *testing.T) {
+	t.Run("--installer-image overrides every installer", func(t *testing.T) {
 		image := "registry.example.com:5000/siderolabs/installer:" + planTalos
-		j := c.plugin(t, "plan", "talos", "--to", planTalos, "--allow-etcd-outage", "--image", image, "-o", "json")
+		j := c.plugin(t, "plan", "talos", "--to", planTalos, "--allow-etcd-outage", "--installer-image", image, "-o", "json")
 		j.requireExit(t, 0)
 		for _, n := range decodePlan(t, j.stdout).Stages[0].Nodes {
 			require.Equal(t, image, n.Changes[1].To, n.Node)
 		}
-		bad := c.plugin(t, "plan", "talos", "--to", planTalos, "--image", "ghcr.io/siderolabs/installer:v1.13.8")
+		bad := c.plugin(t, "plan", "talos", "--to", planTalos, "--installer-image", "ghcr.io/siderolabs/installer:v1.13.8")
 		bad.requireExit(t, 1)
-		bad.requireOneLineError(t, `--image "ghcr.io/siderolabs/installer:v1.13.8" is tagged v1.13.8 but --to is v1.13.9`)
+		bad.requireOneLineError(t, `--installer-image "ghcr.io/siderolabs/installer:v1.13.8" is tagged v1.13.8 but --to is v1.13.9`)
 	})
 
 	t.Run("a one-member etcd is refused without --allow-etcd-outage", func(t *testing.T) {

@@ -28,12 +28,6 @@ import (
 // is not the chosen one, a machined log that does not answer, an Install
 // call that runs out its bound while the installer runs on.
 
-// emptySchematic is Image Factory's schematic with nothing in it: the nodes of
-// these tests run it, so the installer chosen for each is its factory
-// installer (factory.talos.dev/metal-installer/<it>:<target>), published for
-// every Talos release.
-const emptySchematic = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
-
 // factoryInstaller is the factory installer of schematic at version.
 func factoryInstaller(schematic, version string) string {
 	return "factory.talos.dev/metal-installer/" + schematic + ":" + version

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -132,5 +133,78 @@ func TestTalosctlAgainstALocalCluster(t *testing.T) {
 		for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 			require.Contains(t, lineWith(out, comp+"-cp-1"), "registry.k8s.io/"+comp+":v1.36.3")
 		}
+	})
+}
+
+// An unmodified talosctl v1.14.1 upgrades and reboots a simulated node to the
+// end, as it does a Talos node: `talosctl upgrade` pulls the installer (the
+// generic one of 1.14 does not exist, as on ghcr.io: refused before anything
+// changed), installs it, drains the node, reboots it and follows the reboot
+// by the machine's events until it runs and is ready on a new boot, then
+// uncordons it; `talosctl reboot` follows a plain reboot the same way.
+func TestTalosctlUpgradeAndReboot(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, "--control-planes", "1", "--workers", "1", "--kubernetes", "v1.35.4", "--talos", talos113)
+	addWorkload(t, c, 1)
+	worker := c.Machine(t, "worker-1").IP
+	tc := openTalos(t, c)
+	ctx := context.Background()
+	const long = 5 * time.Minute
+
+	bootID := func() string {
+		t.Helper()
+		id, err := tc.BootID(ctx, worker)
+		require.NoError(t, err)
+		return id
+	}
+
+	requireBackUncordoned := func(t *testing.T, version string) {
+		t.Helper()
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.False(t, n.Spec.Unschedulable, "talosctl uncordoned it")
+		assert.True(t, nodeReady(n), "Ready")
+		assert.Equal(t, "Talos ("+version+")", n.Status.NodeInfo.OSImage)
+	}
+
+	t.Run("upgrade with the generic installer of 1.14: it does not exist", func(t *testing.T) {
+		before := bootID()
+		out, err := c.talosctl(t, long, "-n", worker, "upgrade", "--image", "ghcr.io/siderolabs/installer:"+talos114)
+		t.Log("\n" + out)
+		require.Error(t, err)
+		require.Contains(t, out, "not found")
+		assert.Equal(t, before, bootID(), "nothing rebooted")
+		requireBackUncordoned(t, talos113)
+	})
+
+	t.Run("upgrade with the factory installer", func(t *testing.T) {
+		before := bootID()
+		out, err := c.talosctl(t, long, "-n", worker, "upgrade", "--image", factory114)
+		t.Log("\n" + out)
+		require.NoError(t, err)
+		assert.NotEqual(t, before, bootID(), "a new boot")
+		v, err := tc.Version(ctx, worker)
+		require.NoError(t, err)
+		assert.Equal(t, talos114, v)
+		eventually(t, time.Minute, "the Node on the new osImage", func(context.Context) error {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if n.Status.NodeInfo.OSImage != "Talos ("+talos114+")" {
+				return fmt.Errorf("osImage %q", n.Status.NodeInfo.OSImage)
+			}
+			return nil
+		})
+		requireBackUncordoned(t, talos114)
+	})
+
+	t.Run("reboot", func(t *testing.T) {
+		before := bootID()
+		out, err := c.talosctl(t, long, "-n", worker, "reboot")
+		t.Log("\n" + out)
+		require.NoError(t, err)
+		assert.NotEqual(t, before, bootID(), "a new boot")
+		requireBackUncordoned(t, talos114)
 	})
 }

@@ -660,7 +660,7 @@ func TestTalosUpgrade(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	w, b := startWatch(wctx), startBootWatch(wctx, to)
 	start := time.Now()
-	out, err := ichor(t, 45*time.Minute, "upgrade", "talos", "--to", to, "--yes", "--job-image", image)
+	out, err := ichor(t, 45*time.Minute, "upgrade", "talos", "--to", to, "--yes", "--image", image)
 	stop()
 	if err != nil {
 		t.Fatalf("upgrade talos %s -> %s: %v", talosVersion(), to, err)

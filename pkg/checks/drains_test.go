@@ -187,7 +187,7 @@ func TestDrainPreviewTalosUpgrade(t *testing.T) {
 
 	snap := c.Snapshot(t)
 
-	plan, err := stages.PlanTalos(snap, stages.MustParseVersion("v1.14.1"), "", stages.Options{MaxUnavailable: 1})
+	plan, err := stages.PlanTalos(snap, stages.MustParseVersion("v1.14.1"), stages.InstallerFlags{}, stages.Options{MaxUnavailable: 1})
 	require.NoError(t, err)
 
 	drains := checks.PreviewDrains(context.Background(), snap, c.Workloads(t), plan)

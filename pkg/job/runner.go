@@ -541,7 +541,7 @@ func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
 	return stages.EngineOptions{
 		Kind:            spec.Upgrade,
 		Target:          spec.Target,
-		Image:           spec.InstallerImage,
+		Installers:      spec.Installers,
 		MaxUnavailable:  spec.MaxUnavailable,
 		ManifestsForce:  spec.ManifestsForce,
 		Self:            node,

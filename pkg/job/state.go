@@ -90,8 +90,10 @@ type OperationSpec struct {
 	Upgrade stages.Kind `json:"upgrade"`
 	// Target is the version to reach, vX.Y.Z.
 	Target string `json:"target"`
-	// InstallerImage is the Talos installer for every node ("" keeps each node's repository).
-	InstallerImage string `json:"installerImage,omitempty"`
+	// Installers are the operator's explicit Talos installers
+	// (--installer-image, --drop-extensions); a node without one gets the
+	// one chosen from what it runs.
+	Installers stages.InstallerFlags `json:"installers,omitzero"`
 	// MaxUnavailable is how many workers move at once.
 	MaxUnavailable int `json:"maxUnavailable"`
 	// PullConcurrency is how many nodes pre-pull at once (0: the engine's default).

@@ -724,6 +724,31 @@ func TestUpgradePullFlags(t *testing.T) {
 	}
 }
 
+// TestUpgradeTalosInstallers: --installer-image (for every node and per
+// node) and --drop-extensions go into the operation's spec, which the
+// runner gives the engine; --image there is the Job's image.
+func TestUpgradeTalosInstallers(t *testing.T) {
+	c := newJobCluster(talosSecret())
+	f := fixture()
+
+	for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+		f.Node(n).Talos = "v1.12.4"
+	}
+
+	_, stderr, code := runWith(t, c.with(fakeDeps(f, nil)), "upgrade", "talos", "--to", "v1.13.9", "--yes", "--detach",
+		"--installer-image", "registry.local/talos/installer:v1.13.9", "--installer-image", "worker-1=registry.local/talos/gpu-installer:v1.13.9",
+		"--drop-extensions", "worker-1", "--image", "registry.local/kubectl-ichor:v9")
+	require.Equal(t, ExitOK, code, stderr)
+
+	state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, stages.InstallerFlags{
+		Image: "registry.local/talos/installer:v1.13.9", Nodes: map[string]string{"worker-1": "registry.local/talos/gpu-installer:v1.13.9"},
+		DropExtensions: []string{"worker-1"},
+	}, state.Spec.Installers)
+	assert.Equal(t, "registry.local/kubectl-ichor:v9", state.Spec.Image)
+}
+
 // TestPausedOutcomeSaysResumeOnce: a pause's action that already ends in "then resume"
 // names the command once, in the operation's namespace; any other action is followed by it.
 func TestPausedOutcomeSaysResumeOnce(t *testing.T) {

@@ -17,7 +17,6 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -366,9 +365,7 @@ func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalF
 // PlanTalosOptions are the options of `kubectl ichor plan talos`.
 type PlanTalosOptions struct {
 	planOptions
-
-	// Image is --image, the installer image for every node; "" keeps each node's repository.
-	Image string
+	installerOptions
 }
 
 // Complete fills the options from the command line.
@@ -376,24 +373,11 @@ func (o *PlanTalosOptions) Complete(*cobra.Command, []string) error { return nil
 
 // Validate checks the options.
 func (o *PlanTalosOptions) Validate() error {
-	if err := o.validate(); err != nil {
+	if err := o.planOptions.validate(); err != nil {
 		return err
 	}
 
-	if o.Image == "" {
-		return nil
-	}
-
-	tag := render.TagOf(o.Image)
-	if tag == "" {
-		return fmt.Errorf("--image %q: pass REPOSITORY:TAG, e.g. ghcr.io/siderolabs/installer:%s", o.Image, o.target)
-	}
-
-	if v, err := stages.ParseVersion(tag); err == nil && v != o.target {
-		return fmt.Errorf("--image %q is tagged %s but --to is %s: make them agree", o.Image, tag, o.target)
-	}
-
-	return nil
+	return o.validateInstallers(o.target)
 }
 
 // Run discovers the cluster, plans the Talos upgrade, runs the checks and prints the plan.
@@ -406,7 +390,7 @@ func (o *PlanTalosOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	plan, err := stages.PlanTalos(snap, o.target, o.Image, stages.Options{MaxUnavailable: o.MaxUnavailable})
+	plan, err := stages.PlanTalos(snap, o.target, o.installers, stages.Options{MaxUnavailable: o.MaxUnavailable})
 	if err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
@@ -421,7 +405,7 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 		Use:   "talos --to vA.B.C",
 		Short: "Plan a Talos OS upgrade: upgrade path, Kubernetes pairing, installer per node, order, checks",
 		Example: `  kubectl ichor plan talos --to v1.14.1
-  kubectl ichor plan talos --to v1.14.1 --image factory.talos.dev/installer/<schematic>:v1.14.1`,
+  kubectl ichor plan talos --to v1.14.1 --installer-image worker-1=factory.talos.dev/metal-installer/<schematic>:v1.14.1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -437,7 +421,7 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 	}
 
 	o.addFlags(cmd, "v1.14.1")
-	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
+	o.addInstallerFlags(cmd.Flags())
 	addEtcdFlags(cmd, &o.planOptions)
 
 	return cmd

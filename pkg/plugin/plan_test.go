@@ -186,8 +186,24 @@ func TestPlanExitCodes(t *testing.T) {
 		{name: "missing --to", args: []string{"plan", "talos"}, code: ExitError, stderr: "--to is required"},
 		{name: "bad output", args: []string{"plan", "kubernetes", "--to", "v1.36.3", "-o", "wide"}, code: ExitError, stderr: "pass -o json or -o yaml"},
 		{
-			name: "image tag disagrees", args: []string{"plan", "talos", "--to", "v1.13.9", "--image", "ghcr.io/siderolabs/installer:v1.13.8"},
+			name: "installer tag disagrees", args: []string{"plan", "talos", "--to", "v1.13.9", "--installer-image", "ghcr.io/siderolabs/installer:v1.13.8"},
+			code: ExitError, stderr: `--installer-image "ghcr.io/siderolabs/installer:v1.13.8" is tagged v1.13.8 but --to is v1.13.9: make them agree`,
+		},
+		{
+			name: "per-node installer tag disagrees", args: []string{"plan", "talos", "--to", "v1.13.9", "--installer-image", "worker-1=ghcr.io/siderolabs/installer:v1.13.8"},
 			code: ExitError, stderr: "make them agree",
+		},
+		{
+			name: "--installer-image for a node the cluster does not have", args: []string{"plan", "talos", "--to", "v1.13.9", "--installer-image", "worker-9=ghcr.io/siderolabs/installer:v1.13.9"},
+			code: ExitError, stderr: `the cluster has no node "worker-9"`,
+		},
+		{
+			name: "the installer flag is --installer-image", args: []string{"plan", "talos", "--to", "v1.13.9", "--image", "ghcr.io/siderolabs/installer:v1.13.9"},
+			code: ExitError, stderr: "unknown flag: --image",
+		},
+		{
+			name: "upgrade talos: --image is the Job's, not an installer", args: []string{"upgrade", "talos", "--to", "v1.14.1", "--image", "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1"},
+			code: ExitError, stderr: "is a Talos installer: --image is the kubectl-ichor image the Job runs; pass the installer with --installer-image",
 		},
 		{
 			name: "talos unreachable", args: []string{"plan", "kubernetes", "--to", "v1.36.3"},

@@ -47,7 +47,7 @@ type upgradeOptions struct {
 	Yes bool
 	// Detach is --detach: return once the Job is created.
 	Detach bool
-	// JobImage is the runner's image (--image of upgrade kubernetes, --job-image of upgrade talos).
+	// JobImage is the runner's image (--image).
 	JobImage string
 	// Credentials is --talos-credentials: serviceaccount or local.
 	Credentials string
@@ -136,7 +136,7 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*
 }
 
 // launch confirms, launches the operation and follows it (unless --detach).
-func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind stages.Kind, installer string) error {
+func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind stages.Kind, installers stages.InstallerFlags) error {
 	access := job.ManifestAccess{}
 
 	if kind == stages.KindKubernetes {
@@ -193,7 +193,7 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		ID:              job.NewOperationID(string(kind), o.target.String()),
 		Upgrade:         kind,
 		Target:          o.target.String(),
-		InstallerImage:  installer,
+		Installers:      installers,
 		MaxUnavailable:  o.MaxUnavailable,
 		PullConcurrency: o.PullConcurrency,
 		AllowEtcdOutage: o.AllowEtcdOutage,
@@ -328,7 +328,7 @@ func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	return o.launch(ctx, ctl, plan, stages.KindKubernetes, "")
+	return o.launch(ctx, ctl, plan, stages.KindKubernetes, stages.InstallerFlags{})
 }
 
 func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
@@ -365,9 +365,8 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
 // UpgradeTalosOptions are the options of `kubectl ichor upgrade talos`.
 type UpgradeTalosOptions struct {
 	upgradeOptions
+	installerOptions
 
-	// Image is --image, the installer image for every node; "" keeps each node's repository.
-	Image string
 	// EtcdSnapshot is --etcd-snapshot: the file to save an etcd snapshot to before
 	// the Job is launched ("": none).
 	EtcdSnapshot string
@@ -382,10 +381,12 @@ func (o *UpgradeTalosOptions) Validate() error {
 		return err
 	}
 
-	p := PlanTalosOptions{planOptions: o.planOptions, Image: o.Image}
-
-	if err := p.Validate(); err != nil {
+	if err := o.validateInstallers(o.target); err != nil {
 		return err
+	}
+
+	if stages.IsInstallerImage(o.JobImage) {
+		return fmt.Errorf("--image %q is a Talos installer: --image is the kubectl-ichor image the Job runs; pass the installer with --installer-image", o.JobImage)
 	}
 
 	if o.EtcdSnapshot != "" {
@@ -440,13 +441,13 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 	}
 
 	plan, err := o.plan(ctx, ctl, func(snap *discovery.Snapshot) (*api.Plan, error) {
-		return stages.PlanTalos(snap, o.target, o.Image, stages.Options{MaxUnavailable: o.MaxUnavailable})
+		return stages.PlanTalos(snap, o.target, o.installers, stages.Options{MaxUnavailable: o.MaxUnavailable})
 	}, checks.Talos())
 	if err != nil {
 		return err
 	}
 
-	return o.launch(ctx, ctl, plan, stages.KindTalos, o.Image)
+	return o.launch(ctx, ctl, plan, stages.KindTalos, o.installers)
 }
 
 func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
@@ -456,7 +457,7 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 		Use:   "talos --to vA.B.C",
 		Short: "Upgrade the Talos OS node by node, run by a Job in the cluster",
 		Example: `  kubectl ichor upgrade talos --to v1.14.1
-  kubectl ichor upgrade talos --to v1.14.1 --image factory.talos.dev/installer/<schematic>:v1.14.1 --yes`,
+  kubectl ichor upgrade talos --to v1.14.1 --installer-image worker-1=factory.talos.dev/metal-installer/<schematic>:v1.14.1 --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -472,8 +473,8 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 	}
 
 	o.addFlags(cmd, "v1.14.1")
-	cmd.Flags().StringVar(&o.Image, "image", "", "Installer image REPOSITORY:TAG for every node (default: each node's installer repository, tag --to)")
-	cmd.Flags().StringVar(&o.JobImage, "job-image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
+	o.addInstallerFlags(cmd.Flags())
+	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
 	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", stages.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")
 	cmd.Flags().DurationVar(&o.RebootTimeout, "reboot-timeout", stages.DefaultRebootTimeout, "How long a node may take to come back after its reboot")
 	addEtcdFlags(cmd, &o.planOptions)

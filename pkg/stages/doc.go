@@ -39,8 +39,14 @@
 //
 // The installer of each node (installer.go) is chosen from what the node runs, not
 // from its config alone: a node moved to an Image Factory schematic usually still
-// names the plain installer, which would drop its system extensions. ChooseInstaller
-// keeps the schematic (its factory installer at the target), keeps a configured
-// installer that already is that schematic's, and refuses, naming the --image to
-// pass, what it cannot derive; the plan and the engine use the same rule.
+// names the plain installer, which would drop its system extensions, and from Talos
+// 1.14 the plain installer is not published at all. ChooseInstaller keeps the
+// schematic (its factory installer at the target), keeps a configured installer that
+// already is that schematic's, gives a node that runs nothing Talos 1.14's default (the
+// factory installer of the empty schematic), checks an explicit installer
+// (--installer-image) against what the node runs (--drop-extensions, per node, accepts
+// a loss), and refuses, naming the --installer-image to pass, what it cannot derive; the
+// plan and the engine use the same rule. The run (engine_talos_installer.go) pulls every
+// node's installer of a batch before the batch's first cordon, and after each reboot
+// checks the node runs what its installer was to carry.
 package stages

@@ -62,9 +62,9 @@ type EngineOptions struct {
 	Kind Kind
 	// Target is the version to reach (vX.Y.Z).
 	Target string
-	// Image is the Talos installer image (KindTalos; empty: each node's own
-	// installer repository with the target tag).
-	Image string
+	// Installers are the operator's explicit Talos installers (KindTalos;
+	// none: each node's is chosen from what it runs, ChooseInstaller).
+	Installers InstallerFlags
 	// MaxUnavailable is how many workers move at once (>= 1).
 	MaxUnavailable int
 	// AllowEtcdOutage accepts that rebooting a control plane of a one- or

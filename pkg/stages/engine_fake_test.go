@@ -97,10 +97,13 @@ type fakeCluster struct {
 	dyn      *dynamicfake.FakeDynamicClient
 	machines []*fakeMachine
 
-	mu        sync.Mutex
-	events    []event
-	applies   []applyCall
-	pulls     []string // "node ns ref"
+	mu      sync.Mutex
+	events  []event
+	applies []applyCall
+	pulls   []string // "node ns ref"
+	// onPull, when set, is called at every PullImage before it acts (node
+	// name, reference).
+	onPull    func(node, ref string)
 	evictions []string // "node ns/name"
 	applied   []string // manifests: "fieldManager force Kind ns/name"
 	dryRuns   int      // manifests dry-run
@@ -768,6 +771,10 @@ func (ft *fakeTalos) Apply(ctx context.Context, ip string, data []byte, dryRun b
 func (ft *fakeTalos) PullImage(ctx context.Context, ip string, ns talos.ImageNamespace, ref string) error {
 	f := ft.f()
 	m := f.machine(ip)
+
+	if f.onPull != nil {
+		f.onPull(m.name, ref)
+	}
 
 	switch {
 	case m.faults.pullUnsup:

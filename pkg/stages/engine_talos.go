@@ -43,8 +43,14 @@ type OSTalos interface {
 	installTalos
 	// Installed returns what the node's Talos was installed with: platform,
 	// SecureBoot, system extensions and Image Factory schematic (the
-	// ExtensionStatus resources), which its installer must keep.
+	// ExtensionStatus resources), which its installer must keep; read again
+	// after the reboot to check it kept them.
 	Installed(ctx context.Context, node string) (talos.Installed, error)
+	// PullImage pulls an image on the node (ImageService.Pull, else
+	// MachineService.ImagePull): each node's installer before its batch is
+	// cordoned. An error wrapping talos.ErrPullUnsupported means the node
+	// can do neither.
+	PullImage(ctx context.Context, node string, ns talos.ImageNamespace, ref string) error
 }
 
 // Bounds and pace of the Talos OS upgrade besides those in EngineOptions.
@@ -86,6 +92,10 @@ type upgradeMark struct {
 	// ("" in a mark of an older ichor): a node that comes back on another
 	// version than this one and the target did not fall back.
 	From string `json:"from,omitempty"`
+	// Expect is what the node must run once it has booted its installer
+	// (its schematic, its extensions), recorded before the install: after
+	// the reboot they are gone from the node's API (checkCarried).
+	Expect *InstallExpect `json:"expect,omitempty"`
 }
 
 // following reports whether the mark is of an upgrade under way: recorded
@@ -121,6 +131,8 @@ type osNode struct {
 	version     string
 	cfg         config.Provider
 	unreachable error
+	// pulled is the installer pulled on the node by this run (prePull).
+	pulled string
 }
 
 // runTalos drives the single TalosOS stage: each node, control planes one
@@ -158,7 +170,7 @@ func (e *Engine) runTalos(ctx context.Context, opts EngineOptions) error {
 		poll = talosPollInterval
 	}
 
-	r := &talosRun{e: e, opts: opts, target: target, stage: TalosOS{Target: target, Image: opts.Image}, cache: c, poll: poll}
+	r := &talosRun{e: e, opts: opts, target: target, stage: TalosOS{Target: target, Installers: opts.Installers}, cache: c, poll: poll}
 
 	return r.run(ctx)
 }
@@ -201,7 +213,7 @@ func (r *talosRun) run(ctx context.Context) error {
 				pending = append(pending, n)
 
 				installer, _ := r.installer(ctx, n.Node, n.cfg)
-				r.e.node(name, n.Name, PhasePending, "to upgrade: Talos %s -> %s with %s", n.version, r.target, orUnknown(installer))
+				r.e.node(name, n.Name, PhasePending, "to upgrade: Talos %s -> %s with %s", n.version, r.target, orUnknown(installer.Image))
 			}
 		}
 	}
@@ -213,6 +225,10 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	for _, group := range visit {
+		if err := r.prePull(ctx, group); err != nil {
+			return err
+		}
+
 		if err := r.runGroup(ctx, group); err != nil {
 			return err
 		}
@@ -416,7 +432,7 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 			"move Kubernetes into the range the target supports first (kubectl ichor plan kubernetes --to ...)")
 	case len(installers) > 0:
 		return r.refuse(ctx, installerNodes, "installer: "+summarize(installers),
-			installerAction(r.target))
+			installerAction(installerNodes, r.target))
 	case len(staged) > 0:
 		ip := ""
 		if n := r.pendingNode(pending, stagedNodes[0]); n != nil {
@@ -525,10 +541,12 @@ type outcome struct {
 func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg config.Provider) error {
 	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
 
-	installer, err := r.installer(ctx, n.Node, cfg)
+	choice, err := r.installer(ctx, n.Node, cfg)
 	if err != nil {
-		return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction(r.target), err)
+		return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction([]string{name}, r.target), err)
 	}
+
+	installer := choice.Image
 
 	if err := upgradePath(r.target, version); err != nil {
 		err = fmt.Errorf("node %q: upgrade path: %w", name, err)
@@ -555,6 +573,12 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		return err
 	}
 
+	// Its installer pulls on it before it is cordoned (its batch's pre-pull
+	// did, unless the node was unreachable then).
+	if err := r.ensurePulled(ctx, n, installer); err != nil {
+		return err
+	}
+
 	if n.ControlPlane {
 		if err := r.etcdGate(ctx, n); err != nil {
 			return err
@@ -577,7 +601,12 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 
 	n.cfg = cfg
 
-	return r.drive(ctx, n, upgradeMark{BootID: boot, Step: stepInstall, From: version}, outcome{from: version, installer: installer, drained: drained}, installer, actInstall)
+	mark := upgradeMark{BootID: boot, Step: stepInstall, From: version}
+	if !choice.Expect.empty() {
+		mark.Expect = &choice.Expect
+	}
+
+	return r.drive(ctx, n, mark, outcome{from: version, installer: installer, drained: drained}, installer, actInstall)
 }
 
 // undo uncordons a node whose upgrade failed before its Upgrade call took
@@ -757,6 +786,10 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 		}
 
 		etcd = fmt.Sprintf("etcd member healthy, %d of %d voter(s) healthy", verdict.Left, verdict.Voters)
+	}
+
+	if err := r.checkCarried(ctx, n, deadline, bound, report); err != nil {
+		return err
 	}
 
 	uncordoned := false

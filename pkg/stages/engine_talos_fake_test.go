@@ -126,10 +126,12 @@ type osMachine struct {
 	boots        int
 	faults       osFaults
 	// staged is the version installed into the other boot slot in this
-	// boot ("": none); installing is an Install under way.
-	staged     string
-	installing bool
-	installed  talos.InstallState // machined's log of this boot's installs
+	// boot ("": none), stagedImage its installer; installing is an Install
+	// under way.
+	staged      string
+	stagedImage string
+	installing  bool
+	installed   talos.InstallState // machined's log of this boot's installs
 	// image is the installer of the last install in machined's log.
 	image     string
 	stalledAt uint64 // the raft index an etcdStalled member stays at (0: not yet read)
@@ -483,7 +485,7 @@ func (o *fakeOS) Install(ctx context.Context, ip, image string) (bool, error) {
 		o.mu.Lock()
 		o.upgrades = append(o.upgrades, m.name+" "+image)
 		o.unavailable = append(o.unavailable, cordoned)
-		m.staged = render.TagOf(image)
+		m.staged, m.stagedImage = render.TagOf(image), image
 		m.installed = talos.InstallDone
 		m.installing = false
 		o.mu.Unlock()
@@ -552,7 +554,7 @@ func (o *fakeOS) legacyUpgrade(ctx context.Context, m *osMachine, ip, image stri
 
 	if !locked {
 		o.upgrades = append(o.upgrades, m.name+" "+image)
-		m.staged = render.TagOf(image)
+		m.staged, m.stagedImage = render.TagOf(image), image
 		m.installed = talos.InstallSequence
 		m.reboots-- // the sequence's own reboot, not a Reboot call
 	}
@@ -699,7 +701,12 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 		m.version = m.faults.bootsVersion
 	case !m.faults.abFallback:
 		m.version = staged
+		if m.stagedImage != "" {
+			m.runs.Extensions = carriedBy(m.stagedImage, m.runs.Extensions)
+		}
 	}
+
+	m.stagedImage = ""
 
 	m.boots++
 	m.bootID = fmt.Sprintf("boot-%s-%d", m.name, m.boots)
@@ -716,6 +723,25 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 		}
 	})
+}
+
+// carriedBy is what a node running exts runs after booting image, as on
+// Talos (and the simulator): the factory installer of its schematic keeps
+// them, one of another schematic carries that schematic (what else it has
+// is not known here), any other installer carries none.
+func carriedBy(image string, exts []talos.Extension) []talos.Extension {
+	f, ok := parseFactoryInstaller(render.RepositoryOf(image))
+	if !ok {
+		return nil
+	}
+
+	for _, e := range exts {
+		if e.Name == "schematic" && e.Version == f.schematic {
+			return exts
+		}
+	}
+
+	return []talos.Extension{{Name: "schematic", Version: f.schematic, Author: "Image Factory (https://" + f.base + ")"}}
 }
 
 // setNode changes a Node's status.

@@ -226,8 +226,14 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 
 			if ev := seen.evidence; installer == "" && seen.evidenceErr == nil && (ev.State == talos.InstallDone || ev.State == talos.InstallRunning) {
 				// What the node installs is judged against the installer chosen for it.
-				if installer, err = r.installer(ctx, n.Node, n.cfg); err != nil {
-					return r.e.pause(ctx, stage, name, "checks: "+err.Error()+"; the node stays cordoned", installerAction(r.target), err)
+				choice, err := r.installer(ctx, n.Node, n.cfg)
+				if err != nil {
+					return r.e.pause(ctx, stage, name, "checks: "+err.Error()+"; the node stays cordoned", installerAction([]string{name}, r.target), err)
+				}
+
+				installer = choice.Image
+				if mark.Expect == nil && !choice.Expect.empty() {
+					mark.Expect = &choice.Expect
 				}
 			}
 
@@ -361,9 +367,14 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 			}
 
 			if installer == "" {
-				var err error
-				if installer, err = r.installer(ctx, n.Node, n.cfg); err != nil {
-					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction(r.target), err)
+				choice, err := r.installer(ctx, n.Node, n.cfg)
+				if err != nil {
+					return r.e.pause(ctx, stage, name, "checks: "+err.Error(), installerAction([]string{name}, r.target), err)
+				}
+
+				installer = choice.Image
+				if mark.Expect == nil && !choice.Expect.empty() {
+					mark.Expect = &choice.Expect
 				}
 			}
 

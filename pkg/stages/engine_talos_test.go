@@ -174,7 +174,7 @@ func TestTalosUpgradeInstallerOverride(t *testing.T) {
 	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 	image := "factory.talos.dev/installer/376567988a:v1.13.9"
 
-	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.Image = image }).Run(context.Background()))
+	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.Installers = InstallerFlags{Image: image} }).Run(context.Background()))
 
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -127,10 +127,14 @@ func (a imagesAfter) apply(node string, changes []api.Change) {
 }
 
 // PlanTalos returns the plan of a Talos OS upgrade to target with the TalosOS stage.
-// image overrides every node's installer; "" chooses each node's from what it runs
-// (ChooseInstaller).
-func PlanTalos(snap *discovery.Snapshot, target Version, image string, opts Options) (*api.Plan, error) {
-	stage := TalosOS{Target: target, Image: image}
+// installers are the operator's explicit installers; a node without one gets the
+// installer ChooseInstaller derives from what it runs.
+func PlanTalos(snap *discovery.Snapshot, target Version, installers InstallerFlags, opts Options) (*api.Plan, error) {
+	if err := installers.CheckNodes(snap); err != nil {
+		return nil, err
+	}
+
+	stage := TalosOS{Target: target, Installers: installers}
 
 	order, err := OrderNodes(planNodes(snap), OrderOptions{
 		Self:           opts.Self,

@@ -182,7 +182,7 @@ func TestPlanTalos(t *testing.T) {
 	cp1.Talos.InstallImage = "factory.talos.dev/installer/abc123:v1.12.4"
 	snap.Nodes[0] = cp1
 
-	plan, err := stages.PlanTalos(snap, stages.MustParseVersion("v1.13.9"), "", stages.Options{})
+	plan, err := stages.PlanTalos(snap, stages.MustParseVersion("v1.13.9"), stages.InstallerFlags{}, stages.Options{})
 	require.NoError(t, err)
 	require.Len(t, plan.Stages, 1)
 	assert.Equal(t, "TalosOS", plan.Stages[0].Name)
@@ -192,7 +192,7 @@ func TestPlanTalos(t *testing.T) {
 		"installer factory.talos.dev/installer/abc123:v1.12.4 -> factory.talos.dev/installer/abc123:v1.13.9",
 	}, changed(plan.Stages[0].Nodes[0]))
 
-	plan, err = stages.PlanTalos(snap, stages.MustParseVersion("v1.13.9"), "my.registry/installer:v1.13.9", stages.Options{})
+	plan, err = stages.PlanTalos(snap, stages.MustParseVersion("v1.13.9"), stages.InstallerFlags{Image: "my.registry/installer:v1.13.9"}, stages.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, "my.registry/installer:v1.13.9", plan.Stages[0].Nodes[1].Changes[1].To)
 }

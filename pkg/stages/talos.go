@@ -16,10 +16,10 @@ import (
 type TalosOS struct {
 	// Target is the Talos version to install.
 	Target Version
-	// Image overrides the installer image for every node; "" chooses each
-	// node's installer from what it runs (ChooseInstaller): the factory
-	// installer of its schematic, or its configured installer, tag Target.
-	Image string
+	// Installers are the operator's explicit installers (--installer-image,
+	// --drop-extensions); a node without one gets the installer
+	// ChooseInstaller derives from what it runs.
+	Installers InstallerFlags
 }
 
 // Name is the stage's name as plans and state show it.
@@ -45,7 +45,7 @@ func (t TalosOS) Installer(n discovery.Node) (Installer, error) {
 		configured, installed = n.Talos.InstallImage, n.Talos.Installed
 	}
 
-	return ChooseInstaller(n.Name, configured, installed, t.Image, t.Target)
+	return ChooseInstaller(n.Name, configured, installed, t.Installers, t.Target)
 }
 
 // Changes returns what the stage changes on node n: the Talos version and the installer.

@@ -207,6 +207,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	for _, m := range machines {
 		go drainer.uncordonAfterBoot(kctx, m)
 	}
+	if err := recordCordons(kctx, cp.client, ev); err != nil {
+		return fmt.Errorf("record cordons: %w", err)
+	}
 
 	// The bootstrap as the Talos version the cluster was born on did it; from
 	// then on each control plane's controller keeps the objects as the version

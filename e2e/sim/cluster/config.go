@@ -16,6 +16,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/gendata"
 	"github.com/siderolabs/talos/pkg/machinery/role"
 )
 
@@ -41,6 +42,22 @@ type generated struct {
 // allows it Talos API access by default, as an operator following the README
 // would.
 const talosAccessNamespace = "ichor-system"
+
+// emptySchematic is Image Factory's empty schematic (Talos' pkg/images
+// DefaultInstallerImageSchematic; machinery does not carry it).
+const emptySchematic = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
+
+// installImage is the installer a config generated for Talos version under
+// contract c names, as talosctl gen config of that version writes it: the
+// generic installer before 1.14, the Image Factory's installer of the empty
+// schematic from 1.14 (whose configs are documents; a v1alpha1 config on
+// 1.14 was born on 1.13 and names what 1.13 wrote).
+func installImage(c *config.VersionContract, version string) string {
+	if c.MultidocKubernetesConfigSupported() {
+		return gendata.ImageFactory + "/metal-installer/" + emptySchematic + ":" + version
+	}
+	return gendata.ImagesRegistry + "/" + gendata.ImagesUsername + "/installer:" + version
+}
 
 func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 	contract, err := config.ParseContractFromVersion(opts.TalosVersion)
@@ -78,7 +95,7 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 			generate.WithSecretsBundle(bundle),
 			generate.WithVersionContract(c),
 			generate.WithEndpointList(endpoints),
-			generate.WithInstallImage("ghcr.io/siderolabs/installer:"+opts.TalosVersion),
+			generate.WithInstallImage(installImage(c, opts.TalosVersion)),
 			generate.WithAdditionalSubjectAltNames([]string{net.apiServer().String()}),
 			generate.WithRoles(role.MakeSet(role.Admin)),
 		)

@@ -1,6 +1,8 @@
 // Package events writes events.jsonl: one JSON line for every start of a
-// component at a version on a node. It is written by the simulator alone, so
-// a test can check the upgrade invariant independently of the runner.
+// component at a version on a node, and for every cordon and uncordon of a
+// Node. It is written by the simulator alone, so a test can check the
+// upgrade invariant (and what was made unavailable) independently of the
+// runner.
 package events
 
 import (
@@ -24,6 +26,15 @@ const (
 	// boot slot (LifecycleService.Upgrade or MachineService.Upgrade), at its
 	// start: one line per install.
 	TalosInstall = "talos-install"
+	// Cordon is a change of a Node's spec.unschedulable, as the cluster saw
+	// it: version Cordoned or Uncordoned.
+	Cordon = "cordon"
+)
+
+// The versions of a Cordon event.
+const (
+	Cordoned   = "cordoned"
+	Uncordoned = "uncordoned"
 )
 
 // Event is one line of events.jsonl.

@@ -21,6 +21,9 @@
 //	    etcdStalled: true            # its etcd member answers, but its raft indexes stop where they are while the others move on
 //	    etcdStatusLatency: 2s        # its etcd status call answers this late (a loaded node: Talos dials etcd anew for each call)
 //	    poweredOff: true             # the machine is off: from `up` it boots (and joins) once cleared; set later, it loses power
+//	unpublished:                     # references no registry serves any more, for every node (see below)
+//	  - factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1
+//	  - registry.k8s.io/kube-proxy   # a repository without a tag: every tag of it
 //
 // The two upgrade faults mean what the call the node's Talos has would show.
 // From Talos 1.13 the upgrade is LifecycleService.Upgrade, which installs
@@ -36,6 +39,12 @@
 // while the fault is set (the node up, cordoned, installed, in the same
 // boot; the caller had its ack long before), as a sequence stuck in its
 // last phases would.
+//
+// unpublished is the registries' side, shared by every node: a pull of a
+// reference listed (or of any tag of a repository listed without a tag or
+// digest) fails as a registry's "manifest unknown" makes it fail, on top of
+// what the simulated registries do not serve anyway (package machine,
+// images.go). An image a node pulled before the fault stays in its store.
 package faults
 
 import (
@@ -81,6 +90,9 @@ func (n Node) NeverReadyComponent(component string) bool {
 // File is the faults file's document.
 type File struct {
 	Nodes map[string]Node `json:"nodes"`
+	// Unpublished lists image references no registry serves (see the
+	// package comment).
+	Unpublished []string `json:"unpublished,omitempty"`
 }
 
 // Duration is a time.Duration written as "20s" in the file.
@@ -153,6 +165,17 @@ func (s *Store) For(node string) Node {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.current.Nodes[node]
+}
+
+// Unpublished returns the references the registries no longer serve.
+func (s *Store) Unpublished() []string {
+	if s == nil || s.path == "" {
+		return nil
+	}
+	s.refresh()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.current.Unpublished...)
 }
 
 func (s *Store) refresh() {

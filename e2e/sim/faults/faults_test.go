@@ -80,3 +80,18 @@ func TestLoadRefusesABadFile(t *testing.T) {
 	_, err := Load(path)
 	require.ErrorContains(t, err, path)
 }
+
+func TestUnpublishedFollowsTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "faults.yaml")
+	s, err := Load(path)
+	require.NoError(t, err)
+	require.Empty(t, s.Unpublished())
+
+	doc := "unpublished:\n  - factory.talos.dev/metal-installer/abc:v1.14.1\n  - registry.k8s.io/kube-proxy\nnodes: {}\n"
+	require.NoError(t, os.WriteFile(path, []byte(doc), 0o644))
+	require.Equal(t, []string{"factory.talos.dev/metal-installer/abc:v1.14.1", "registry.k8s.io/kube-proxy"}, s.Unpublished())
+	require.Equal(t, Node{}, s.For("cp-1"), "the registries' fault is nobody's node fault")
+
+	var none *Store
+	require.Empty(t, none.Unpublished())
+}

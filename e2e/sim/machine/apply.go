@@ -168,7 +168,7 @@ func (m *Machine) ApplyConfiguration(ctx context.Context, req *machineapi.ApplyC
 		}
 	}
 	if mode == machineapi.ApplyConfigurationRequest_REBOOT {
-		if err := m.startSequence(false, nil); err != nil {
+		if err := m.startSequence(sequenceEvents{m: m, name: "reboot", actor: ActorID(ctx)}, false, nil); err != nil {
 			return nil, err
 		}
 	}

@@ -31,6 +31,19 @@
 // its installer carries: the factory installer of the machine's schematic
 // keeps them, any other installer drops them, as on Talos.
 //
+// Images come from registries as they are today (images.go): no generic
+// installer from Talos 1.14, the Image Factory's installers of any schematic,
+// the Kubernetes components of the versions machinery knows; a pull of
+// anything else fails as Talos' ImageService fails it (NotFound, containerd's
+// "not found"). What a machine pulled stays in its containerd store, by
+// namespace, across reboots, and LifecycleService.Upgrade installs only an
+// installer in that store, as Talos does.
+//
+// machined's runtime events (runtime_events.go: sequences, phases, tasks
+// under the actor ID of the call that started them, MachineStatus changes)
+// are kept per boot for MachineService.Events, so that talosctl's reboot and
+// upgrade followers follow a machine as they follow Talos.
+//
 // Faults (package faults) are read on every operation, so a test can switch
 // them while the machine runs; every boot is written to the events log
 // (component events.Talos, with the running version).

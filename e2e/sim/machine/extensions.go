@@ -63,7 +63,8 @@ func factorySchematic(image string) string {
 // the boot it installs, for a machine that runs current: the factory
 // installer of the machine's own schematic carries the same extensions; the
 // factory installer of another schematic carries that schematic (the
-// simulator does not know what else is in it); any other installer (the
+// simulator does not know what else is in it; the empty schematic's
+// installer, Talos 1.14's default, carries it alone); any other installer (the
 // plain ghcr.io/siderolabs/installer, a mirror of it) carries none, as a
 // real upgrade with it drops every extension.
 func installerExtensions(image string, current []Extension) []Extension {
@@ -74,11 +75,17 @@ func installerExtensions(image string, current []Extension) []Extension {
 	case id == schematicOf(current):
 		return slices.Clone(current)
 	default:
+		// Image Factory signs its virtual extension "Image Factory (<its
+		// URL>)": the factory the image comes from, or for a mirror the one
+		// that built the running schematic.
 		author := "Image Factory"
 		for _, e := range current {
 			if e.Name == SchematicExtensionName {
 				author = e.Author
 			}
+		}
+		if r, err := parseImageRef(image); err == nil && r.host == registryFactory {
+			author = "Image Factory (https://" + registryFactory + ")"
 		}
 		return []Extension{{Name: SchematicExtensionName, Version: id, Author: author}}
 	}

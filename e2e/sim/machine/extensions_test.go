@@ -16,6 +16,10 @@ import (
 
 const simSchematic = "5a8a2c5d1c6e3b4f7a9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d"
 
+// emptySchematic is Image Factory's empty schematic, whose installer is
+// Talos 1.14's default.
+const emptySchematic = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
+
 // extensionNames lists the machine's ExtensionStatus resources as talosctl
 // get extensions shows them: "ID name version".
 func extensionNames(t *testing.T, m *simmachine.Machine) []string {
@@ -49,7 +53,9 @@ func newExtensionsMachine(t *testing.T, version string) *simmachine.Machine {
 func upgradeWith(t *testing.T, m *simmachine.Machine, image string) {
 	t.Helper()
 	boot := m.State().BootID
-	require.NoError(t, m.StageUpgrade(t.Context(), image, nil))
+	_, err := m.Pull(t.Context(), simmachine.NamespaceSystem, image)
+	require.NoError(t, err)
+	require.NoError(t, m.StageUpgrade(t.Context(), simmachine.NamespaceSystem, image, nil))
 	require.NoError(t, m.Reboot())
 	waitState(t, m, "up on a new boot", func(s simmachine.State) bool { return s.Up && s.BootID != boot })
 }
@@ -80,10 +86,16 @@ func TestUpgradeExtensionsFollowTheInstaller(t *testing.T) {
 	assert.Equal(t, "v1.13.9", m.State().TalosVersion)
 	assert.Equal(t, []string{"0 iscsi-tools v0.2.0", "1 schematic " + simSchematic}, extensionNames(t, m))
 
-	// The plain installer drops them all.
-	upgradeWith(t, m, "ghcr.io/siderolabs/installer:v1.14.1")
-	assert.Equal(t, "v1.14.1", m.State().TalosVersion)
+	// The plain installer drops them all (a 1.13 one: 1.14 has none).
+	upgradeWith(t, m, "ghcr.io/siderolabs/installer:v1.13.9")
+	assert.Equal(t, "v1.13.9", m.State().TalosVersion)
 	assert.Empty(t, extensionNames(t, m))
+
+	// The installer of another schematic carries that schematic, signed by
+	// the factory it comes from.
+	upgradeWith(t, m, "factory.talos.dev/metal-installer/"+emptySchematic+":v1.14.1")
+	assert.Equal(t, []string{"0 schematic " + emptySchematic}, extensionNames(t, m))
+	assert.Equal(t, []simmachine.Extension{{Name: "schematic", Version: emptySchematic, Author: "Image Factory (https://factory.talos.dev)"}}, m.State().Extensions)
 }
 
 // TestSecurityStateSaysTheBootLoader: a machine booted with GRUB says bootedWithUKI

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -90,9 +91,12 @@ func (m *Machine) Upgrade(ctx context.Context, req *machineapi.UpgradeRequest, e
 	if err != nil {
 		return status.Errorf(codes.Unknown, "error validating installer image %q: %v", image, err)
 	}
-	if err := m.Pull(ctx, image); err != nil {
-		if st, ok := status.FromError(err); ok && st.Code() == codes.Unknown {
-			return status.Errorf(codes.Unknown, "error validating installer image %q: %s", image, st.Message())
+	// Talos pulls it into the system namespace itself (PullAndValidateInstallerImage)
+	// and returns the pull's error wrapped, as a plain error: gRPC Unknown.
+	if _, err := m.pull(ctx, NamespaceSystem, image); err != nil {
+		var nf *imageNotFoundError
+		if st, ok := status.FromError(err); errors.As(err, &nf) || (ok && st.Code() == codes.Unknown) {
+			return status.Errorf(codes.Unknown, "error validating installer image %q: %s", image, status.Convert(err).Message())
 		}
 		return err
 	}
@@ -123,6 +127,7 @@ func (m *Machine) Upgrade(ctx context.Context, req *machineapi.UpgradeRequest, e
 		// The sequence fails to take the lock, in the background; the call
 		// has its ack.
 		m.logMachined("upgrade failed: locked")
+		m.lockedSequence("upgrade")
 		return nil
 	}
 	if req.GetStage() {
@@ -130,15 +135,16 @@ func (m *Machine) Upgrade(ctx context.Context, req *machineapi.UpgradeRequest, e
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			m.runSequence(false, nil)
+			m.runSequence(sequenceEvents{m: m, name: "stageUpgrade", actor: ActorID(ctx)}, false, nil)
 		}()
 		return nil
 	}
 	m.logMachined(fmt.Sprintf("upgrade sequence: %d phase(s)", legacyPhases(req)))
+	seq := sequenceEvents{m: m, name: "upgrade", actor: ActorID(ctx)}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.runSequence(true, func(ctx context.Context) error {
+		m.runSequence(seq, true, func(ctx context.Context) error {
 			return m.legacyInstall(ctx, image, version, req)
 		})
 	}()

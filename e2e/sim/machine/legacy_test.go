@@ -84,7 +84,7 @@ func TestLegacyUpgradeChecksInTheCall(t *testing.T) {
 		{name: "no version tag", req: &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:latest"},
 			want: `error validating installer image "ghcr.io/siderolabs/installer:latest"`},
 		{name: "the pull fails", faults: "nodes:\n  node-1:\n    pullFails: true\n", req: &machineapi.UpgradeRequest{Image: installer1139},
-			want: "error validating installer image \"" + installer1139 + "\": error pulling image"},
+			want: "error validating installer image \"" + installer1139 + "\": failed to pull image \"" + installer1139 + "\": failed to resolve reference"},
 		{name: "etcd unhealthy on a control plane", controlPlane: true, req: &machineapi.UpgradeRequest{Image: installer1139},
 			etcd: errors.New("etcd member 1 is not healthy"), want: "error validating etcd for upgrade: etcd member 1 is not healthy"},
 	} {

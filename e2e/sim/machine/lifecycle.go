@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -36,35 +37,71 @@ func InstallerVersion(image string) (string, error) {
 	return tag, nil
 }
 
-// Pull pulls an image: it takes PullLatency and succeeds, or fails like
-// containerd with "not found" under faults.PullFails.
-func (m *Machine) Pull(ctx context.Context, ref string) error {
+// Pull pulls an image into a namespace of the machine's store, as Talos'
+// ImageService.Pull (and MachineService.ImagePull) does with containerd: an
+// image already in the store is not pulled again; any other takes
+// PullLatency and is stored if the registries serve it (images.go), else
+// fails NotFound "error pulling image: ...". Under faults.PullFails every
+// pull fails so. It returns the image's name as Talos reports it
+// (normalized: registry, path and tag; Talos also pins a digest the
+// simulator does not have).
+func (m *Machine) Pull(ctx context.Context, ns, ref string) (string, error) {
+	name, err := m.pull(ctx, ns, ref)
+	var nf *imageNotFoundError
+	if errors.As(err, &nf) {
+		return "", status.Errorf(codes.NotFound, "error pulling image: %s", nf)
+	}
+	return name, err
+}
+
+// pull is Pull, returning the normalized reference pulled; a reference no
+// registry serves is an *imageNotFoundError, one that does not parse a
+// gRPC Unknown error (containerd's parser's, which Talos returns as is).
+func (m *Machine) pull(ctx context.Context, ns, ref string) (string, error) {
 	if !m.isUp() {
-		return m.errDown()
+		return "", m.errDown()
 	}
 	if ref == "" {
-		return status.Error(codes.InvalidArgument, "image reference is required")
+		return "", status.Error(codes.InvalidArgument, "image reference is required")
+	}
+	r, err := parseImageRef(ref)
+	if err != nil {
+		return "", status.Error(codes.Unknown, err.Error())
+	}
+	name := r.String()
+	if m.faults().PullFails {
+		m.log.Info("image pull fails (fault)", "image", name)
+		return "", &imageNotFoundError{ref: name}
+	}
+	if m.hasImage(ns, name) {
+		return name, nil
 	}
 	select {
 	case <-time.After(m.opts.PullLatency):
 	case <-ctx.Done():
-		return status.FromContextError(ctx.Err()).Err()
+		return "", status.FromContextError(ctx.Err()).Err()
 	}
 	if !m.isUp() {
-		return m.errDown()
+		return "", m.errDown()
 	}
-	if m.faults().PullFails {
-		m.log.Info("image pull fails (fault)", "image", ref)
-		return status.Errorf(codes.Unknown, "error pulling image: failed to pull image %q: failed to resolve reference %q: %s: not found", ref, ref, ref)
+	if err := published(r, m.opts.Faults.Unpublished()); err != nil {
+		m.log.Info("image pull: not found", "image", name)
+		return "", err
 	}
-	return nil
+	m.storeImage(ns, name)
+	return name, nil
 }
 
 // StageUpgrade installs the Talos version of an installer image into the
 // inactive boot slot, as LifecycleService.Upgrade does: the machine keeps
-// running its version and takes the new one on its next reboot. progress
-// receives the progress messages.
-func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(msg string) error) error {
+// running its version and takes the new one on its next reboot. As on
+// Talos, the installer must be in the store's namespace ns already (a
+// client pulls it first: talosctl upgrade, ichor); one that is not fails
+// the call with Internal "upgrade failed: installer image %q not found in
+// containerd store: ..." (internal/app/lifecycle/container.go), after
+// machined logged the upgrade's start. The install itself takes
+// PullLatency. progress receives the progress messages.
+func (m *Machine) StageUpgrade(ctx context.Context, ns, image string, progress func(msg string) error) error {
 	if progress == nil {
 		progress = func(string) error { return nil }
 	}
@@ -94,16 +131,18 @@ func (m *Machine) StageUpgrade(ctx context.Context, image string, progress func(
 		m.mu.Unlock()
 	}()
 	m.logInstall(running, "start", image)
+	if r, err := parseImageRef(image); err != nil || !m.hasImage(ns, r.String()) {
+		return status.Error(codes.Internal, fmt.Sprintf("upgrade failed: installer image %q not found in containerd store: image %q: not found", image, image))
+	}
 	m.opts.Events.Start(m.opts.Name, events.TalosInstall, version)
-	if err := progress(fmt.Sprintf("pulling installer image %s", image)); err != nil {
+	if err := progress(fmt.Sprintf("installing Talos %s from %s into the inactive boot slot", version, image)); err != nil {
 		return err
 	}
-	if err := m.Pull(ctx, image); err != nil {
+	select {
+	case <-time.After(m.opts.PullLatency):
+	case <-ctx.Done():
 		m.logInstall(running, "failed", image)
-		return err
-	}
-	if err := progress(fmt.Sprintf("installing Talos %s into the inactive boot slot", version)); err != nil {
-		return err
+		return status.FromContextError(ctx.Err()).Err()
 	}
 	// Talos waits for the installer container on a context detached from
 	// the call's (internal/app/lifecycle/container.go: task.Wait(detachedCtx)):
@@ -238,16 +277,21 @@ func (m *Machine) MachinedLog() ([]byte, error) {
 // call its answer: the new reboot is the one under way (Talos lets a reboot
 // take over a reboot) or fails on the lock ("reboot failed: locked": it
 // cannot take over an upgrade).
-func (m *Machine) Reboot() error {
+func (m *Machine) Reboot() error { return m.RebootBy("") }
+
+// RebootBy is Reboot asked by a call that answered with actor: the
+// sequence's runtime events carry it (runtime_events.go).
+func (m *Machine) RebootBy(actor string) error {
 	m.logMachined("reboot via API received")
 	m.mu.Lock()
 	busy := m.st.Up && m.rebooting
 	m.mu.Unlock()
 	if busy {
 		m.logMachined("reboot failed: locked")
+		m.lockedSequence("reboot")
 		return nil
 	}
-	return m.startSequence(false, nil)
+	return m.startSequence(sequenceEvents{m: m, name: "reboot", actor: actor}, false, nil)
 }
 
 // Rollback is MachineService.Rollback as Talos runs it (v1alpha1_server.go
@@ -281,13 +325,13 @@ func (m *Machine) Rollback() error {
 	m.mu.Unlock()
 	m.opMu.Unlock()
 	m.notify()
-	return m.startSequence(false, nil)
+	return m.startSequence(sequenceEvents{m: m, name: "reboot"}, false, nil)
 }
 
 // startSequence starts a reboot sequence in the background: drain (when
 // drain), before (when non-nil; an error aborts the sequence and the machine
-// stays up), down, boot.
-func (m *Machine) startSequence(drain bool, before func(ctx context.Context) error) error {
+// stays up), down, boot. seq publishes its runtime events.
+func (m *Machine) startSequence(seq sequenceEvents, drain bool, before func(ctx context.Context) error) error {
 	m.mu.Lock()
 	if !m.st.Up {
 		m.mu.Unlock()
@@ -302,30 +346,37 @@ func (m *Machine) startSequence(drain bool, before func(ctx context.Context) err
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.runSequence(drain, before)
+		m.runSequence(seq, drain, before)
 	}()
 	return nil
 }
 
-func (m *Machine) runSequence(drain bool, before func(ctx context.Context) error) {
+func (m *Machine) runSequence(seq sequenceEvents, drain bool, before func(ctx context.Context) error) {
 	ctx := m.ctx
-	if drain && m.opts.BeforeReboot != nil {
-		dctx, cancel := context.WithTimeout(ctx, drainTimeout)
-		if err := m.opts.BeforeReboot(dctx); err != nil {
-			m.log.Warn("cordon and drain before reboot failed", "err", err)
+	seq.start()
+	if drain {
+		seq.phase("drain", "cordonAndDrainNode")
+		if m.opts.BeforeReboot != nil {
+			dctx, cancel := context.WithTimeout(ctx, drainTimeout)
+			if err := m.opts.BeforeReboot(dctx); err != nil {
+				m.log.Warn("cordon and drain before reboot failed", "err", err)
+			}
+			cancel()
 		}
-		cancel()
 	}
 	if before != nil {
 		if err := before(ctx); err != nil {
 			m.log.Error("upgrade failed, not rebooting", "err", err)
+			seq.failed(err)
 			m.mu.Lock()
 			m.rebooting = false
 			m.mu.Unlock()
 			m.notify()
 			return
 		}
+		seq.phase("upgrade", "upgrade")
 	}
+	seq.shutdown()
 	if err := m.goDown(ctx); err != nil {
 		m.log.Error("shutdown", "err", err)
 	}
@@ -398,6 +449,7 @@ func (m *Machine) goDown(ctx context.Context) error {
 	m.st.Up = false
 	m.kubelet = KubeletView{}
 	m.mu.Unlock()
+	m.endBootEvents()
 	m.notify()
 	return nil
 }

@@ -44,7 +44,7 @@ func TestInstallLogLines(t *testing.T) {
 		t.Run(tc.running, func(t *testing.T) {
 			t.Parallel()
 			f := newMachineAt(t, false, "", tc.running)
-			require.NoError(t, f.m.StageUpgrade(t.Context(), tc.image, nil))
+			require.NoError(t, stageUpgrade(t.Context(), f.m, tc.image))
 			log := machinedLog(t, f.m)
 			assert.Regexp(t, tc.start, log)
 			assert.Regexp(t, tc.done, log)
@@ -62,13 +62,13 @@ func TestInstallTakesOutlivesItsCaller(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := f.m.StageUpgrade(ctx, factoryInstaller+"v1.14.1", nil)
+	err := stageUpgrade(ctx, f.m, factoryInstaller+"v1.14.1")
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	assert.Less(t, time.Since(start), 600*time.Millisecond, "the call ends with its caller")
 	assert.Empty(t, f.m.State().StagedVersion, "still installing")
 	assert.NotContains(t, machinedLog(t, f.m), "upgrade completed")
 
-	err = f.m.StageUpgrade(t.Context(), factoryInstaller+"v1.14.1", nil)
+	err = stageUpgrade(t.Context(), f.m, factoryInstaller+"v1.14.1")
 	assert.Equal(t, codes.FailedPrecondition, status.Code(err), "one install at a time: %v", err)
 
 	s := waitState(t, f.m, "installed", func(s simmachine.State) bool { return s.StagedVersion == "v1.14.1" })
@@ -88,7 +88,7 @@ func TestRollback(t *testing.T) {
 	assert.ErrorContains(t, err, "label does not exist")
 
 	before := f.m.State()
-	require.NoError(t, f.m.StageUpgrade(t.Context(), factoryInstaller+"v1.14.0", nil))
+	require.NoError(t, stageUpgrade(t.Context(), f.m, factoryInstaller+"v1.14.0"))
 	require.NoError(t, f.m.Rollback())
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	after := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
@@ -97,7 +97,7 @@ func TestRollback(t *testing.T) {
 	assert.Empty(t, after.StagedVersion, "the staged install dropped")
 	assert.Contains(t, machinedLog(t, f.m), "machined logger initialized")
 
-	require.NoError(t, f.m.StageUpgrade(t.Context(), factoryInstaller+"v1.14.1", nil))
+	require.NoError(t, stageUpgrade(t.Context(), f.m, factoryInstaller+"v1.14.1"))
 	require.NoError(t, f.m.Reboot())
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	on114 := waitState(t, f.m, "on v1.14.1", func(s simmachine.State) bool { return s.Up && s.TalosVersion == "v1.14.1" })
@@ -107,4 +107,14 @@ func TestRollback(t *testing.T) {
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	back := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
 	assert.Equal(t, "v1.13.9", back.TalosVersion, "rolled back to the previous slot")
+}
+
+// stageUpgrade pulls image into the machine's system store, as a client does
+// first (talosctl upgrade, ichor), then stages it with LifecycleService's
+// install under ctx.
+func stageUpgrade(ctx context.Context, m *simmachine.Machine, image string) error {
+	if _, err := m.Pull(context.WithoutCancel(ctx), simmachine.NamespaceSystem, image); err != nil {
+		return err
+	}
+	return m.StageUpgrade(ctx, simmachine.NamespaceSystem, image, nil)
 }

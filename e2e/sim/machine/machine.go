@@ -9,10 +9,12 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	machineapi "github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
@@ -197,6 +199,14 @@ type Machine struct {
 	// stagedImage is the installer a staged MachineService.Upgrade left for
 	// the next boot (Talos' META tag).
 	stagedImage string
+	// images is containerd's image store, by namespace then normalized
+	// reference: what was pulled, kept across reboots as the disk keeps it.
+	images map[string]map[string]bool
+	// events is the current boot's runtime event stream (runtime_events.go);
+	// lastStatus the MachineStatusEvent published last in it.
+	events      *eventStream
+	lastStatus  *machineapi.MachineStatusEvent
+	eventSeq    atomic.Uint32
 	manifestGen uint64 // the latest scheduled manifest render
 	// poweredOff is a machine down under the poweredOff fault; joined is
 	// one that has booted at least once.
@@ -334,6 +344,7 @@ func (m *Machine) followPower() {
 			m.st.Up, m.poweredOff = false, true
 			m.kubelet = KubeletView{}
 			m.mu.Unlock()
+			m.endBootEvents()
 			m.notify()
 		case !off && poweredOff:
 			m.log.Info("powered on")
@@ -463,7 +474,15 @@ func (m *Machine) boot(ctx context.Context) error {
 	m.st.BootID = newUUID()
 	m.kubelet = KubeletView{}
 	m.machinedLog = nil
+	m.lastStatus = nil
 	m.mu.Unlock()
+	// machined's own sequences, under no actor: initialize, then boot,
+	// which ends once the machine runs.
+	m.newBootEvents()
+	sequenceEvents{m: m, name: "initialize"}.start()
+	m.publish("", &machineapi.SequenceEvent{Sequence: "initialize", Action: machineapi.SequenceEvent_STOP})
+	sequenceEvents{m: m, name: "boot"}.start()
+	defer m.publish("", &machineapi.SequenceEvent{Sequence: "boot", Action: machineapi.SequenceEvent_STOP})
 	m.logMachined("machined logger initialized")
 	st, err := newBootState(ctx, talosMinor(version))
 	if err != nil {

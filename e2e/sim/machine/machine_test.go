@@ -370,7 +370,10 @@ func TestUpgradeThenRebootBootsNewVersion(t *testing.T) {
 	before := f.m.State()
 
 	var msgs []string
-	err := f.m.StageUpgrade(ctx, "factory.talos.dev/installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.13.9",
+	const image = "factory.talos.dev/installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.13.9"
+	_, err := f.m.Pull(ctx, simmachine.NamespaceSystem, image)
+	require.NoError(t, err)
+	err = f.m.StageUpgrade(ctx, simmachine.NamespaceSystem, image,
 		func(msg string) error { msgs = append(msgs, msg); return nil })
 	require.NoError(t, err)
 	assert.NotEmpty(t, msgs)
@@ -405,7 +408,7 @@ func TestABFallbackBootsOldVersion(t *testing.T) {
 	t.Parallel()
 	f := newMachine(t, true, "nodes:\n  node-1:\n    abFallback: true\n")
 	before := f.m.State()
-	require.NoError(t, f.m.StageUpgrade(t.Context(), "ghcr.io/siderolabs/installer:v1.13.9", nil))
+	stageInstall(t, f.m, "ghcr.io/siderolabs/installer:v1.13.9")
 	require.NoError(t, f.m.Reboot())
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	after := waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
@@ -420,7 +423,7 @@ func TestABFallbackBootsOldVersion(t *testing.T) {
 func TestNeverBootsUntilCleared(t *testing.T) {
 	t.Parallel()
 	f := newMachine(t, false, "nodes:\n  node-1:\n    neverBoots: true\n")
-	require.NoError(t, f.m.StageUpgrade(t.Context(), "ghcr.io/siderolabs/installer:v1.13.9", nil))
+	stageInstall(t, f.m, "ghcr.io/siderolabs/installer:v1.13.9")
 	require.NoError(t, f.m.Reboot())
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	time.Sleep(500 * time.Millisecond)
@@ -433,11 +436,16 @@ func TestNeverBootsUntilCleared(t *testing.T) {
 func TestPull(t *testing.T) {
 	t.Parallel()
 	f := newMachine(t, false, "")
-	require.NoError(t, f.m.Pull(t.Context(), "registry.k8s.io/kube-proxy:v1.36.3"))
+	name, err := f.m.Pull(t.Context(), simmachine.NamespaceCRI, "registry.k8s.io/kube-proxy:v1.36.3")
+	require.NoError(t, err)
+	assert.Equal(t, "registry.k8s.io/kube-proxy:v1.36.3", name)
+	assert.Equal(t, []string{"registry.k8s.io/kube-proxy:v1.36.3"}, f.m.Images(simmachine.NamespaceCRI))
+	assert.Empty(t, f.m.Images(simmachine.NamespaceSystem), "each namespace its own")
 
 	g := newMachine(t, false, "nodes:\n  node-1:\n    pullFails: true\n")
-	err := g.m.Pull(t.Context(), "registry.k8s.io/kube-proxy:v1.36.3")
+	_, err = g.m.Pull(t.Context(), simmachine.NamespaceCRI, "registry.k8s.io/kube-proxy:v1.36.3")
 	require.Error(t, err)
+	assert.Equal(t, codes.NotFound, status.Code(err))
 	assert.True(t, strings.Contains(err.Error(), "failed to pull image") && strings.Contains(err.Error(), "not found"), err.Error())
 }
 

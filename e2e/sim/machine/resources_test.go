@@ -110,7 +110,7 @@ func TestMetaNamespace(t *testing.T) {
 	require.NoError(t, err)
 
 	// After an upgrade to 1.14 and its reboot, the definitions are 1.14's.
-	stageInstall(t, f.m, "ghcr.io/siderolabs/installer:v1.14.1")
+	stageInstall(t, f.m, installer1141)
 	require.NoError(t, f.m.Reboot())
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })
@@ -350,7 +350,7 @@ func TestDiscoveryMembers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, id.TypedSpec().NodeID, members(cp)["w-1"].NodeID)
 
-	stageInstall(t, w, "ghcr.io/siderolabs/installer:v1.14.1")
+	stageInstall(t, w, installer1141)
 	require.NoError(t, w.Reboot())
 	require.Eventually(t, func() bool {
 		return members(cp)["w-1"].OperatingSystem == "Talos (v1.14.1)"
@@ -360,10 +360,16 @@ func TestDiscoveryMembers(t *testing.T) {
 	assert.Equal(t, id.TypedSpec().NodeID, id2.TypedSpec().NodeID, "the identity survives reboots")
 }
 
+// installer1141 is Talos 1.14.1's default installer (no generic one exists).
+const installer1141 = "factory.talos.dev/metal-installer/" + emptySchematic + ":v1.14.1"
+
 // stageInstall stages an installer's Talos on a machine (for the next reboot).
 func stageInstall(t *testing.T, m *simmachine.Machine, image string) {
 	t.Helper()
-	require.NoError(t, m.StageUpgrade(context.WithoutCancel(t.Context()), image, nil))
+	ctx := context.WithoutCancel(t.Context())
+	_, err := m.Pull(ctx, simmachine.NamespaceSystem, image)
+	require.NoError(t, err)
+	require.NoError(t, m.StageUpgrade(ctx, simmachine.NamespaceSystem, image, nil))
 }
 
 // Talos 1.14 renders the static pods from the "final-" control plane config
@@ -376,7 +382,7 @@ func TestFinalControlPlaneConfigsFromTalos114(t *testing.T) {
 	_, err := safe.StateGetByID[*k8s.APIServerConfig](ctx, f.m.COSI(), k8s.FinalAPIServerConfigID)
 	assert.True(t, state.IsNotFoundError(err), "Talos 1.12 has no final config")
 
-	stageInstall(t, f.m, "ghcr.io/siderolabs/installer:v1.14.1")
+	stageInstall(t, f.m, installer1141)
 	require.NoError(t, f.m.Reboot())
 	waitState(t, f.m, "down", func(s simmachine.State) bool { return !s.Up })
 	waitState(t, f.m, "up", func(s simmachine.State) bool { return s.Up })

@@ -12,6 +12,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
+	"google.golang.org/protobuf/proto"
 )
 
 // DefaultStaticPodStatusInterval is how often Talos refreshes the
@@ -159,6 +160,18 @@ func (m *Machine) updateStatus(ctx context.Context) {
 		return nil
 	}); err != nil {
 		m.log.Error("machine status", "err", err)
+		return
+	}
+	// Talos' MachineStatusPublisher publishes each change as an event.
+	ev := statusEvent(stage, len(unmet) == 0, unmet)
+	m.mu.Lock()
+	changed := m.lastStatus == nil || !proto.Equal(m.lastStatus, ev)
+	if changed {
+		m.lastStatus = ev
+	}
+	m.mu.Unlock()
+	if changed {
+		m.publish("", ev)
 	}
 }
 

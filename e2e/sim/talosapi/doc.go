@@ -33,7 +33,9 @@
 //
 // Served: MachineService Version, ApplyConfiguration, ImagePull, Kubeconfig,
 // EtcdMemberList, EtcdStatus, EtcdAlarmList, EtcdSnapshot (the real etcd's),
-// Upgrade (deprecated), Reboot, Rollback, Read, Logs (machined's), ServiceList,
+// Upgrade (deprecated), Reboot (both answer the actor ID of the sequence they
+// start), Rollback, Events (machined's runtime events, events.go), Read, Logs
+// (machined's), ServiceList,
 // ServiceStart, ServiceStop, ServiceRestart (the rest answer Unimplemented);
 // ImageService.Pull and LifecycleService.Upgrade on a target running Talos
 // 1.13 or later (before, machined has neither service: Unimplemented

@@ -130,7 +130,11 @@ func (ms *machineService) ApplyConfiguration(ctx context.Context, req *machineap
 func (ms *machineService) ImagePull(ctx context.Context, req *machineapi.ImagePullRequest) (*machineapi.ImagePullResponse, error) {
 	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.ImagePull { return &machineapi.ImagePull{} },
 		func(ctx context.Context, m *machine.Machine) (*machineapi.ImagePull, error) {
-			if err := m.Pull(ctx, req.GetReference()); err != nil {
+			ns := machine.ContainerdNamespace(req.GetNamespace())
+			if ns == "" {
+				return nil, status.Errorf(codes.InvalidArgument, "unsupported containerd namespace %v", req.GetNamespace())
+			}
+			if _, err := m.Pull(ctx, ns, req.GetReference()); err != nil {
 				return nil, err
 			}
 			return &machineapi.ImagePull{}, nil
@@ -196,13 +200,14 @@ func memberID(name string) uint64 {
 func (ms *machineService) Upgrade(ctx context.Context, req *machineapi.UpgradeRequest) (*machineapi.UpgradeResponse, error) {
 	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Upgrade { return &machineapi.Upgrade{} },
 		func(ctx context.Context, m *machine.Machine) (*machineapi.Upgrade, error) {
-			if err := m.Upgrade(ctx, req, ms.s.etcdValidateForUpgrade); err != nil {
+			actor := newActorID()
+			if err := m.Upgrade(machine.WithActorID(ctx, actor), req, ms.s.etcdValidateForUpgrade); err != nil {
 				return nil, err
 			}
 			if m.Faults().UpgradeUnavailable {
 				return nil, status.Error(codes.Unavailable, "error reading from server: read tcp: connection reset by peer")
 			}
-			return &machineapi.Upgrade{Ack: "Upgrade request received", ActorId: newActorID()}, nil
+			return &machineapi.Upgrade{Ack: "Upgrade request received", ActorId: actor}, nil
 		})
 	if err != nil {
 		return nil, err
@@ -210,14 +215,16 @@ func (ms *machineService) Upgrade(ctx context.Context, req *machineapi.UpgradeRe
 	return &machineapi.UpgradeResponse{Messages: msgs}, nil
 }
 
-// Reboot reboots the target machine (the reply comes before it goes down).
+// Reboot reboots the target machine (the reply comes before it goes down),
+// answering with the actor ID its sequence's runtime events carry.
 func (ms *machineService) Reboot(ctx context.Context, _ *machineapi.RebootRequest) (*machineapi.RebootResponse, error) {
 	msgs, err := fanOut(ctx, ms.s, ms.self, func() *machineapi.Reboot { return &machineapi.Reboot{} },
 		func(_ context.Context, m *machine.Machine) (*machineapi.Reboot, error) {
-			if err := m.Reboot(); err != nil {
+			actor := newActorID()
+			if err := m.RebootBy(actor); err != nil {
 				return nil, err
 			}
-			return &machineapi.Reboot{ActorId: newActorID()}, nil
+			return &machineapi.Reboot{ActorId: actor}, nil
 		})
 	if err != nil {
 		return nil, err

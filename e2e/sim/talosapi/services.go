@@ -15,7 +15,8 @@ import (
 )
 
 // imageService is ImageService on one endpoint: Pull only; a target
-// before Talos 1.13 answers Unimplemented (served).
+// before Talos 1.13 answers Unimplemented (served). A reference no registry
+// serves fails NotFound, as Talos' does (machine.Pull).
 type imageService struct {
 	machineapi.UnimplementedImageServiceServer
 
@@ -33,12 +34,12 @@ func (is *imageService) Pull(req *machineapi.ImageServicePullRequest, srv grpc.S
 	if err := served(t.m, "machine.ImageService"); err != nil {
 		return err
 	}
-	switch ns := req.GetContainerd().GetNamespace(); ns {
-	case common.ContainerdNamespace_NS_CRI, common.ContainerdNamespace_NS_SYSTEM:
-	default:
-		return status.Errorf(codes.InvalidArgument, "unsupported containerd namespace %v", ns)
+	ns := machine.ContainerdNamespace(req.GetContainerd().GetNamespace())
+	if ns == "" {
+		return status.Errorf(codes.InvalidArgument, "unsupported containerd namespace %v", req.GetContainerd().GetNamespace())
 	}
-	if err := t.m.Pull(srv.Context(), req.GetImageRef()); err != nil {
+	name, err := t.m.Pull(srv.Context(), ns, req.GetImageRef())
+	if err != nil {
 		return err
 	}
 	if err := srv.Send(&machineapi.ImageServicePullResponse{Response: &machineapi.ImageServicePullResponse_PullProgress{
@@ -49,7 +50,7 @@ func (is *imageService) Pull(req *machineapi.ImageServicePullRequest, srv grpc.S
 	}}); err != nil {
 		return err
 	}
-	return srv.Send(&machineapi.ImageServicePullResponse{Response: &machineapi.ImageServicePullResponse_Name{Name: req.GetImageRef()}})
+	return srv.Send(&machineapi.ImageServicePullResponse{Response: &machineapi.ImageServicePullResponse_Name{Name: name}})
 }
 
 // lifecycleService is LifecycleService on one endpoint: Upgrade only; a
@@ -63,7 +64,8 @@ type lifecycleService struct {
 
 // Upgrade installs the version of the installer image into the other boot
 // slot, streaming progress messages then exit code 0; the machine boots it on
-// its next reboot.
+// its next reboot. The image must have been pulled into the request's
+// namespace (machine.StageUpgrade).
 func (ls *lifecycleService) Upgrade(req *machineapi.LifecycleServiceUpgradeRequest, srv grpc.ServerStreamingServer[machineapi.LifecycleServiceUpgradeResponse]) error {
 	t, err := ls.s.single(srv.Context(), ls.self)
 	if err != nil {
@@ -79,7 +81,13 @@ func (ls *lifecycleService) Upgrade(req *machineapi.LifecycleServiceUpgradeReque
 	send := func(p *machineapi.LifecycleServiceInstallProgress) error {
 		return srv.Send(&machineapi.LifecycleServiceUpgradeResponse{Progress: p})
 	}
-	if err := t.m.StageUpgrade(srv.Context(), image, func(msg string) error {
+	ns := machine.NamespaceSystem
+	if c := req.GetContainerd(); c != nil {
+		if ns = machine.ContainerdNamespace(c.GetNamespace()); ns == "" {
+			return status.Errorf(codes.InvalidArgument, "unsupported containerd namespace %v", c.GetNamespace())
+		}
+	}
+	if err := t.m.StageUpgrade(srv.Context(), ns, image, func(msg string) error {
 		return send(&machineapi.LifecycleServiceInstallProgress{Response: &machineapi.LifecycleServiceInstallProgress_Message{Message: msg}})
 	}); err != nil {
 		return err

@@ -41,6 +41,10 @@ import (
 
 const newAPIServerImage = "registry.k8s.io/kube-apiserver:v1.36.3"
 
+// installer1141 is Talos 1.14.1's default installer, the Image Factory's of
+// the empty schematic: Talos 1.14 publishes no ghcr.io/siderolabs/installer.
+const installer1141 = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1"
+
 type cluster struct {
 	bundle     *secrets.Bundle
 	cpCfg      config.Provider
@@ -339,9 +343,20 @@ func TestTalosAPI(t *testing.T) {
 
 	t.Run("lifecycle install on Talos 1.13", func(t *testing.T) {
 		nctx := client.WithNode(ctx, c.wIP)
+		system := &common.ContainerdInstance{Driver: common.ContainerDriver_CRI, Namespace: common.ContainerdNamespace_NS_SYSTEM}
+		// The installer is pulled first (talosctl upgrade does): the lifecycle
+		// service installs only what the store holds.
+		pull, err := cl.ImageClient.Pull(nctx, &machineapi.ImageServicePullRequest{Containerd: system, ImageRef: installer1141})
+		require.NoError(t, err)
+		for {
+			if _, err := pull.Recv(); err != nil {
+				require.ErrorIs(t, err, io.EOF)
+				break
+			}
+		}
 		stream, err := cl.LifecycleClient.Upgrade(nctx, &machineapi.LifecycleServiceUpgradeRequest{
 			Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
-			Source:     &machineapi.InstallArtifactsSource{ImageName: "ghcr.io/siderolabs/installer:v1.14.1"},
+			Source:     &machineapi.InstallArtifactsSource{ImageName: installer1141},
 		})
 		require.NoError(t, err)
 		exit := int32(-1)
@@ -462,6 +477,19 @@ func TestLogSlowAndRollback(t *testing.T) {
 	const image = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1"
 
 	before := readBootID(t, cl, ctx)
+	// The installer is pulled first, as a client does: the lifecycle service
+	// installs only what the store holds.
+	pull, err := cl.ImageClient.Pull(ctx, &machineapi.ImageServicePullRequest{
+		Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
+		ImageRef:   image,
+	})
+	require.NoError(t, err)
+	for {
+		if _, err := pull.Recv(); err != nil {
+			require.ErrorIs(t, err, io.EOF)
+			break
+		}
+	}
 	up, err := cl.LifecycleClient.Upgrade(ctx, &machineapi.LifecycleServiceUpgradeRequest{
 		Containerd: &common.ContainerdInstance{Driver: common.ContainerDriver_CONTAINERD, Namespace: common.ContainerdNamespace_NS_SYSTEM},
 		Source:     &machineapi.InstallArtifactsSource{ImageName: image},
@@ -552,7 +580,7 @@ func TestLegacyUpgradeFaults(t *testing.T) {
 	assert.Empty(t, c.cp.State().StagedVersion, "nothing installed")
 
 	require.NoError(t, os.WriteFile(c.faults, []byte("nodes:\n  cp-1:\n    etcdStopped: true\n  w-1:\n    upgradeUnavailable: true\n"), 0o644))
-	err = upgrade(c.wIP, client.WithUpgradeImage("ghcr.io/siderolabs/installer:v1.14.1"))
+	err = upgrade(c.wIP, client.WithUpgradeImage(installer1141))
 	assert.Equal(t, codes.Unavailable, client.StatusCode(err), "%v", err)
 	require.Eventually(t, func() bool { s := c.worker.State(); return s.Up && s.TalosVersion == "v1.14.1" },
 		10*time.Second, 20*time.Millisecond, "the sequence ran all the same")
