@@ -1,5 +1,8 @@
 package main
 
+// estimate.go follows the operation as a script would (status --watch -o
+// json) and holds the time left it estimated against the time actually left.
+
 import (
 	"bufio"
 	"context"

@@ -1,0 +1,132 @@
+package main
+
+// plan_report.go is plan.json's shape, the verdicts against the plan's
+// targets and plan.txt.
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is plan.json.
+type Report struct {
+	Benchmark string    `json:"benchmark"`
+	Started   time.Time `json:"started"`
+	Machine   Machine   `json:"machine"`
+	Runs      int       `json:"runsPerSize"`
+	Targets   Targets   `json:"targets"`
+	Results   []Result  `json:"results"`
+	Verdict   []string  `json:"verdict"`
+}
+
+// Targets are the figures to stay under, at the largest size.
+type Targets struct {
+	WallSeconds        float64 `json:"wallSeconds"`
+	PeakRSSMiB         float64 `json:"peakRSSMiB"`
+	KubernetesRequests string  `json:"kubernetesRequests"`
+}
+
+// Result is one cluster size.
+type Result struct {
+	Nodes               int            `json:"nodes"`
+	ControlPlanes       int            `json:"controlPlanes"`
+	Workers             int            `json:"workers"`
+	ClusterStartSeconds float64        `json:"clusterStartSeconds,omitempty"`
+	LoadAvgBefore       string         `json:"loadAverageBefore,omitempty"`
+	Runs                []Run          `json:"runs,omitempty"`
+	Wall                Spread         `json:"wallSeconds"`
+	CPU                 Spread         `json:"cpuSeconds"`
+	PeakRSSMiB          float64        `json:"peakRSSMiB"`
+	KubernetesRequests  int            `json:"kubernetesRequests"`
+	KubernetesByRequest map[string]int `json:"kubernetesRequestsByPath,omitempty"`
+	TalosCalls          int            `json:"talosCalls"`
+	TalosByMethod       map[string]int `json:"talosCallsByMethod,omitempty"`
+	TalosNodes          int            `json:"talosNodes"`
+	PlanNodes           int            `json:"planNodes"`
+	Error               string         `json:"error,omitempty"`
+}
+
+// Run is one measured plan.
+type Run struct {
+	WallSeconds        float64 `json:"wallSeconds"`
+	CPUSeconds         float64 `json:"cpuSeconds"`
+	PeakRSSMiB         float64 `json:"peakRSSMiB"`
+	KubernetesRequests int     `json:"kubernetesRequests"`
+	TalosCalls         int     `json:"talosCalls"`
+}
+
+// verdict compares the largest size measured with the targets, and the
+// Kubernetes request counts across sizes.
+func verdict(results []Result) []string {
+	var ok []Result
+	for _, r := range results {
+		if r.Error == "" {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) == 0 {
+		return []string{"nothing measured"}
+	}
+	big := ok[len(ok)-1]
+	out := []string{
+		fmt.Sprintf("wall time under %s at %d nodes: %s (median %.2fs, max %.2fs)", targetWall, big.Nodes, met(big.Wall.Median < targetWall.Seconds()), big.Wall.Median, big.Wall.Max),
+		fmt.Sprintf("peak memory under %d MiB at %d nodes: %s (%.1f MiB)", targetRSSMiB, big.Nodes, met(big.PeakRSSMiB < targetRSSMiB), big.PeakRSSMiB),
+	}
+	var counts []string
+	same := true
+	for _, r := range ok {
+		// The drain preview lists pods in pages of 500: their count grows
+		// with the pods, not with the nodes; the kinds of request must not.
+		counts = append(counts, fmt.Sprintf("%d (%d kinds) at %d nodes", r.KubernetesRequests, len(r.KubernetesByRequest), r.Nodes))
+		same = same && len(r.KubernetesByRequest) == len(ok[0].KubernetesByRequest)
+	}
+	if len(ok) < 2 {
+		out = append(out, fmt.Sprintf("Kubernetes request kinds not growing with the node count: not judged, one size only (%s)", strings.Join(counts, ", ")))
+	} else {
+		out = append(out, fmt.Sprintf("Kubernetes request kinds not growing with the node count: %s (%s)", met(same), strings.Join(counts, ", ")))
+	}
+	if big.Nodes < 1000 {
+		out = append(out, fmt.Sprintf("the targets are for 1000 nodes; the largest size measured is %d", big.Nodes))
+	}
+	return out
+}
+
+func writeSummary(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "%s\n", r.Benchmark)
+	fmt.Fprintf(w, "%d measured runs per size after a warm-up; %d CPUs (%s), load average %s at the start; the cluster runs on the same machine\n\n",
+		r.Runs, r.Machine.CPUs, r.Machine.OS, r.Machine.LoadAvgBefore)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODES\tCLUSTER START\tWALL median (min-max)\tCPU median\tPEAK RSS\tK8S REQUESTS\tTALOS CALLS")
+	for _, x := range r.Results {
+		if x.Error != "" {
+			fmt.Fprintf(tw, "%d\tfailed: %s\n", x.Nodes, x.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%d (%d+%d)\t%.1fs\t%.2fs (%.2f-%.2f)\t%.2fs\t%.1f MiB\t%d\t%d to %d nodes\n",
+			x.Nodes, x.ControlPlanes, x.Workers, x.ClusterStartSeconds, x.Wall.Median, x.Wall.Min, x.Wall.Max, x.CPU.Median,
+			x.PeakRSSMiB, x.KubernetesRequests, x.TalosCalls, x.TalosNodes)
+	}
+	_ = tw.Flush()
+	if len(r.Results) > 0 {
+		last := r.Results[len(r.Results)-1]
+		if len(last.KubernetesByRequest) > 0 {
+			keys := make([]string, 0, len(last.KubernetesByRequest))
+			for k := range last.KubernetesByRequest {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			fmt.Fprintf(w, "\nKubernetes requests at %d nodes:\n", last.Nodes)
+			for _, k := range keys {
+				fmt.Fprintf(w, "  %s %d\n", k, last.KubernetesByRequest[k])
+			}
+		}
+	}
+	fmt.Fprintf(w, "\nTargets (never a failure):\n")
+	for _, v := range r.Verdict {
+		fmt.Fprintf(w, "  %s\n", v)
+	}
+}
