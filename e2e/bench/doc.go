@@ -24,8 +24,13 @@
 // against the critical path's lower bound. It reads what happened from
 // records that are none of them the plugin's own output: the simulator's
 // events.jsonl, the state ConfigMap's node timelines, the runner pods' logs
-// and their resource usage. It writes OUT/upgrade.json and the summary
-// OUT/upgrade.txt (also printed).
+// and their resource usage. Side by side (--compare, the default), each on a
+// cluster of its own started identically (size, versions, latencies,
+// workload), it runs kubectl-ichor one worker at a time (--max-unavailable 1,
+// as the peer moves its kubelets) and the peer, talosctl upgrade-k8s, and
+// reports both walls and their ratio. It writes OUT/upgrade.json, the summary
+// OUT/upgrade.txt (also printed) and a timeline of each run,
+// OUT/timeline-<nodes>-nodes-{mu<N>,talosctl}.svg.
 //
 // The files, each one job:
 //
@@ -42,6 +47,8 @@
 //   - measure.go: what the records say of a finished upgrade: the stages'
 //     times, the gaps between nodes;
 //   - runner.go: the runner pods' logs and usage;
+//   - peer.go: the peer, talosctl upgrade-k8s, run and timed;
 //   - upgrade_report.go: upgrade.json, the verdicts and upgrade.txt;
-//   - estimate.go: the estimates of the time left, followed as a script would.
+//   - estimate.go: the estimates of the time left, followed as a script would;
+//   - timeline.go, svg.go: a run's steps per node and their picture.
 package main

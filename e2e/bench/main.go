@@ -46,6 +46,8 @@ type options struct {
 	maxUnavailable int
 	imageRoot      string
 	keepLogs       bool
+	compare        bool
+	talosctl       string
 }
 
 func run() error {
@@ -62,6 +64,8 @@ func run() error {
 	fs.IntVar(&o.maxUnavailable, "max-unavailable", 5, "upgrade: workers upgraded at once")
 	fs.StringVar(&o.imageRoot, "image-root", filepath.Join(root, "_output", "image", "rootfs"), "upgrade: the Job image's root filesystem, run by the simulated kubelets")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "upgrade: keep every cluster's logs and events.jsonl in --out, not only a failed one's")
+	fs.BoolVar(&o.compare, "compare", true, "upgrade: also run kubectl-ichor one worker at a time (--max-unavailable 1) and the peer, talosctl upgrade-k8s, each on an identical cluster")
+	fs.StringVar(&o.talosctl, "talosctl", "", "upgrade: the talosctl binary of --compare (default: talosctl in --bin-dir, as make cluster-bins builds it)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -81,6 +85,9 @@ func run() error {
 	}
 	if o.maxUnavailable < 1 {
 		return fmt.Errorf("--max-unavailable %d: want 1 or more", o.maxUnavailable)
+	}
+	if o.talosctl == "" {
+		o.talosctl = filepath.Join(o.binDir, "talosctl")
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err

@@ -26,40 +26,41 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
-// measureUpgrade reads the records of a finished upgrade into r.
-func measureUpgrade(ctx context.Context, o options, dir string, client kubernetes.Interface, began, ended time.Time, r *UpgradeResult) error {
+// measureUpgrade reads the records of a finished upgrade into r and
+// returns the run's timeline, its picture's content.
+func measureUpgrade(ctx context.Context, dir string, client kubernetes.Interface, began, ended time.Time, r *UpgradeResult) (Timeline, error) {
 	cm, err := client.CoreV1().ConfigMaps(stateNamespace).Get(ctx, job.StateName, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("state: %w", err)
+		return Timeline{}, fmt.Errorf("state: %w", err)
 	}
 
 	op, err := job.DecodeState(cm)
 	if err != nil {
-		return err
+		return Timeline{}, err
 	}
 
 	if op.Status.Phase != job.PhaseSucceeded {
-		return fmt.Errorf("operation %s is %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
+		return Timeline{}, fmt.Errorf("operation %s is %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
 	}
 
 	raw, err := job.StatePlan(cm)
 	if err != nil {
-		return err
+		return Timeline{}, err
 	}
 
 	var plan api.Plan
 	if err := json.Unmarshal(raw, &plan); err != nil {
-		return fmt.Errorf("the state's plan: %w", err)
+		return Timeline{}, fmt.Errorf("the state's plan: %w", err)
 	}
 
 	evs, err := events.Read(filepath.Join(dir, cluster.EventsFile))
 	if err != nil {
-		return err
+		return Timeline{}, err
 	}
 
 	pods, err := runnerPods(ctx, filepath.Join(dir, cluster.LogDir, "pods"), op.Spec.CreatedAt.Time)
 	if err != nil {
-		return err
+		return Timeline{}, err
 	}
 
 	self := ""
@@ -88,7 +89,7 @@ func measureUpgrade(ctx context.Context, o options, dir string, client kubernete
 	r.KubernetesPerNode = round(float64(r.KubernetesRequests) / float64(r.Nodes))
 	r.TalosPerNode = round(float64(r.TalosCalls) / float64(r.Nodes))
 
-	r.LowerBound = lowerBound(benchLatencies, r.ControlPlanes, r.Workers, o.maxUnavailable)
+	r.LowerBound = lowerBound(benchLatencies, r.ControlPlanes, r.Workers, r.MaxUnavailable)
 	r.Ratio = round(r.WallSeconds / r.LowerBound.Seconds)
 
 	tl := timelines(op)
@@ -107,7 +108,7 @@ func measureUpgrade(ctx context.Context, o options, dir string, client kubernete
 
 	var ends map[string]time.Time
 
-	r.Gaps, ends = gaps(&plan, tl, evs, self, o.maxUnavailable, takeovers)
+	r.Gaps, ends = gaps(&plan, tl, evs, self, r.MaxUnavailable, takeovers)
 
 	prev := began
 
@@ -130,7 +131,10 @@ func measureUpgrade(ctx context.Context, o options, dir string, client kubernete
 		r.Stages = append(r.Stages, st)
 	}
 
-	return nil
+	t := upgradeTimeline(&plan, tl, evs, pods, ends, began, ended)
+	t.Bound = &r.LowerBound
+
+	return t, nil
 }
 
 // nodeTimes are a node's times in one stage.

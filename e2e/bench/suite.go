@@ -92,6 +92,8 @@ type simCluster struct {
 	home string
 	// startSeconds is how long ichor-sim up took.
 	startSeconds float64
+	// info is its ready.json: the machines' names and addresses.
+	info cluster.Info
 }
 
 // clusterRun says how to start a cluster: what (for the progress lines),
@@ -141,6 +143,14 @@ func withCluster(ctx context.Context, o options, cr clusterRun, f func(c *simClu
 		home: filepath.Join(dir, "home"), startSeconds: round(time.Since(start).Seconds()),
 	}
 	fmt.Fprintf(os.Stderr, "bench: %s: cluster up in %.1fs\n", cr.what, c.startSeconds)
+
+	b, err := os.ReadFile(filepath.Join(dir, cluster.ReadyFile))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &c.info); err != nil {
+		return fmt.Errorf("%s: %w", cluster.ReadyFile, err)
+	}
 
 	if err := settle(ctx, c.kubeconfig, cr.nodes); err != nil {
 		return err

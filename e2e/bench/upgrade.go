@@ -39,9 +39,15 @@ func runUpgrade(ctx context.Context, o options) error {
 		return err
 	}
 
+	if o.compare {
+		if _, err := os.Stat(o.talosctl); err != nil {
+			return fmt.Errorf("the peer, talosctl: %w: run make cluster-bins (or pass --compare=false)", err)
+		}
+	}
+
 	report := UpgradeReport{
-		Benchmark: fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --yes --max-unavailable %d through the Job (cluster at %s, Talos %s)",
-			toVersion, o.maxUnavailable, fromVersion, talosVersion),
+		Benchmark: fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --yes --max-unavailable %d through the Job (cluster at %s, Talos %s)%s",
+			toVersion, o.maxUnavailable, fromVersion, talosVersion, compared(o)),
 		Started:        time.Now().UTC(),
 		Machine:        machine(),
 		Latencies:      benchLatencies,
@@ -57,13 +63,29 @@ func runUpgrade(ctx context.Context, o options) error {
 	return suite[UpgradeResult]{
 		name:    "upgrade",
 		sizes:   o.upgradeSizes,
-		measure: func(ctx context.Context, n int) []UpgradeResult { return []UpgradeResult{upgradeSize(ctx, o, n)} },
-		failure: func(r UpgradeResult) (string, string) { return fmt.Sprintf("%d nodes", r.Nodes), r.Error },
+		measure: func(ctx context.Context, n int) []UpgradeResult { return upgradeSize(ctx, o, n) },
+		failure: func(r UpgradeResult) (string, string) {
+			what := fmt.Sprintf("%d nodes, --max-unavailable %d", r.Nodes, r.MaxUnavailable)
+			if r.Error == "" && r.Talosctl != nil && r.Talosctl.Error != "" {
+				return what + ", the peer", r.Talosctl.Error
+			}
+
+			return what, r.Error
+		},
 		report: func(results []UpgradeResult) (any, func(io.Writer)) {
 			report.Results, report.Verdict = results, upgradeVerdict(results)
 			return report, func(w io.Writer) { writeUpgradeSummary(w, &report) }
 		},
 	}.run(ctx, o.out)
+}
+
+// compared says what ran beside the upgrade measured.
+func compared(o options) string {
+	if !o.compare {
+		return ""
+	}
+
+	return "; beside it, each on an identical cluster: --max-unavailable 1 and talosctl upgrade-k8s"
 }
 
 // checkImageRoot makes sure the image root runs the plugin measured.
@@ -87,12 +109,49 @@ func checkImageRoot(o options) error {
 	return nil
 }
 
-// upgradeSize starts a cluster of n nodes, upgrades it and stops it.
-func upgradeSize(ctx context.Context, o options, n int) (r UpgradeResult) {
-	r = UpgradeResult{Nodes: n, ControlPlanes: controlPlanes, Workers: n - controlPlanes, WorkloadPods: n - controlPlanes}
+// upgradeSize measures kubectl-ichor's upgrade of n nodes, --max-unavailable
+// at a time; with --compare also one worker at a time and the peer,
+// talosctl upgrade-k8s, each on a cluster of its own started identically.
+// Every result of the size carries the peer's run.
+func upgradeSize(ctx context.Context, o options, n int) []UpgradeResult {
+	out := []UpgradeResult{upgradeRun(ctx, o, n, o.maxUnavailable)}
+	if !o.compare {
+		return out
+	}
+
+	if o.maxUnavailable != 1 && ctx.Err() == nil {
+		out = append(out, upgradeRun(ctx, o, n, 1))
+	}
+
+	if ctx.Err() != nil {
+		return out
+	}
+
+	peer := peerSize(ctx, o, n)
+	for i := range out {
+		out[i].Talosctl = peer
+		if peer.Error == "" && out[i].Error == "" && peer.WallSeconds > 0 {
+			out[i].RatioToTalosctl = round(out[i].WallSeconds / peer.WallSeconds)
+		}
+	}
+
+	return out
+}
+
+// upgradeClusterFlags are ichor-sim up's flags of every upgrade cluster:
+// the Job's image run from the image root, the benchmark's latencies.
+func upgradeClusterFlags(o options) []string {
+	return append([]string{"--image", jobImageRepo + "=" + o.imageRoot}, benchLatencies.flags()...)
+}
+
+// upgradeRun starts a cluster of n nodes, upgrades it maxUnavailable workers
+// at a time and stops it.
+func upgradeRun(ctx context.Context, o options, n, maxUnavailable int) (r UpgradeResult) {
+	r = UpgradeResult{Nodes: n, ControlPlanes: controlPlanes, Workers: n - controlPlanes, WorkloadPods: n - controlPlanes, MaxUnavailable: maxUnavailable}
 	cr := clusterRun{
-		what: fmt.Sprintf("upgrade %d nodes", n), nodes: n, logs: fmt.Sprintf("upgrade-logs-%d-nodes", n), keep: o.keepLogs,
-		flags: append([]string{"--image", jobImageRepo + "=" + o.imageRoot}, benchLatencies.flags()...),
+		what: fmt.Sprintf("upgrade %d nodes, --max-unavailable %d", n, maxUnavailable), nodes: n,
+		logs: fmt.Sprintf("upgrade-logs-%d-nodes-mu%d", n, maxUnavailable), keep: o.keepLogs,
+		flags: upgradeClusterFlags(o),
 	}
 	err := withCluster(ctx, o, cr, func(c *simCluster) error {
 		r.ClusterStartSeconds = c.startSeconds
@@ -125,7 +184,7 @@ func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult
 	defer cancel()
 
 	cmd := exec.CommandContext(upCtx, o.plugin, "upgrade", "kubernetes", "--to", toVersion, "--yes",
-		"--max-unavailable", strconv.Itoa(o.maxUnavailable), "--kubeconfig", c.kubeconfig, "--talosconfig", c.talosconfig)
+		"--max-unavailable", strconv.Itoa(r.MaxUnavailable), "--kubeconfig", c.kubeconfig, "--talosconfig", c.talosconfig)
 	cmd.Env = append(cleanEnviron(), "HOME="+c.home)
 	// Its own process group: a signal for the benchmark's group does not detach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -165,9 +224,25 @@ func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult
 		return fmt.Errorf("kubectl-ichor upgrade: %v: %s", err, lastLine(output.Bytes()))
 	}
 
-	fmt.Fprintf(os.Stderr, "bench: upgrade %d nodes: upgraded in %.1fs\n", r.Nodes, r.WallSeconds)
+	fmt.Fprintf(os.Stderr, "bench: upgrade %d nodes, --max-unavailable %d: upgraded in %.1fs\n", r.Nodes, r.MaxUnavailable, r.WallSeconds)
 
-	return measureUpgrade(ctx, o, c.dir, client, began, ended, r)
+	t, err := measureUpgrade(ctx, c.dir, client, began, ended, r)
+	if err != nil {
+		return err
+	}
+
+	t.Title = fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --max-unavailable %d, %d+%d nodes", toVersion, r.MaxUnavailable, r.ControlPlanes, r.Workers)
+	t.Subtitle = fmt.Sprintf("wall %.1fs, bound %.1fs (%.2f x); %s -> %s on Talos %s; load average %s at the start",
+		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, fromVersion, toVersion, talosVersion, r.LoadAvgBefore)
+
+	name := fmt.Sprintf("timeline-%d-nodes-mu%d.svg", r.Nodes, r.MaxUnavailable)
+	if err := os.WriteFile(filepath.Join(o.out, name), svgTimeline(t), 0o644); err != nil {
+		return err
+	}
+
+	r.Timeline = name
+
+	return nil
 }
 
 // cleanEnviron is the environment without what would point the plugin at

@@ -20,6 +20,9 @@ const (
 	targetGap        = time.Second
 	targetRunnerMiB  = 128
 	targetPerNodeTol = 1.10 // per-node requests at the larger size at most this times the smaller's
+	// targetPeerRatio is kubectl-ichor's wall one worker at a time, drains
+	// included, over talosctl upgrade-k8s's on an identical cluster.
+	targetPeerRatio = 0.75
 )
 
 // UpgradeReport is upgrade.json.
@@ -44,15 +47,23 @@ type UpgradeTargets struct {
 
 // UpgradeResult is one cluster size.
 type UpgradeResult struct {
-	Nodes               int     `json:"nodes"`
-	ControlPlanes       int     `json:"controlPlanes"`
-	Workers             int     `json:"workers"`
-	WorkloadPods        int     `json:"workloadPods"`
+	Nodes         int `json:"nodes"`
+	ControlPlanes int `json:"controlPlanes"`
+	Workers       int `json:"workers"`
+	WorkloadPods  int `json:"workloadPods"`
+	// MaxUnavailable is the workers upgraded at once (--max-unavailable).
+	MaxUnavailable      int     `json:"maxUnavailable"`
 	ClusterStartSeconds float64 `json:"clusterStartSeconds,omitempty"`
 	LoadAvgBefore       string  `json:"loadAverageBefore,omitempty"`
 
 	// WallSeconds is the upgrade command's, from its start to its exit.
 	WallSeconds float64 `json:"wallSeconds"`
+	// Talosctl is the peer, talosctl upgrade-k8s, on an identical cluster
+	// (with --compare), and RatioToTalosctl this wall over its wall.
+	Talosctl        *PeerResult `json:"talosctl,omitempty"`
+	RatioToTalosctl float64     `json:"ratioToTalosctl,omitempty"`
+	// Timeline is the run's picture, a file beside upgrade.json.
+	Timeline string `json:"timeline,omitempty"`
 	// Split of the wall time: until the first apply began (plan, launch,
 	// the Job's pod, the lock, the first stage's reads and pre-pull), the
 	// first apply to the last node done, and the rest (the command sees the
@@ -154,17 +165,41 @@ func upgradeVerdict(results []UpgradeResult) []string {
 	for _, r := range ok {
 		limit := targetRatio*r.LowerBound.Seconds + targetSlack.Seconds()
 		out = append(out,
-			fmt.Sprintf("%d nodes: wall time at most %.2f x bound + %s = %.1fs: %s (%.1fs, %.2f x the bound of %.1fs)",
-				r.Nodes, targetRatio, targetSlack, limit, met(r.WallSeconds <= limit), r.WallSeconds, r.Ratio, r.LowerBound.Seconds),
-			fmt.Sprintf("%d nodes: no gap over %s: %s (longest %.2fs, median %.2fs, over %d gaps)",
-				r.Nodes, targetGap, met(r.Gaps.LongestSeconds <= targetGap.Seconds()), r.Gaps.LongestSeconds, r.Gaps.MedianSeconds, len(r.Gaps.Gaps)),
+			fmt.Sprintf("%s: wall time at most %.2f x bound + %s = %.1fs: %s (%.1fs, %.2f x the bound of %.1fs)",
+				runLabel(r), targetRatio, targetSlack, limit, met(r.WallSeconds <= limit), r.WallSeconds, r.Ratio, r.LowerBound.Seconds),
+			fmt.Sprintf("%s: no gap over %s: %s (longest %.2fs, median %.2fs, over %d gaps)",
+				runLabel(r), targetGap, met(r.Gaps.LongestSeconds <= targetGap.Seconds()), r.Gaps.LongestSeconds, r.Gaps.MedianSeconds, len(r.Gaps.Gaps)),
 			estimateVerdict(r),
-			fmt.Sprintf("%d nodes: runner under %d MiB: %s (peak %.1f MiB over %d pod(s))",
-				r.Nodes, targetRunnerMiB, met(r.RunnerPeakRSSMiB < targetRunnerMiB), r.RunnerPeakRSSMiB, len(r.RunnerPods)))
+			fmt.Sprintf("%s: runner under %d MiB: %s (peak %.1f MiB over %d pod(s))",
+				runLabel(r), targetRunnerMiB, met(r.RunnerPeakRSSMiB < targetRunnerMiB), r.RunnerPeakRSSMiB, len(r.RunnerPods)))
 	}
 
+	out = append(out, peerVerdict(ok)...)
+
+	// Requests per node, between sizes run alike.
+	byMU := map[int][]UpgradeResult{}
+	var mus []int
+
+	for _, r := range ok {
+		if byMU[r.MaxUnavailable] == nil {
+			mus = append(mus, r.MaxUnavailable)
+		}
+
+		byMU[r.MaxUnavailable] = append(byMU[r.MaxUnavailable], r)
+	}
+
+	for _, mu := range mus {
+		out = append(out, perNodeVerdict(byMU[mu], mu)...)
+	}
+
+	return out
+}
+
+// perNodeVerdict holds the requests per node of the smallest and the
+// largest size against each other.
+func perNodeVerdict(ok []UpgradeResult, mu int) []string {
 	if len(ok) < 2 {
-		return append(out, "requests per node not growing with the cluster: not judged, one size only")
+		return []string{fmt.Sprintf("--max-unavailable %d: requests per node not growing with the cluster: not judged, one size only", mu)}
 	}
 
 	small, big := ok[0], ok[0]
@@ -179,13 +214,49 @@ func upgradeVerdict(results []UpgradeResult) []string {
 	}
 
 	grows := func(what string, s, b float64) string {
-		return fmt.Sprintf("%s per node not growing with the cluster: %s (%.1f at %d nodes, %.1f at %d nodes)",
-			what, met(b <= s*targetPerNodeTol), s, small.Nodes, b, big.Nodes)
+		return fmt.Sprintf("--max-unavailable %d: %s per node not growing with the cluster: %s (%.1f at %d nodes, %.1f at %d nodes)",
+			mu, what, met(b <= s*targetPerNodeTol), s, small.Nodes, b, big.Nodes)
 	}
 
-	return append(out,
+	return []string{
 		grows("Kubernetes requests", small.KubernetesPerNode, big.KubernetesPerNode),
-		grows("Talos calls", small.TalosPerNode, big.TalosPerNode))
+		grows("Talos calls", small.TalosPerNode, big.TalosPerNode),
+	}
+}
+
+// peerVerdict holds kubectl-ichor's wall, one worker at a time as the peer
+// moves its kubelets, against talosctl upgrade-k8s's on an identical
+// cluster; the runs at a higher --max-unavailable are reported beside it.
+func peerVerdict(ok []UpgradeResult) []string {
+	var out []string
+
+	for _, r := range ok {
+		p := r.Talosctl
+		if p == nil {
+			continue
+		}
+
+		if p.Error != "" {
+			out = append(out, fmt.Sprintf("%s: against talosctl upgrade-k8s: not judged, the peer's run failed", runLabel(r)))
+
+			continue
+		}
+
+		if r.MaxUnavailable == 1 {
+			out = append(out, fmt.Sprintf("%s: at most %.2f x talosctl upgrade-k8s's wall: %s (%.1fs against %.1fs: %.2f x)",
+				runLabel(r), targetPeerRatio, met(r.RatioToTalosctl <= targetPeerRatio), r.WallSeconds, p.WallSeconds, r.RatioToTalosctl))
+		} else {
+			out = append(out, fmt.Sprintf("%s: %.2f x talosctl upgrade-k8s's wall (%.1fs against %.1fs; the target is one worker at a time's)",
+				runLabel(r), r.RatioToTalosctl, r.WallSeconds, p.WallSeconds))
+		}
+	}
+
+	return out
+}
+
+// runLabel names a run in the verdicts.
+func runLabel(r UpgradeResult) string {
+	return fmt.Sprintf("%d nodes, --max-unavailable %d", r.Nodes, r.MaxUnavailable)
 }
 
 func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
@@ -198,32 +269,34 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 		l.StaticPodRestart, l.Ready, l.KubeletRestart, l.PodStart, l.ImagePull, jobFailureBackoff)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODES\tWALL\tBOUND\tRATIO\tLAUNCH/RUN/TAIL\tGAP max (median)\tK8S REQ/NODE\tTALOS/NODE\tRUNNER RSS\tRUNNER CPU")
+	fmt.Fprintln(tw, "NODES\tMU\tWALL\tBOUND\tRATIO\tTALOSCTL\tx TALOSCTL\tLAUNCH/RUN/TAIL\tGAP max (median)\tK8S REQ/NODE\tTALOS/NODE\tRUNNER RSS\tRUNNER CPU")
 
 	for _, x := range r.Results {
 		if x.Error != "" {
-			fmt.Fprintf(tw, "%d\tfailed: %s\n", x.Nodes, x.Error)
+			fmt.Fprintf(tw, "%d\t%d\tfailed: %s\n", x.Nodes, x.MaxUnavailable, x.Error)
 
 			continue
 		}
 
-		fmt.Fprintf(tw, "%d (%d+%d)\t%.1fs\t%.1fs\t%.2f\t%.1f/%.1f/%.1fs\t%.2fs (%.2fs)\t%.1f (%d)\t%.1f (%d)\t%.1f MiB\t%.2fs in %d pod(s)\n",
-			x.Nodes, x.ControlPlanes, x.Workers, x.WallSeconds, x.LowerBound.Seconds, x.Ratio,
+		fmt.Fprintf(tw, "%d (%d+%d)\t%d\t%.1fs\t%.1fs\t%.2f\t%s\t%s\t%.1f/%.1f/%.1fs\t%.2fs (%.2fs)\t%.1f (%d)\t%.1f (%d)\t%.1f MiB\t%.2fs in %d pod(s)\n",
+			x.Nodes, x.ControlPlanes, x.Workers, x.MaxUnavailable, x.WallSeconds, x.LowerBound.Seconds, x.Ratio, peerWall(x), peerRatio(x),
 			x.LaunchSeconds, x.RunSeconds, x.TailSeconds, x.Gaps.LongestSeconds, x.Gaps.MedianSeconds,
 			x.KubernetesPerNode, x.KubernetesRequests, x.TalosPerNode, x.TalosCalls, x.RunnerPeakRSSMiB, x.RunnerCPUSeconds, len(x.RunnerPods))
 	}
 
 	_ = tw.Flush()
 
+	writePeerSummary(w, r.Results)
+
 	fmt.Fprintf(w, "\nThe lower bound: every wait the design makes serial, from the simulated latencies, nothing of the tool's own:\n%s\n", boundFormula)
-	fmt.Fprintf(w, "(cps control planes, W workers, N nodes, mu = --max-unavailable %d)\n", r.MaxUnavailable)
+	fmt.Fprintf(w, "(cps control planes, W workers, N nodes, mu = --max-unavailable)\n")
 
 	for _, x := range r.Results {
 		if x.Error != "" {
 			continue
 		}
 
-		fmt.Fprintf(w, "\nAt %d nodes: bound %.1fs\n", x.Nodes, x.LowerBound.Seconds)
+		fmt.Fprintf(w, "\nAt %d nodes, --max-unavailable %d: bound %.1fs; timeline %s\n", x.Nodes, x.MaxUnavailable, x.LowerBound.Seconds, x.Timeline)
 
 		for _, t := range x.LowerBound.Terms {
 			fmt.Fprintf(w, "  %3d x %6.2fs = %6.2fs  %s: %s\n", t.Count, t.Each, t.Seconds, t.Stage, t.What)
@@ -292,5 +365,48 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 
 	for _, v := range r.Verdict {
 		fmt.Fprintf(w, "  %s\n", v)
+	}
+}
+
+// peerWall and peerRatio are the table's peer columns.
+func peerWall(x UpgradeResult) string {
+	switch {
+	case x.Talosctl == nil:
+		return "-"
+	case x.Talosctl.Error != "":
+		return "failed"
+	}
+
+	return fmt.Sprintf("%.1fs", x.Talosctl.WallSeconds)
+}
+
+func peerRatio(x UpgradeResult) string {
+	if x.RatioToTalosctl == 0 {
+		return "-"
+	}
+
+	return fmt.Sprintf("%.2f", x.RatioToTalosctl)
+}
+
+// writePeerSummary says how the peer ran, once per size.
+func writePeerSummary(w io.Writer, results []UpgradeResult) {
+	seen := map[*PeerResult]bool{}
+
+	for _, x := range results {
+		p := x.Talosctl
+		if p == nil || seen[p] {
+			continue
+		}
+
+		seen[p] = true
+
+		if p.Error != "" {
+			fmt.Fprintf(w, "\n%s at %d nodes (an identical cluster): failed: %s\n", p.Command, x.Nodes, p.Error)
+
+			continue
+		}
+
+		fmt.Fprintf(w, "\n%s at %d nodes (an identical cluster, no drains, kubelets one at a time): %.1fs, load average %s at its start; timeline %s\n",
+			p.Command, x.Nodes, p.WallSeconds, p.LoadAvgBefore, p.Timeline)
 	}
 }
