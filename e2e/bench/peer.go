@@ -28,6 +28,7 @@ type PeerResult struct {
 	Command             string  `json:"command"`
 	ClusterStartSeconds float64 `json:"clusterStartSeconds,omitempty"`
 	LoadAvgBefore       string  `json:"loadAverageBefore,omitempty"`
+	LoadAvgAfter        string  `json:"loadAverageAfter,omitempty"`
 	// WallSeconds is the command's, from its start to its exit.
 	WallSeconds float64 `json:"wallSeconds"`
 	// Timeline is the run's picture, a file beside upgrade.json.
@@ -99,6 +100,7 @@ func peerOnce(ctx context.Context, o options, c *simCluster, n int, p *PeerResul
 	err = cmd.Run()
 	ended := time.Now()
 	p.WallSeconds = round(ended.Sub(began).Seconds())
+	p.LoadAvgAfter = loadAvg()
 
 	_ = os.WriteFile(filepath.Join(c.dir, cluster.LogDir, "talosctl.out"), lines.raw.Bytes(), 0o644)
 
@@ -126,7 +128,8 @@ func peerOnce(ctx context.Context, o options, c *simCluster, n int, p *PeerResul
 
 	t := peerTimeline(lines.lines(), names, began, ended)
 	t.Title = fmt.Sprintf("talosctl upgrade-k8s --to %s, %d+%d nodes", strings.TrimPrefix(toVersion, "v"), controlPlanes, n-controlPlanes)
-	t.Subtitle = fmt.Sprintf("wall %.1fs; %s -> %s on Talos %s; load average %s at the start", p.WallSeconds, fromVersion, toVersion, talosVersion, p.LoadAvgBefore)
+	t.Subtitle = fmt.Sprintf("wall %.1fs; %s -> %s on Talos %s; load average %s at the start, %s at the end",
+		p.WallSeconds, fromVersion, toVersion, talosVersion, p.LoadAvgBefore, p.LoadAvgAfter)
 
 	name := fmt.Sprintf("timeline-%d-nodes-talosctl.svg", n)
 	if err := os.WriteFile(filepath.Join(o.out, name), svgTimeline(t), 0o644); err != nil {

@@ -92,6 +92,7 @@ func planSize(ctx context.Context, o options, n int) (r Result) {
 			r.TalosCalls, r.TalosByMethod, r.TalosNodes = stats.talos, stats.talosBy, stats.talosNodes
 		}
 		r.Wall, r.CPU = spread(walls), spread(cpus)
+		r.LoadAvgAfter = loadAvg()
 		return nil
 	})
 	if err != nil {

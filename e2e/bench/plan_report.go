@@ -46,6 +46,7 @@ type Result struct {
 	Workers             int            `json:"workers"`
 	ClusterStartSeconds float64        `json:"clusterStartSeconds,omitempty"`
 	LoadAvgBefore       string         `json:"loadAverageBefore,omitempty"`
+	LoadAvgAfter        string         `json:"loadAverageAfter,omitempty"`
 	Runs                []Run          `json:"runs,omitempty"`
 	Wall                Spread         `json:"wallSeconds"`
 	CPU                 Spread         `json:"cpuSeconds"`
@@ -116,17 +117,17 @@ func verdict(results []Result) []string {
 
 func writeSummary(w io.Writer, r *Report) {
 	fmt.Fprintf(w, "%s\n", r.Benchmark)
-	fmt.Fprintf(w, "%d measured runs per size after a warm-up; %d CPUs (%s), load average %s at the start; the cluster runs on the same machine\n\n",
+	fmt.Fprintf(w, "%d measured runs per size after a warm-up; %d CPUs (%s), load average %s at the start (LOAD: the one-minute load average before and after each size's runs); the cluster runs on the same machine\n\n",
 		r.Runs, r.Machine.CPUs, r.Machine.OS, r.Machine.LoadAvgBefore)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODES\tCLUSTER START\tWALL median (min-max)\tCPU median\tPEAK RSS\tK8S REQUESTS\tTALOS CALLS")
+	fmt.Fprintln(tw, "NODES\tLOAD\tCLUSTER START\tWALL median (min-max)\tCPU median\tPEAK RSS\tK8S REQUESTS\tTALOS CALLS")
 	for _, x := range r.Results {
 		if x.Error != "" {
 			fmt.Fprintf(tw, "%d\tfailed: %s\n", x.Nodes, x.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%d (%d+%d)\t%.1fs\t%.2fs (%.2f-%.2f)\t%.2fs\t%.1f MiB\t%d\t%d to %d nodes\n",
-			x.Nodes, x.ControlPlanes, x.Workers, x.ClusterStartSeconds, x.Wall.Median, x.Wall.Min, x.Wall.Max, x.CPU.Median,
+		fmt.Fprintf(tw, "%d (%d+%d)\t%s-%s\t%.1fs\t%.2fs (%.2f-%.2f)\t%.2fs\t%.1f MiB\t%d\t%d to %d nodes\n",
+			x.Nodes, x.ControlPlanes, x.Workers, load1(x.LoadAvgBefore), load1(x.LoadAvgAfter), x.ClusterStartSeconds, x.Wall.Median, x.Wall.Min, x.Wall.Max, x.CPU.Median,
 			x.PeakRSSMiB, x.KubernetesRequests, x.TalosCalls, x.TalosNodes)
 	}
 	_ = tw.Flush()

@@ -26,6 +26,15 @@ func machine() Machine {
 	return Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, LoadAvgBefore: loadAvg()}
 }
 
+// load1 is the one-minute load average of a loadAvg line.
+func load1(avg string) string {
+	if f := strings.Fields(avg); len(f) > 0 {
+		return f[0]
+	}
+
+	return "?"
+}
+
 func loadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {

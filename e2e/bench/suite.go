@@ -123,7 +123,7 @@ func withCluster(ctx context.Context, o options, cr clusterRun, f func(c *simClu
 	start := time.Now()
 	args := append([]string{"up", "--dir", dir, "--bin-dir", o.binDir,
 		"--control-planes", strconv.Itoa(controlPlanes), "--workers", strconv.Itoa(cr.nodes - controlPlanes),
-		"--kubernetes", fromVersion, "--talos", talosVersion, "--wait", clusterStartMax.String()}, cr.flags...)
+		"--kubernetes", fromVersion, "--talos", talosVersion, "--wait", startTimeout(cr.nodes).String()}, cr.flags...)
 	out, upErr := exec.CommandContext(ctx, o.sim, args...).CombinedOutput()
 	// Stop it whatever happened, keeping its logs first when something failed.
 	defer func() {

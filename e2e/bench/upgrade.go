@@ -208,6 +208,7 @@ func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult
 	err = cmd.Run()
 	ended := time.Now()
 	r.WallSeconds = round(ended.Sub(began).Seconds())
+	r.LoadAvgAfter = loadAvg()
 
 	stopWatch()
 	<-watched
@@ -232,8 +233,8 @@ func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult
 	}
 
 	t.Title = fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --max-unavailable %d, %d+%d nodes", toVersion, r.MaxUnavailable, r.ControlPlanes, r.Workers)
-	t.Subtitle = fmt.Sprintf("wall %.1fs, bound %.1fs (%.2f x); %s -> %s on Talos %s; load average %s at the start",
-		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, fromVersion, toVersion, talosVersion, r.LoadAvgBefore)
+	t.Subtitle = fmt.Sprintf("wall %.1fs, bound %.1fs (%.2f x); %s -> %s on Talos %s; load average %s at the start, %s at the end",
+		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, fromVersion, toVersion, talosVersion, r.LoadAvgBefore, r.LoadAvgAfter)
 
 	name := fmt.Sprintf("timeline-%d-nodes-mu%d.svg", r.Nodes, r.MaxUnavailable)
 	if err := os.WriteFile(filepath.Join(o.out, name), svgTimeline(t), 0o644); err != nil {

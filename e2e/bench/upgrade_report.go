@@ -55,6 +55,7 @@ type UpgradeResult struct {
 	MaxUnavailable      int     `json:"maxUnavailable"`
 	ClusterStartSeconds float64 `json:"clusterStartSeconds,omitempty"`
 	LoadAvgBefore       string  `json:"loadAverageBefore,omitempty"`
+	LoadAvgAfter        string  `json:"loadAverageAfter,omitempty"`
 
 	// WallSeconds is the upgrade command's, from its start to its exit.
 	WallSeconds float64 `json:"wallSeconds"`
@@ -262,14 +263,14 @@ func runLabel(r UpgradeResult) string {
 func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 	l := r.Latencies
 	fmt.Fprintf(w, "%s\n", r.Benchmark)
-	fmt.Fprintf(w, "%d CPUs (%s), load average %s at the start; the cluster runs on the same machine\n",
+	fmt.Fprintf(w, "%d CPUs (%s), load average %s at the start (LOAD: the one-minute load average at each run's start and end); the cluster runs on the same machine\n",
 		r.Machine.CPUs, r.Machine.OS, r.Machine.LoadAvgBefore)
 	fmt.Fprintf(w, "simulated latencies: static pod restart SPR %s, ready RL %s, kubelet restart KR %s, pod start PS %s, image pull IP %s, "+
 		"pod termination T 0 (simulated pods stop at once); Job failure backoff JB %s (kube-controller-manager)\n\n",
 		l.StaticPodRestart, l.Ready, l.KubeletRestart, l.PodStart, l.ImagePull, jobFailureBackoff)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODES\tMU\tWALL\tBOUND\tRATIO\tTALOSCTL\tx TALOSCTL\tLAUNCH/RUN/TAIL\tGAP max (median)\tK8S REQ/NODE\tTALOS/NODE\tRUNNER RSS\tRUNNER CPU")
+	fmt.Fprintln(tw, "NODES\tMU\tLOAD\tWALL\tBOUND\tRATIO\tTALOSCTL\tx TALOSCTL\tLAUNCH/RUN/TAIL\tGAP max (median)\tK8S REQ/NODE\tTALOS/NODE\tRUNNER RSS\tRUNNER CPU")
 
 	for _, x := range r.Results {
 		if x.Error != "" {
@@ -278,8 +279,8 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 			continue
 		}
 
-		fmt.Fprintf(tw, "%d (%d+%d)\t%d\t%.1fs\t%.1fs\t%.2f\t%s\t%s\t%.1f/%.1f/%.1fs\t%.2fs (%.2fs)\t%.1f (%d)\t%.1f (%d)\t%.1f MiB\t%.2fs in %d pod(s)\n",
-			x.Nodes, x.ControlPlanes, x.Workers, x.MaxUnavailable, x.WallSeconds, x.LowerBound.Seconds, x.Ratio, peerWall(x), peerRatio(x),
+		fmt.Fprintf(tw, "%d (%d+%d)\t%d\t%s-%s\t%.1fs\t%.1fs\t%.2f\t%s\t%s\t%.1f/%.1f/%.1fs\t%.2fs (%.2fs)\t%.1f (%d)\t%.1f (%d)\t%.1f MiB\t%.2fs in %d pod(s)\n",
+			x.Nodes, x.ControlPlanes, x.Workers, x.MaxUnavailable, load1(x.LoadAvgBefore), load1(x.LoadAvgAfter), x.WallSeconds, x.LowerBound.Seconds, x.Ratio, peerWall(x), peerRatio(x),
 			x.LaunchSeconds, x.RunSeconds, x.TailSeconds, x.Gaps.LongestSeconds, x.Gaps.MedianSeconds,
 			x.KubernetesPerNode, x.KubernetesRequests, x.TalosPerNode, x.TalosCalls, x.RunnerPeakRSSMiB, x.RunnerCPUSeconds, len(x.RunnerPods))
 	}
@@ -406,7 +407,7 @@ func writePeerSummary(w io.Writer, results []UpgradeResult) {
 			continue
 		}
 
-		fmt.Fprintf(w, "\n%s at %d nodes (an identical cluster, no drains, kubelets one at a time): %.1fs, load average %s at its start; timeline %s\n",
-			p.Command, x.Nodes, p.WallSeconds, p.LoadAvgBefore, p.Timeline)
+		fmt.Fprintf(w, "\n%s at %d nodes (an identical cluster, no drains, kubelets one at a time): %.1fs, load average %s at its start, %s at its end; timeline %s\n",
+			p.Command, x.Nodes, p.WallSeconds, p.LoadAvgBefore, p.LoadAvgAfter, p.Timeline)
 	}
 }

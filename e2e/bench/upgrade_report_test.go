@@ -85,5 +85,5 @@ func TestUpgradeReportCarriesThePeerBesideEachResult(t *testing.T) {
 	assert.Contains(t, text.String(), "talosctl upgrade-k8s --to 1.37.2 at 23 nodes (an identical cluster, no drains, kubelets one at a time): 160.0s")
 	assert.Equal(t, 1, bytes.Count(text.Bytes(), []byte("at 23 nodes (an identical cluster")), "the peer's run is said once per size")
 	assert.Contains(t, text.String(), "at most 0.75 x talosctl upgrade-k8s's wall: met")
-	assert.Regexp(t, `23 \(3\+20\)\s+1\s+120\.0s\s+\S+\s+\S+\s+160\.0s\s+0\.75`, text.String())
+	assert.Regexp(t, `23 \(3\+20\)\s+1\s+\S+\s+120\.0s\s+\S+\s+\S+\s+160\.0s\s+0\.75`, text.String())
 }
