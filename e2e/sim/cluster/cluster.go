@@ -68,11 +68,12 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	if err := os.MkdirAll(filepath.Join(opts.Dir, LogDir, "pods"), 0o755); err != nil {
 		return err
 	}
-	addrs, err := pickAddresses(opts.Dir)
+	n := opts.ControlPlanes + opts.Workers
+	addrs, err := pickAddresses(opts.Dir, n)
 	if err != nil {
 		return err
 	}
-	log.Info("generating machine configs", "machines", opts.ControlPlanes+opts.Workers, "addresses", addrs.base.String()+"/20")
+	log.Info("generating machine configs", "machines", n, "addresses", fmt.Sprintf("%s/20 x %d", addrs.base, blocksFor(n)))
 	g, err := generateConfigs(opts, addrs)
 	if err != nil {
 		return err
