@@ -237,7 +237,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		}
 	}
 	log.Info("waiting for nodes and static pods to be Ready")
-	if err := waitClusterReady(ctx, cp, nodes, upControlPlanes, 3*time.Minute); err != nil {
+	// Thousands of nodes take longer: each Node's status, each kube-proxy
+	// pod's creation, binding and start are requests to the one apiserver.
+	if err := waitClusterReady(ctx, cp, nodes, upControlPlanes, max(3*time.Minute, time.Duration(nodes)*150*time.Millisecond)); err != nil {
 		return err
 	}
 	info := Info{

@@ -249,3 +249,12 @@ type containerMode struct{}
 func (containerMode) String() string        { return "container" }
 func (containerMode) RequiresInstall() bool { return false }
 func (containerMode) InContainer() bool     { return true }
+
+// A controller keeps its default API rate in a cluster of up to 50 x its
+// rate machines, then gets a request a second per 50 machines.
+func TestWithAPIRate(t *testing.T) {
+	require.Equal(t, []string{"--v=1"}, withAPIRate(1000, 20, 30, "--v=1"))
+	require.Equal(t, []string{"--v=1", "--kube-api-qps=100", "--kube-api-burst=150"}, withAPIRate(5000, 20, 30, "--v=1"))
+	require.Equal(t, []string{"--v=1"}, withAPIRate(2500, 50, 100, "--v=1"))
+	require.Equal(t, []string{"--v=1", "--kube-api-qps=100", "--kube-api-burst=150"}, withAPIRate(5000, 50, 100, "--v=1"))
+}
