@@ -24,10 +24,10 @@ const (
 	toVersion       = "v1.37.2"
 	talosVersion    = "v1.14.1" // the current Talos: multi-document configs, the larger to read
 	clusterStartMax = 20 * time.Minute
-	// clusterStartPerNode is how much longer a cluster of more than 3000
+	// clusterStartPerNode is how much longer a cluster of more than 2400
 	// nodes may take per node: its machines boot and its Nodes register one
 	// apiserver request after another.
-	clusterStartPerNode = 400 * time.Millisecond
+	clusterStartPerNode = 500 * time.Millisecond
 )
 
 // startTimeout is how long ichor-sim up may take for a cluster of n nodes.
