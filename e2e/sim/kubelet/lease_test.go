@@ -30,7 +30,7 @@ func (m fakeMachine) Current() MachineState {
 	return MachineState{Up: true, TalosVersion: "v1.14.1", BootID: "b", KubeletImage: "ghcr.io/siderolabs/kubelet:v1.36.3", KubeletRunning: true}
 }
 func (m fakeMachine) Changes() (<-chan struct{}, func()) { return make(chan struct{}), func() {} }
-func (m fakeMachine) Observe(Observed)                  {}
+func (m fakeMachine) Observe(Observed)                   {}
 
 // leaseActions are the Lease requests made since the last call.
 func leaseActions(c *fake.Clientset) []string {
