@@ -1,5 +1,8 @@
 package main
 
+// estimate.go follows the operation as a script would (status --watch -o
+// json) and holds the time left it estimated against the time actually left.
+
 import (
 	"bufio"
 	"context"
@@ -119,7 +122,7 @@ func (w *estimateWatch) samples(began, ended time.Time) []EstimateSample {
 
 func estimateVerdict(r UpgradeResult) string {
 	if len(r.Estimates) == 0 {
-		return fmt.Sprintf("%d nodes: estimate of the time left within %.0f%%: not judged, no estimate was printed", r.Nodes, targetEstimate)
+		return fmt.Sprintf("%s: estimate of the time left within %.0f%%: not judged, no estimate was printed", runLabel(r), targetEstimate)
 	}
 
 	worst, at := 0.0, ""
@@ -136,6 +139,6 @@ func estimateVerdict(r UpgradeResult) string {
 		verdict = "NOT met"
 	}
 
-	return fmt.Sprintf("%d nodes: estimate of the time left within %.0f%% (at a quarter, half, three quarters): %s (worst %+.0f%%, %s)",
-		r.Nodes, targetEstimate, verdict, worst, at)
+	return fmt.Sprintf("%s: estimate of the time left within %.0f%% (at a quarter, half, three quarters): %s (worst %+.0f%%, %s)",
+		runLabel(r), targetEstimate, verdict, worst, at)
 }

@@ -73,11 +73,12 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	if err := os.MkdirAll(filepath.Join(opts.Dir, LogDir, "pods"), 0o755); err != nil {
 		return err
 	}
-	addrs, err := pickAddresses(opts.Dir)
+	n := opts.ControlPlanes + opts.Workers
+	addrs, err := pickAddresses(opts.Dir, n)
 	if err != nil {
 		return err
 	}
-	log.Info("generating machine configs", "machines", opts.ControlPlanes+opts.Workers, "addresses", addrs.base.String()+"/20")
+	log.Info("generating machine configs", "machines", n, "addresses", fmt.Sprintf("%s/20 x %d", addrs.base, blocksFor(n)))
 	g, err := generateConfigs(opts, addrs)
 	if err != nil {
 		return err
@@ -248,7 +249,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		}
 	}
 	log.Info("waiting for nodes and static pods to be Ready")
-	if err := waitClusterReady(ctx, cp, nodes, upControlPlanes, 3*time.Minute); err != nil {
+	// Thousands of nodes take longer: each Node's status, each kube-proxy
+	// pod's creation, binding and start are requests to the one apiserver.
+	if err := waitClusterReady(ctx, cp, nodes, upControlPlanes, max(3*time.Minute, time.Duration(nodes)*150*time.Millisecond)); err != nil {
 		return err
 	}
 	info := Info{

@@ -177,7 +177,12 @@ func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *
 	if err != nil {
 		return nil, err
 	}
-	cp.restConfig.QPS, cp.restConfig.Burst = 500, 1000
+	// Real kubelets each have a client of their own; the simulated ones
+	// share this one, so its rate grows with them (a Lease renewal every 10s
+	// each is machines/10 requests a second).
+	machines := opts.ControlPlanes + opts.Workers
+	cp.restConfig.QPS = float32(max(500, machines/4))
+	cp.restConfig.Burst = 2 * int(cp.restConfig.QPS)
 	cp.client, err = kubernetes.NewForConfig(cp.restConfig)
 	if err != nil {
 		return nil, err
@@ -188,7 +193,7 @@ func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *
 		return nil, err
 	}
 
-	kcm, err := startProcess("kube-controller-manager", logs, bin("kube-controller-manager"),
+	kcm, err := startProcess("kube-controller-manager", logs, bin("kube-controller-manager"), withAPIRate(machines, 20, 30,
 		"--kubeconfig="+p("controller-manager.kubeconfig"),
 		"--authentication-kubeconfig="+p("controller-manager.kubeconfig"),
 		"--authorization-kubeconfig="+p("controller-manager.kubeconfig"),
@@ -200,24 +205,36 @@ func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *
 		"--cluster-cidr="+clusterCIDR, "--allocate-node-cidrs=true", "--service-cluster-ip-range="+serviceCIDR,
 		"--leader-elect=false", "--flex-volume-plugin-dir="+filepath.Join(opts.Dir, "flexvolume"),
 		"--profiling=false", "--v=1",
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}
 	cp.procs = append(cp.procs, kcm)
-	sched, err := startProcess("kube-scheduler", logs, bin("kube-scheduler"),
+	sched, err := startProcess("kube-scheduler", logs, bin("kube-scheduler"), withAPIRate(machines, 50, 100,
 		"--kubeconfig="+p("scheduler.kubeconfig"),
 		"--authentication-kubeconfig="+p("scheduler.kubeconfig"),
 		"--authorization-kubeconfig="+p("scheduler.kubeconfig"),
 		"--bind-address="+host, fmt.Sprintf("--secure-port=%d", schedPort),
 		"--tls-cert-file="+p("serving.crt"), "--tls-private-key-file="+p("serving.key"),
 		"--leader-elect=false", "--profiling=false", "--v=1",
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}
 	cp.procs = append(cp.procs, sched)
 	return cp, nil
+}
+
+// withAPIRate is a controller's arguments with its --kube-api-qps and
+// --kube-api-burst for a cluster of machines: none (its defaults, qps and
+// burst) until a request a second per 50 machines is more, then that (the
+// DaemonSet controller creates a pod per node, the scheduler binds it), as
+// large clusters raise them.
+func withAPIRate(machines, qps, burst int, args ...string) []string {
+	if machines/50 <= qps {
+		return args
+	}
+	return append(args, fmt.Sprintf("--kube-api-qps=%d", machines/50), fmt.Sprintf("--kube-api-burst=%d", max(burst, 3*machines/100)))
 }
 
 // alive returns the error of the first control-plane process that ended.

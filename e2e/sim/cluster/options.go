@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -144,6 +146,9 @@ func (o *Options) Validate() error {
 	if o.ControlPlanes+o.Workers > maxMachines {
 		return fmt.Errorf("%d machines: at most %d fit in one local cluster", o.ControlPlanes+o.Workers, maxMachines)
 	}
+	if err := checkOpenFiles(o.ControlPlanes+o.Workers, openFilesLimit()); err != nil {
+		return err
+	}
 	if !semverRE.MatchString(o.KubernetesVersion) {
 		return fmt.Errorf("--kubernetes %q: want a version like v1.35.4", o.KubernetesVersion)
 	}
@@ -220,15 +225,57 @@ const (
 // ConfigLayouts lists the layouts, for help texts.
 func ConfigLayouts() []string { return []string{LayoutV1Alpha1, LayoutMultiDoc, LayoutMixed} }
 
-// maxMachines is how many machine addresses one cluster's block holds.
-const maxMachines = 4000
+// A cluster's loopback addresses come in blocks of blockAddrs (a /20,
+// 127.a.b.0/20), numBlocks of them from 127.10.0.0 on.
+const (
+	blockAddrs = 4096
+	numBlocks  = 240 * 16
+)
 
-// addressPlan places a cluster on its own block of loopback addresses
-// (127.a.b.0/20): the control plane on .1 and machine i on base+10+i, so every
-// machine has an address of its own, as in a real cluster, and several
-// clusters can run side by side.
+// maxMachines is what 16 consecutive blocks hold. A machine's own limits
+// come first: its open files (checkOpenFiles) and memory.
+const maxMachines = 16*blockAddrs - 10
+
+// The open files a cluster's daemon needs: two listeners per simulated
+// machine (its Talos API and its kubelet's), and a spare for the rest (the
+// control plane's clients, the connections it accepts, logs).
+const (
+	openFilesPerMachine = 2
+	openFilesSpare      = 1024
+)
+
+// checkOpenFiles refuses a cluster whose listeners do not fit under limit,
+// the process's RLIMIT_NOFILE (which Go raises to the hard limit at start).
+func checkOpenFiles(machines int, limit uint64) error {
+	need := uint64(machines*openFilesPerMachine + openFilesSpare)
+	if need > limit {
+		return fmt.Errorf("%d machines need about %d open files (a Talos API and a kubelet listener each), and this process may open %d: raise the hard limit (ulimit -Hn) or start fewer machines",
+			machines, need, limit)
+	}
+	return nil
+}
+
+// openFilesLimit is the process's limit of open files.
+func openFilesLimit() uint64 {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return math.MaxUint64 // not known: let the listeners say
+	}
+	return l.Cur
+}
+
+// addressPlan places a cluster on its own loopback addresses: the control
+// plane on the first block's .1 and machine i on base+10+i, running on into
+// as many consecutive blocks as the machines need, so every machine has an
+// address of its own, as in a real cluster, and several clusters can run side
+// by side.
 type addressPlan struct {
 	base netip.Addr
+}
+
+// blocksFor is how many blocks a cluster of n machines spans.
+func blocksFor(machines int) int {
+	return (10 + machines + blockAddrs - 1) / blockAddrs
 }
 
 func (p addressPlan) apiServer() netip.Addr { return p.offset(1) }
@@ -242,20 +289,32 @@ func (p addressPlan) offset(n int) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
-// pickAddresses chooses a free block, starting from one derived from dir so a
-// cluster tends to keep its addresses across restarts.
-func pickAddresses(dir string) (addressPlan, error) {
+// pickAddresses chooses free blocks for a cluster of n machines, starting
+// from one derived from dir so a cluster tends to keep its addresses across
+// restarts. A block is taken when its control plane's address serves 6443 or
+// when its first machine address (the block's base+10) serves 50000: each of
+// the blocks a cluster spans must be free of the second (another cluster's
+// machines), and the first of the first too.
+func pickAddresses(dir string, machines int) (addressPlan, error) {
+	span := blocksFor(machines)
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(dir))
-	start := int(h.Sum32() % (240 * 16))
-	for i := range 240 * 16 {
-		n := (start + i) % (240 * 16)
+	start := int(h.Sum32() % numBlocks)
+	for i := range numBlocks {
+		n := (start + i) % numBlocks
+		if n+span > numBlocks {
+			continue
+		}
 		p := addressPlan{base: netip.AddrFrom4([4]byte{127, byte(10 + n/16), byte((n % 16) * 16), 0})}
-		if free(p.apiServer(), 6443) && free(p.machine(0), 50000) {
+		ok := free(p.apiServer(), 6443)
+		for k := 0; ok && k < span; k++ {
+			ok = free(p.offset(k*blockAddrs+10), 50000)
+		}
+		if ok {
 			return p, nil
 		}
 	}
-	return addressPlan{}, errors.New("no free loopback address block: stop other local clusters (ichor-sim down)")
+	return addressPlan{}, fmt.Errorf("no %d free loopback address block(s) in a row for %d machines: stop other local clusters (ichor-sim down)", span, machines)
 }
 
 func free(addr netip.Addr, port int) bool {

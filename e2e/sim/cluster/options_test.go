@@ -56,7 +56,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestAddressPlan(t *testing.T) {
-	p, err := pickAddresses(t.TempDir())
+	p, err := pickAddresses(t.TempDir(), 5)
 	require.NoError(t, err)
 	b := p.base.As4()
 	require.Equal(t, byte(127), b[0])
@@ -75,15 +75,60 @@ func TestAddressPlan(t *testing.T) {
 	l, err := net.Listen("tcp", p.apiServer().String()+":6443")
 	require.NoError(t, err)
 	defer l.Close()
-	q, err := pickAddresses(t.TempDir())
+	q, err := pickAddresses(t.TempDir(), 5)
 	require.NoError(t, err)
 	require.NotEqual(t, p.base, q.base)
+}
+
+// A cluster larger than a block of addresses runs on into the next blocks,
+// which must be free of other clusters' machines.
+func TestAddressPlanSpansBlocks(t *testing.T) {
+	require.Equal(t, 1, blocksFor(4086))
+	require.Equal(t, 2, blocksFor(4087))
+	require.Equal(t, 2, blocksFor(5000))
+
+	dir := t.TempDir()
+	p, err := pickAddresses(dir, 5000)
+	require.NoError(t, err)
+	seen := map[string]bool{p.apiServer().String(): true}
+	for i := range 5000 {
+		a := p.machine(i)
+		require.False(t, seen[a.String()], a)
+		require.Equal(t, byte(127), a.As4()[0])
+		seen[a.String()] = true
+	}
+
+	// Another cluster's first machine in the second block: not free.
+	l, err := net.Listen("tcp", p.offset(blockAddrs+10).String()+":50000")
+	require.NoError(t, err)
+	defer l.Close()
+	q, err := pickAddresses(dir, 5000)
+	require.NoError(t, err)
+	require.NotEqual(t, p.base, q.base)
+	// A cluster of one block does not look past it.
+	r, err := pickAddresses(dir, 5)
+	require.NoError(t, err)
+	require.Equal(t, p.base, r.base)
+}
+
+// 5000 machines fit the addresses; what may refuse them is the machine's
+// limit of open files, saying so.
+func TestValidateManyMachines(t *testing.T) {
+	o := Options{Dir: t.TempDir(), ControlPlanes: 3, Workers: 4997, KubernetesVersion: "v1.36.3", TalosVersion: "v1.14.1", BinDir: "/bin"}
+	if err := o.Validate(); err != nil {
+		require.ErrorContains(t, err, "open files")
+	}
+
+	require.NoError(t, checkOpenFiles(5000, 20000))
+	err := checkOpenFiles(10000, 20000)
+	require.ErrorContains(t, err, "10000 machines need about 21024 open files")
+	require.ErrorContains(t, err, "ulimit -Hn")
 }
 
 func TestGeneratedConfigs(t *testing.T) {
 	o := Options{Dir: t.TempDir(), ControlPlanes: 2, Workers: 1, KubernetesVersion: "v1.35.4", TalosVersion: "v1.13.9", BinDir: "/bin", TalosAPIAccess: true}
 	require.NoError(t, o.Validate())
-	p, err := pickAddresses(o.Dir)
+	p, err := pickAddresses(o.Dir, o.ControlPlanes+o.Workers)
 	require.NoError(t, err)
 	g, err := generateConfigs(o, p)
 	require.NoError(t, err)
@@ -130,7 +175,7 @@ func TestBornOnAndKernelArgs(t *testing.T) {
 		KernelArgs: map[string][]string{"worker-1": {"console=ttyS1", "net.ifnames=0"}}}
 	require.NoError(t, o.Validate())
 	require.Equal(t, LayoutV1Alpha1, o.ConfigLayout, "as Talos 1.13 generated it")
-	p, err := pickAddresses(o.Dir)
+	p, err := pickAddresses(o.Dir, o.ControlPlanes+o.Workers)
 	require.NoError(t, err)
 	g, err := generateConfigs(o, p)
 	require.NoError(t, err)
@@ -193,7 +238,7 @@ func TestGeneratedConfigLayouts(t *testing.T) {
 		t.Run(tc.layout, func(t *testing.T) {
 			o := Options{Dir: t.TempDir(), ControlPlanes: 3, Workers: 1, KubernetesVersion: "v1.36.3", TalosVersion: "v1.14.1", ConfigLayout: tc.layout, BinDir: "/bin", TalosAPIAccess: true}
 			require.NoError(t, o.Validate())
-			p, err := pickAddresses(o.Dir)
+			p, err := pickAddresses(o.Dir, o.ControlPlanes+o.Workers)
 			require.NoError(t, err)
 			g, err := generateConfigs(o, p)
 			require.NoError(t, err)
@@ -233,3 +278,12 @@ type containerMode struct{}
 func (containerMode) String() string        { return "container" }
 func (containerMode) RequiresInstall() bool { return false }
 func (containerMode) InContainer() bool     { return true }
+
+// A controller keeps its default API rate in a cluster of up to 50 x its
+// rate machines, then gets a request a second per 50 machines.
+func TestWithAPIRate(t *testing.T) {
+	require.Equal(t, []string{"--v=1"}, withAPIRate(1000, 20, 30, "--v=1"))
+	require.Equal(t, []string{"--v=1", "--kube-api-qps=100", "--kube-api-burst=150"}, withAPIRate(5000, 20, 30, "--v=1"))
+	require.Equal(t, []string{"--v=1"}, withAPIRate(2500, 50, 100, "--v=1"))
+	require.Equal(t, []string{"--v=1", "--kube-api-qps=100", "--kube-api-burst=150"}, withAPIRate(5000, 50, 100, "--v=1"))
+}

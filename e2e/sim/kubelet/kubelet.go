@@ -114,16 +114,18 @@ func Start(ctx context.Context, opts Options, machines []Machine) (*Kubelets, er
 		opts.Log = slog.Default()
 	}
 	k := &Kubelets{opts: opts, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	var up []*node
 	for _, m := range machines {
 		n := newNode(k, m)
 		// A machine that has not booted yet (powered off) registers its
 		// Node when it first boots, as a joining node's kubelet does.
 		if m.Current().Up {
-			if err := n.register(ctx); err != nil {
-				return nil, fmt.Errorf("node %s: register: %w", m.Name(), err)
-			}
+			up = append(up, n)
 		}
 		k.nodes[m.Name()] = n
+	}
+	if err := registerAll(ctx, up); err != nil {
+		return nil, err
 	}
 	for _, n := range k.nodes {
 		k.wg.Add(1)
@@ -152,6 +154,38 @@ func Start(ctx context.Context, opts Options, machines []Machine) (*Kubelets, er
 	}
 	factory.Start(ctx.Done())
 	return k, nil
+}
+
+// registerParallel is how many Nodes register at once: each is three
+// requests, and thousands of them one after another are minutes of a large
+// cluster's start.
+const registerParallel = 16
+
+// registerAll registers the nodes' Nodes, registerParallel at a time, and
+// returns the first error.
+func registerAll(ctx context.Context, nodes []*node) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	slots := make(chan struct{}, registerParallel)
+	for _, n := range nodes {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if err := n.register(ctx); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = fmt.Errorf("node %s: register: %w", n.name, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
 }
 
 // Wait waits for every kubelet goroutine to end (after ctx is cancelled).

@@ -42,6 +42,10 @@ type node struct {
 	// initialStaticPods are the specs first seen, kept across reboots.
 	initialStaticPods map[string]StaticPod
 	lastLease         time.Time
+	// lease is the Lease last written, renewed in place as the kubelet's
+	// lease controller does (one request a renewal, none to read it); nil
+	// after a failed write, when the next renewal reads it again.
+	lease *coordinationv1.Lease
 
 	// running is whether the machine is up, read by pod runners.
 	running atomic.Bool
@@ -341,6 +345,15 @@ func (n *node) renewLease(ctx context.Context) {
 	}
 	leases := n.k.opts.Client.CoordinationV1().Leases(leaseNamespace)
 	now := metav1.NewMicroTime(time.Now())
+	if n.lease != nil {
+		l := n.lease.DeepCopy()
+		l.Spec.RenewTime = &now
+		if updated, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+			n.lease, n.lastLease = updated, time.Now()
+			return
+		}
+		n.lease = nil
+	}
 	l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -348,19 +361,19 @@ func (n *node) renewLease(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		_, err = leases.Create(ctx, &coordinationv1.Lease{
+		created, err := leases.Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: n.name, Namespace: leaseNamespace, OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "v1", Kind: "Node", Name: n.name, UID: types.UID(node.UID),
 			}}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &n.name, LeaseDurationSeconds: ptr(int32(leaseDuration)), RenewTime: &now},
 		}, metav1.CreateOptions{})
 		if err == nil {
-			n.lastLease = time.Now()
+			n.lease, n.lastLease = created, time.Now()
 		}
 	case err == nil:
 		l.Spec.RenewTime = &now
-		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
-			n.lastLease = time.Now()
+		if updated, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+			n.lease, n.lastLease = updated, time.Now()
 		}
 	}
 }

@@ -1,0 +1,130 @@
+package main
+
+// bound.go is the simulated latencies the upgrade benchmark fixes and the
+// upgrade's lower bound: the critical path the design makes serial, from
+// those latencies alone.
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// The simulator's latencies for the upgrade benchmark, fixed here (not taken
+// from ichor-sim's defaults) so that figures of different days compare.
+var benchLatencies = Latencies{
+	StaticPodRestart: 2 * time.Second,
+	Ready:            time.Second,
+	KubeletRestart:   2 * time.Second,
+	PodStart:         300 * time.Millisecond,
+	ImagePull:        200 * time.Millisecond,
+	Reboot:           3 * time.Second,
+}
+
+const (
+	// jobFailureBackoff is the Job controller's delay before it replaces a
+	// failed pod (kube-controller-manager's DefaultJobPodFailureBackOff,
+	// not configurable): it counts failures its podFailurePolicy ignores
+	// too, so the runner evicted by its own node's drain is replaced after it.
+	jobFailureBackoff = 10 * time.Second
+	// podTermination is how long an evicted pod takes to go: the simulator
+	// stops a simulated pod at once (it has no flag for it).
+	podTermination = 0
+)
+
+// Latencies are the simulator's latencies (ichor-sim up flags).
+type Latencies struct {
+	StaticPodRestart time.Duration
+	Ready            time.Duration
+	KubeletRestart   time.Duration
+	PodStart         time.Duration
+	ImagePull        time.Duration
+	Reboot           time.Duration
+}
+
+func (l Latencies) flags() []string {
+	return []string{
+		"--static-pod-restart", l.StaticPodRestart.String(), "--ready-latency", l.Ready.String(),
+		"--kubelet-restart", l.KubeletRestart.String(), "--pod-start", l.PodStart.String(),
+		"--image-pull", l.ImagePull.String(), "--reboot", l.Reboot.String(),
+	}
+}
+
+// MarshalJSON writes the latencies in seconds.
+func (l Latencies) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]float64{
+		"staticPodRestartSeconds": l.StaticPodRestart.Seconds(), "readySeconds": l.Ready.Seconds(),
+		"kubeletRestartSeconds": l.KubeletRestart.Seconds(), "podStartSeconds": l.PodStart.Seconds(),
+		"imagePullSeconds": l.ImagePull.Seconds(), "rebootSeconds": l.Reboot.Seconds(),
+		"podTerminationSeconds": podTermination, "jobFailureBackoffSeconds": jobFailureBackoff.Seconds(),
+	})
+}
+
+// Bound is the critical-path lower bound and how it was computed.
+type Bound struct {
+	Seconds float64     `json:"seconds"`
+	Terms   []BoundTerm `json:"terms"`
+}
+
+// BoundTerm is one serial step of the critical path, Count times Each.
+type BoundTerm struct {
+	Stage   string  `json:"stage"`
+	What    string  `json:"what"`
+	Count   int     `json:"count"`
+	Each    float64 `json:"eachSeconds"`
+	Seconds float64 `json:"seconds"`
+}
+
+// planes and workers, maxUnavailable at a time, from the simulator's
+// latencies: every wait the design makes serial, nothing the tool adds.
+//
+//	bound = PS                                  the first runner pod starts
+//	      + 4 x IP                              each stage's pre-pull, every node at once
+//	      + cps x (SPR + RL)                    APIServers: one control plane at a time, its apiserver restarts and gets Ready
+//	      + cps x (SPR + RL)                    ControlPlaneComponents: controller-manager and scheduler restart together
+//	      + N x (T + PS + RL)                   KubeProxy: the DaemonSet rolls one pod at a time (maxUnavailable 1);
+//	                                            the control planes' applies restart no static pod and overlap it
+//	      + (cps + ceil(W / mu)) x (T + KR)     Kubelets: control planes one at a time, then workers mu at a time:
+//	                                            drain (pod termination), kubelet restart
+//	      + JB + PS                             Kubelets: the drain of the runner's own node evicts it; the Job
+//	                                            controller replaces the pod after its failure backoff
+//
+// with SPR the static pod restart, RL the ready latency, KR the kubelet
+// restart, PS the pod start, IP the image pull, T the pod termination (0 in
+// the simulator), JB the Job controller's failure backoff (10 s), N the nodes
+// and W the workers.
+func lowerBound(l Latencies, cps, workers, maxUnavailable int) Bound {
+	n := cps + workers
+	spr, rl, kr, ps, ip := l.StaticPodRestart.Seconds(), l.Ready.Seconds(), l.KubeletRestart.Seconds(), l.PodStart.Seconds(), l.ImagePull.Seconds()
+	t := float64(podTermination)
+	batches := (workers + maxUnavailable - 1) / maxUnavailable
+
+	terms := []BoundTerm{
+		{Stage: "APIServers", What: "the first runner pod starts (PS)", Count: 1, Each: ps},
+		{Stage: "APIServers", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "APIServers", What: "a control plane's apiserver restarts and gets Ready (SPR + RL)", Count: cps, Each: spr + rl},
+		{Stage: "ControlPlaneComponents", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "ControlPlaneComponents", What: "its controller-manager and scheduler restart and get Ready (SPR + RL)", Count: cps, Each: spr + rl},
+		{Stage: "KubeProxy", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "KubeProxy", What: "the DaemonSet replaces one pod at a time (T + PS + RL)", Count: n, Each: t + ps + rl},
+		{Stage: "Kubelets", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "Kubelets", What: fmt.Sprintf("a control plane, then %d workers at a time: drain, kubelet restart (T + KR)", maxUnavailable), Count: cps + batches, Each: t + kr},
+		{Stage: "Kubelets", What: "the runner, evicted by its node's drain, replaced after the Job's failure backoff (JB + PS)", Count: 1, Each: jobFailureBackoff.Seconds() + ps},
+	}
+
+	var b Bound
+
+	for i := range terms {
+		terms[i].Each = round(terms[i].Each)
+		terms[i].Seconds = round(float64(terms[i].Count) * terms[i].Each)
+		b.Seconds += terms[i].Seconds
+	}
+
+	b.Seconds, b.Terms = round(b.Seconds), terms
+
+	return b
+}
+
+// boundFormula is lowerBound's formula, for the summary.
+const boundFormula = `bound = PS + 4 x IP + cps x (SPR + RL) + cps x (SPR + RL) + N x (T + PS + RL)
+        + (cps + ceil(W / mu)) x (T + KR) + (JB + PS)`
