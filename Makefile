@@ -50,8 +50,8 @@ bench: need-bench build cluster-bins ## Benchmarks (never fail on a timing)
 need-bench:
 	$(call need,bench,$(NEED_LOCAL))
 
-verify: ## gofmt and go vet
-	$(call need,verify,$(NEED_GO) git:git)
+verify: ## No build output tracked, go mod tidy, gofmt, go vet, golangci-lint, shellcheck
+	$(call need,verify,$(NEED_GO) git:git shellcheck:shellcheck)
 	@hack/verify.sh
 
 dist: ## Release archives (6 platforms), sha256 sums and the krew manifest ichor.yaml into _output/dist

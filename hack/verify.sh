@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Every cheap check: no build output tracked, formatting and go vet.
+# Every check that needs no cluster: no build output tracked, every module
+# tidy, formatting, go vet, golangci-lint and shellcheck.
 set -o errexit -o nounset -o pipefail
 cd "$(dirname "$0")/.."
 hack/verify-files.sh
+hack/verify-tidy.sh
 bad=$(git ls-files -z '*.go' | xargs -0 gofmt -l 2>/dev/null || true)
 if [ -n "$bad" ]; then
   echo "verify: gofmt would change these files (run gofmt -w):" >&2
@@ -11,4 +13,5 @@ if [ -n "$bad" ]; then
 fi
 go vet ./...
 go vet -tags e2e ./e2e/...
+hack/lint.sh
 echo "verify: ok"
