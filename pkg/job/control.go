@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // Default bounds of Control.
@@ -75,7 +77,7 @@ func (c *Control) Store() *Store {
 }
 
 // Get returns the namespace's operation (ErrNoOperation, wrapped, when there is none).
-func (c *Control) Get(ctx context.Context) (*Operation, error) {
+func (c *Control) Get(ctx context.Context) (*api.Operation, error) {
 	op, _, err := c.Store().Get(ctx)
 
 	return op, err
@@ -173,7 +175,7 @@ func (c *Control) checkOtherNamespaces(ctx context.Context) error {
 // Busy returns nil when op may be replaced by a new operation (it finished, or it was
 // abandoned: no runner holds the lock, no Job of it is active, and it was not launched
 // just now), else a *BusyError.
-func (c *Control) Busy(ctx context.Context, op *Operation) error {
+func (c *Control) Busy(ctx context.Context, op *api.Operation) error {
 	if op.Status.Phase.Finished() {
 		return nil
 	}
@@ -192,7 +194,7 @@ func (c *Control) Busy(ctx context.Context, op *Operation) error {
 		return busy
 	}
 
-	if op.Status.Phase == PhasePaused {
+	if op.Status.Phase == api.PhasePaused {
 		return busy
 	}
 
@@ -248,7 +250,7 @@ func jobFinished(j *batchv1.Job) (batchv1.JobCondition, bool) {
 // LaunchRequest is a new operation to launch.
 type LaunchRequest struct {
 	// Spec is the operation; CreatedAt is set when zero.
-	Spec OperationSpec
+	Spec api.OperationSpec
 	// Plan is the plan the operator confirmed (JSON).
 	Plan []byte
 	// Talosconfig is the operator's talosconfig, copied for CredentialsLocal.
@@ -260,7 +262,7 @@ type LaunchRequest struct {
 // the runner's ServiceAccount and RBAC; the Talos credentials (waiting for Talos to write
 // them); and the Job. When a step after the claim fails, the operation is marked Aborted
 // with the reason, so that it does not block the next launch.
-func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, error) {
+func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*api.Operation, error) {
 	if req.Spec.CreatedAt.IsZero() {
 		req.Spec.CreatedAt = metav1.NewTime(c.now().UTC().Truncate(time.Second))
 	}
@@ -269,24 +271,24 @@ func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, er
 		return nil, err
 	}
 
-	op := NewOperation(req.Spec)
+	op := api.NewOperation(req.Spec)
 	op.Status.Attempt = 1
 	launched := metav1.NewMicroTime(c.now().UTC())
 	op.Status.LaunchedAt = &launched
 	op.Status.Job = JobName(op.Spec.ID, 1)
 	op.Status.UpdatedAt = ptrTime(c.now())
 
-	if err := c.Store().Create(ctx, op, req.Plan, func(old *Operation) error { return c.Busy(ctx, old) }); err != nil {
+	if err := c.Store().Create(ctx, op, req.Plan, func(old *api.Operation) error { return c.Busy(ctx, old) }); err != nil {
 		return nil, err
 	}
 
 	if err := c.start(ctx, op, req.Talosconfig); err != nil {
-		_, _ = c.Store().Update(context.WithoutCancel(ctx), func(o *Operation) error {
+		_, _ = c.Store().Update(context.WithoutCancel(ctx), func(o *api.Operation) error {
 			if o.Spec.ID != op.Spec.ID {
 				return errReplaced
 			}
 
-			o.Status.Phase = PhaseAborted
+			o.Status.Phase = api.PhaseAborted
 			o.Status.Reason = "launch failed: " + err.Error()
 			o.Status.FinishedAt = ptrTime(c.now())
 
@@ -303,14 +305,14 @@ func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*Operation, er
 
 // start applies the runner's objects and credentials and creates the Job of op's current
 // attempt.
-func (c *Control) start(ctx context.Context, op *Operation, talosconfig []byte) error {
+func (c *Control) start(ctx context.Context, op *api.Operation, talosconfig []byte) error {
 	owner, err := c.applyRunner(ctx)
 	if err != nil {
 		return err
 	}
 
 	switch op.Spec.Credentials {
-	case CredentialsLocal:
+	case api.CredentialsLocal:
 		if len(talosconfig) == 0 {
 			return errors.New("--talos-credentials=local: no talosconfig to copy")
 		}
@@ -457,7 +459,7 @@ var errReplaced = errors.New("the operation was replaced by another")
 // failed or is gone): it sets it Pending and starts a new Job (the next attempt), which
 // continues from the cluster's state. talosconfig re-copies the operator's talosconfig
 // for CredentialsLocal (nil keeps the copy in the cluster).
-func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, error) {
+func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*api.Operation, error) {
 	op, err := c.Get(ctx)
 	if err != nil {
 		return nil, err
@@ -466,9 +468,9 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 	n := nsFlag(c.Namespace)
 
 	switch op.Status.Phase {
-	case PhaseSucceeded:
+	case api.PhaseSucceeded:
 		return nil, fmt.Errorf("operation %s succeeded: nothing to resume", op.Spec.ID)
-	case PhaseAborted:
+	case api.PhaseAborted:
 		return nil, fmt.Errorf("operation %s was aborted: start a new one with kubectl ichor upgrade%s", op.Spec.ID, n)
 	}
 
@@ -488,7 +490,7 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 			op.Spec.ID, holder, describe("lease", LockNamespace, LockName), lock.HolderNamespace(), lock.HolderNamespace(), n)
 	}
 
-	if op.Status.Phase != PhasePaused {
+	if op.Status.Phase != api.PhasePaused {
 		running, err := c.jobRunning(ctx, op.Status.Job)
 		if err != nil {
 			return nil, err
@@ -503,12 +505,12 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 	previous := op.Status.Job
 	attempt := op.Status.Attempt
 
-	op, err = c.Store().Update(ctx, func(o *Operation) error {
+	op, err = c.Store().Update(ctx, func(o *api.Operation) error {
 		if o.Spec.ID != op.Spec.ID || o.Status.Attempt != attempt || o.Status.Phase.Finished() {
 			return fmt.Errorf("operation %s changed while resuming it: look at kubectl ichor status%s", op.Spec.ID, n)
 		}
 
-		o.Status.Phase = PhasePending
+		o.Status.Phase = api.PhasePending
 		o.Status.Attempt = attempt + 1
 		o.Status.Job = JobName(o.Spec.ID, o.Status.Attempt)
 		o.Status.Reason, o.Status.Action, o.Status.PausedNode = "", "", ""
@@ -523,14 +525,14 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 		return nil, err
 	}
 
-	if op.Spec.Credentials == CredentialsLocal && talosconfig == nil {
+	if op.Spec.Credentials == api.CredentialsLocal && talosconfig == nil {
 		if _, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(ctx, LocalTalosconfigName, metav1.GetOptions{}); err != nil {
 			return nil, fmt.Errorf("read %s: %w: the copy of your talosconfig is gone, resume with your talosconfig at hand",
 				describe("secret", c.Namespace, LocalTalosconfigName), err)
 		}
 	}
 
-	if talosconfig == nil && op.Spec.Credentials == CredentialsLocal {
+	if talosconfig == nil && op.Spec.Credentials == api.CredentialsLocal {
 		if err := c.startKeepingTalosconfig(ctx, op); err != nil {
 			return nil, err
 		}
@@ -546,7 +548,7 @@ func (c *Control) Resume(ctx context.Context, talosconfig []byte) (*Operation, e
 }
 
 // startKeepingTalosconfig starts op's Job with the talosconfig copy already in the cluster.
-func (c *Control) startKeepingTalosconfig(ctx context.Context, op *Operation) error {
+func (c *Control) startKeepingTalosconfig(ctx context.Context, op *api.Operation) error {
 	if _, err := c.applyRunner(ctx); err != nil {
 		return err
 	}
@@ -618,8 +620,8 @@ type Problem struct {
 // Diagnose looks at the Job of an unfinished operation for what its state cannot tell:
 // a Job that failed without pausing the operation, a pod that cannot start or is not
 // scheduled. It returns nil when nothing is wrong.
-func (c *Control) Diagnose(ctx context.Context, op *Operation) (*Problem, error) {
-	if op.Status.Phase.Finished() || op.Status.Phase == PhasePaused || op.Status.Job == "" {
+func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, error) {
+	if op.Status.Phase.Finished() || op.Status.Phase == api.PhasePaused || op.Status.Job == "" {
 		return nil, nil
 	}
 
@@ -716,7 +718,7 @@ func hasDisruption(p *corev1.Pod) bool {
 // startJob creates op's Job. When no other node can host the runner
 // (RunnerHosts), its pod tolerates the cordon and stays on its node through
 // the drain: a pod evicted there would wait Pending for good.
-func (c *Control) startJob(ctx context.Context, op *Operation) error {
+func (c *Control) startJob(ctx context.Context, op *api.Operation) error {
 	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list the nodes (where can the runner run?): %w", err)

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 type controlFixture struct {
@@ -94,19 +94,19 @@ func runnerJob(name string, conditions ...batchv1.JobCondition) *batchv1.Job {
 
 func TestBusy(t *testing.T) {
 	now := t0.Add(5 * time.Minute)
-	running := testOperation("op-1", PhaseRunning)
+	running := testOperation("op-1", api.PhaseRunning)
 	running.Status.UpdatedAt = ptrTime(t0)
 
-	paused := testOperation("op-1", PhasePaused)
+	paused := testOperation("op-1", api.PhasePaused)
 	paused.Status.Reason = "worker-1: node NotReady after 20m0s"
 	paused.Status.UpdatedAt = ptrTime(t0)
 
-	pending := testOperation("op-1", PhasePending)
+	pending := testOperation("op-1", api.PhasePending)
 	pending.Status.UpdatedAt = ptrTime(now.Add(-10 * time.Second))
 
 	tests := []struct {
 		name string
-		op   *Operation
+		op   *api.Operation
 		objs []runtime.Object
 		want string // "" means free
 	}{
@@ -141,8 +141,8 @@ func TestBusy(t *testing.T) {
 			name: "the lock expired and the Job is gone", op: running,
 			objs: []runtime.Object{heldLease("ichor-system/pod-a", now.Add(-time.Minute)), runnerPod("pod-a", running.Status.Job, corev1.PodRunning)},
 		},
-		{name: "succeeded", op: testOperation("op-1", PhaseSucceeded)},
-		{name: "aborted", op: testOperation("op-1", PhaseAborted)},
+		{name: "succeeded", op: testOperation("op-1", api.PhaseSucceeded)},
+		{name: "aborted", op: testOperation("op-1", api.PhaseAborted)},
 	}
 
 	for _, tt := range tests {
@@ -164,14 +164,14 @@ func TestBusy(t *testing.T) {
 }
 
 func TestBusyNamesTheNamespace(t *testing.T) {
-	err := &BusyError{Namespace: "upgrades", Operation: "op-1", Phase: PhasePaused, Age: time.Hour}
+	err := &BusyError{Namespace: "upgrades", Operation: "op-1", Phase: api.PhasePaused, Age: time.Hour}
 	assert.Equal(t, "operation op-1 (Paused, launched 1h0m0s ago) is paused: continue it with kubectl ichor resume -n upgrades, "+
 		"or stop it with kubectl ichor abort -n upgrades", err.Error())
 }
 
-func launchRequest(id string, creds Credentials) LaunchRequest {
+func launchRequest(id string, creds api.Credentials) LaunchRequest {
 	return LaunchRequest{
-		Spec: OperationSpec{ID: id, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Image: "img:v1", Credentials: creds},
+		Spec: api.OperationSpec{ID: id, Upgrade: api.UpgradeKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Image: "img:v1", Credentials: creds},
 		Plan: []byte(`{"kind":"Plan"}`),
 	}
 }
@@ -189,13 +189,13 @@ func TestLaunch(t *testing.T) {
 	access := testAccess()
 	f.ctl.Access = &access
 
-	op, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
+	op, err := f.ctl.Launch(ctx, launchRequest("op-1", api.CredentialsServiceAccount))
 	require.NoError(t, err)
 	assert.Equal(t, "ichor-op-1-1", op.Status.Job)
 
 	state, err := f.ctl.Get(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, PhasePending, state.Status.Phase)
+	assert.Equal(t, api.PhasePending, state.Status.Phase)
 	assert.Equal(t, "op-1", state.Spec.ID)
 	assert.True(t, t0.Equal(state.Spec.CreatedAt.Time))
 	require.NotNil(t, state.Status.LaunchedAt, "the launch to the microsecond: the first runner's wait is measured from it")
@@ -229,7 +229,7 @@ func TestLaunch(t *testing.T) {
 	assert.Equal(t, []string{"os:admin"}, roles)
 
 	// A second launch meets the first.
-	_, err = f.ctl.Launch(ctx, launchRequest("op-2", CredentialsServiceAccount))
+	_, err = f.ctl.Launch(ctx, launchRequest("op-2", api.CredentialsServiceAccount))
 
 	var busy *BusyError
 	require.ErrorAs(t, err, &busy)
@@ -240,7 +240,7 @@ func TestLaunchLocalCredentials(t *testing.T) {
 	ctx := context.Background()
 	f := newControl(t, t0)
 
-	req := launchRequest("op-1", CredentialsLocal)
+	req := launchRequest("op-1", api.CredentialsLocal)
 	req.Talosconfig = []byte("context: mine")
 
 	_, err := f.ctl.Launch(ctx, req)
@@ -265,7 +265,7 @@ func TestLaunchFailures(t *testing.T) {
 				errors.New(`User "bob" cannot patch resource "clusterroles" in API group "rbac.authorization.k8s.io" at the cluster scope`))
 		})
 
-		_, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
+		_, err := f.ctl.Launch(ctx, launchRequest("op-1", api.CredentialsServiceAccount))
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `apply ClusterRole ichor-runner:ichor-system: clusterroles.rbac.authorization.k8s.io "ichor-runner" is forbidden: User "bob" cannot patch`)
 		assert.Contains(t, err.Error(), "RBAC denied")
@@ -273,7 +273,7 @@ func TestLaunchFailures(t *testing.T) {
 
 		state, err := f.ctl.Get(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, PhaseAborted, state.Status.Phase, "a failed launch does not block the next")
+		assert.Equal(t, api.PhaseAborted, state.Status.Phase, "a failed launch does not block the next")
 		assert.Contains(t, state.Status.Reason, "launch failed: apply ClusterRole")
 		require.NoError(t, f.ctl.CheckFree(ctx))
 	})
@@ -286,7 +286,7 @@ func TestLaunchFailures(t *testing.T) {
 			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "talos.dev", Resource: "serviceaccounts"}, "")
 		})
 
-		_, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
+		_, err := f.ctl.Launch(ctx, launchRequest("op-1", api.CredentialsServiceAccount))
 		require.Error(t, err)
 		assert.Equal(t, "the cluster does not serve talos.dev ServiceAccounts (Talos' Kubernetes API access is off): "+
 			"enable machine.features.kubernetesTalosAPIAccess on the control planes with role os:admin and namespace ichor-system "+
@@ -304,7 +304,7 @@ func TestLaunchFailures(t *testing.T) {
 			return true, sa, nil
 		})
 
-		_, err := f.ctl.Launch(ctx, launchRequest("op-1", CredentialsServiceAccount))
+		_, err := f.ctl.Launch(ctx, launchRequest("op-1", api.CredentialsServiceAccount))
 		require.Error(t, err)
 		assert.Equal(t, "talos did not write the credentials of talos.dev ServiceAccount ichor-system/ichor-talos in 300ms "+
 			`(Talos says: namespace "ichor-system" is not in allowedKubernetesNamespaces): enable machine.features.kubernetesTalosAPIAccess `+
@@ -323,7 +323,7 @@ func TestResume(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("paused", func(t *testing.T) {
-		op := testOperation("op-1", PhasePaused)
+		op := testOperation("op-1", api.PhasePaused)
 		op.Status.Reason, op.Status.Action, op.Status.PausedNode = "r", "a", "worker-1"
 
 		failed := runnerJob(op.Status.Job, batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue})
@@ -336,7 +336,7 @@ func TestResume(t *testing.T) {
 
 		state, err := f.ctl.Get(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, PhasePending, state.Status.Phase)
+		assert.Equal(t, api.PhasePending, state.Status.Phase)
 		assert.Empty(t, state.Status.Reason)
 		assert.Empty(t, state.Status.PausedNode)
 
@@ -347,7 +347,7 @@ func TestResume(t *testing.T) {
 	})
 
 	t.Run("running, its runner gone", func(t *testing.T) {
-		op := testOperation("op-1", PhaseRunning)
+		op := testOperation("op-1", api.PhaseRunning)
 		f := newControl(t, t0, stateObject(t, op), runnerJob(op.Status.Job), runnerPod("pod-a", op.Status.Job, corev1.PodFailed), talosSecret())
 
 		got, err := f.ctl.Resume(ctx, nil)
@@ -357,22 +357,22 @@ func TestResume(t *testing.T) {
 
 	tests := []struct {
 		name string
-		op   *Operation
+		op   *api.Operation
 		objs []runtime.Object
 		want string
 	}{
 		{
-			name: "a live runner", op: testOperation("op-1", PhaseRunning),
+			name: "a live runner", op: testOperation("op-1", api.PhaseRunning),
 			objs: []runtime.Object{heldLease("ichor-system/pod-a", t0), runnerPod("pod-a", "ichor-op-1-1", corev1.PodRunning)},
 			want: "operation op-1 is running (pod ichor-system/pod-a holds the lock): nothing to resume; follow it with kubectl ichor status --watch",
 		},
 		{
-			name: "a pod still starting", op: testOperation("op-1", PhasePending),
+			name: "a pod still starting", op: testOperation("op-1", api.PhasePending),
 			objs: []runtime.Object{runnerPod("pod-b", "ichor-op-1-1", corev1.PodPending)},
 			want: "operation op-1 is pending in pod pod-b: nothing to resume",
 		},
-		{name: "succeeded", op: testOperation("op-1", PhaseSucceeded), want: "operation op-1 succeeded: nothing to resume"},
-		{name: "aborted", op: testOperation("op-1", PhaseAborted), want: "operation op-1 was aborted: start a new one with kubectl ichor upgrade"},
+		{name: "succeeded", op: testOperation("op-1", api.PhaseSucceeded), want: "operation op-1 succeeded: nothing to resume"},
+		{name: "aborted", op: testOperation("op-1", api.PhaseAborted), want: "operation op-1 was aborted: start a new one with kubectl ichor upgrade"},
 	}
 
 	for _, tt := range tests {
@@ -386,7 +386,7 @@ func TestResume(t *testing.T) {
 }
 
 func TestDiagnose(t *testing.T) {
-	op := testOperation("op-1", PhaseRunning)
+	op := testOperation("op-1", api.PhaseRunning)
 	op.Status.UpdatedAt = ptrTime(t0)
 
 	waiting := runnerPod("pod-a", op.Status.Job, corev1.PodPending)
@@ -446,7 +446,7 @@ func TestDiagnose(t *testing.T) {
 
 func TestCheckFreeLooksAtOtherNamespaces(t *testing.T) {
 	now := t0.Add(time.Minute)
-	elsewhere, err := EncodeState("upgrades", testOperation("op-9", PhasePaused), nil)
+	elsewhere, err := EncodeState("upgrades", testOperation("op-9", api.PhasePaused), nil)
 	require.NoError(t, err)
 
 	f := newControl(t, now, elsewhere)
@@ -458,7 +458,7 @@ func TestCheckFreeLooksAtOtherNamespaces(t *testing.T) {
 	assert.Equal(t, "operation op-9 in namespace upgrades (Paused, launched 1m0s ago) is paused: continue it with kubectl ichor resume -n upgrades, "+
 		"or stop it with kubectl ichor abort -n upgrades", err.Error())
 
-	done, err := EncodeState("upgrades", testOperation("op-9", PhaseSucceeded), nil)
+	done, err := EncodeState("upgrades", testOperation("op-9", api.PhaseSucceeded), nil)
 	require.NoError(t, err)
 	require.NoError(t, newControl(t, now, done).ctl.CheckFree(context.Background()))
 }
@@ -468,7 +468,7 @@ func TestCheckFreeLooksAtOtherNamespaces(t *testing.T) {
 // cannot be read.
 func TestCheckFreeRefusesWhileAnotherNamespaceHoldsTheLock(t *testing.T) {
 	now := t0.Add(5 * time.Minute)
-	other := testOperation("op-9", PhaseRunning)
+	other := testOperation("op-9", api.PhaseRunning)
 
 	elsewhere, err := EncodeState("upgrades", other, nil)
 	require.NoError(t, err)
@@ -488,7 +488,7 @@ func TestCheckFreeRefusesWhileAnotherNamespaceHoldsTheLock(t *testing.T) {
 
 	// Its own operation's Busy is not this namespace's: abort here neither waits for nor
 	// releases it.
-	mine := testOperation("op-1", PhasePaused)
+	mine := testOperation("op-1", api.PhasePaused)
 	g := newControl(t, now, heldLease("upgrades/pod-b", now.Add(-3*time.Second)), holderPod, stateObject(t, mine))
 	g.ctl.StopTimeout = 200 * time.Millisecond
 

@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // Lease timings of the lock: a runner renews every RetryPeriod and stops changing
@@ -226,7 +228,7 @@ type BusyError struct {
 	// Operation is the operation in progress, Phase its phase, Age how long ago it was
 	// launched.
 	Operation string
-	Phase     Phase
+	Phase     api.Phase
 	Age       time.Duration
 	// Holder is the runner pod holding the lock, "<namespace>/<pod>" ("" when none does).
 	Holder string
@@ -256,7 +258,7 @@ func (e *BusyError) Error() string {
 	case e.Holder != "":
 		return fmt.Sprintf("%s holds the lock %s (holder: pod %s): one operation per cluster; follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
 			what, describe("lease", LockNamespace, LockName), e.Holder, n, n)
-	case e.Phase == PhasePaused:
+	case e.Phase == api.PhasePaused:
 		reason := ""
 		if e.Reason != "" {
 			reason = ": " + strings.TrimSuffix(e.Reason, ".")

@@ -18,15 +18,16 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-func testOperation(id string, phase Phase) *Operation {
-	op := NewOperation(OperationSpec{
-		ID: id, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
-		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: CredentialsServiceAccount,
+func testOperation(id string, phase api.Phase) *api.Operation {
+	op := api.NewOperation(api.OperationSpec{
+		ID: id, Upgrade: api.UpgradeKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
+		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: api.CredentialsServiceAccount,
 		CreatedAt: metav1.NewTime(t0),
 	})
 	op.Status.Phase = phase
@@ -36,7 +37,7 @@ func testOperation(id string, phase Phase) *Operation {
 	return op
 }
 
-func stateObject(t *testing.T, op *Operation) *corev1.ConfigMap {
+func stateObject(t *testing.T, op *api.Operation) *corev1.ConfigMap {
 	t.Helper()
 
 	cm, err := EncodeState("ichor-system", op, []byte(`{"kind":"Plan"}`))
@@ -46,9 +47,9 @@ func stateObject(t *testing.T, op *Operation) *corev1.ConfigMap {
 }
 
 func TestStateRoundTrip(t *testing.T) {
-	op := testOperation("kubernetes-v1-36-3-abcde", PhaseRunning)
-	op.Status.SetNode("APIServers", "cp-1", stages.PhaseApplying, "applying", t0)
-	op.Status.SetNode("APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(time.Minute))
+	op := testOperation("kubernetes-v1-36-3-abcde", api.PhaseRunning)
+	SetNode(&op.Status, "APIServers", "cp-1", stages.PhaseApplying, "applying", t0)
+	SetNode(&op.Status, "APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(time.Minute))
 	op.Status.Memo = map[string]string{"boot/cp-1": "abc"}
 
 	cm := stateObject(t, op)
@@ -128,7 +129,7 @@ func TestCorruptPlan(t *testing.T) {
 		"not JSON":    func() []byte { b, _ := gzipBytes([]byte("{nope")); return b }(),
 	} {
 		t.Run(name, func(t *testing.T) {
-			old := testOperation("op-1", PhaseSucceeded)
+			old := testOperation("op-1", api.PhaseSucceeded)
 			cm := stateObject(t, old)
 			cm.BinaryData[PlanKey] = blob
 
@@ -139,7 +140,7 @@ func TestCorruptPlan(t *testing.T) {
 
 			_, planErr := store.Plan(ctx)
 			_, findErr := store.Find(ctx, "op-1")
-			createErr := store.Create(ctx, testOperation("op-2", PhasePending), nil, func(*Operation) error { return nil })
+			createErr := store.Create(ctx, testOperation("op-2", api.PhasePending), nil, func(*api.Operation) error { return nil })
 
 			for _, err := range []error{planErr, findErr, createErr} {
 				var corrupt *CorruptStateError
@@ -188,7 +189,7 @@ func conflicts(client *fake.Clientset, n int, before func(cm *corev1.ConfigMap))
 }
 
 func TestStoreUpdateRereadsOnConflict(t *testing.T) {
-	op := testOperation("op-1", PhaseRunning)
+	op := testOperation("op-1", api.PhaseRunning)
 	client := fake.NewClientset(stateObject(t, op))
 	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system", Now: func() time.Time { return t0 }}
 
@@ -205,7 +206,7 @@ func TestStoreUpdateRereadsOnConflict(t *testing.T) {
 
 	var seen []string
 
-	got, err := store.Update(context.Background(), func(o *Operation) error {
+	got, err := store.Update(context.Background(), func(o *api.Operation) error {
 		seen = append(seen, o.Status.Memo["writer"])
 		o.Status.Stage = "Kubelets"
 
@@ -224,23 +225,23 @@ func TestStoreUpdateRereadsOnConflict(t *testing.T) {
 }
 
 func TestStoreUpdateSeesAnAbortInBetween(t *testing.T) {
-	client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning)))
+	client := fake.NewClientset(stateObject(t, testOperation("op-1", api.PhaseRunning)))
 	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
 
 	conflicts(client, 1, func(cm *corev1.ConfigMap) {
 		o, err := DecodeState(cm)
 		require.NoError(t, err)
 
-		o.Status.Phase = PhaseAborted
+		o.Status.Phase = api.PhaseAborted
 		require.NoError(t, writeOperation(cm, o))
 	})
 
-	_, err := store.Update(context.Background(), func(o *Operation) error {
-		if o.Status.Phase == PhaseAborted {
+	_, err := store.Update(context.Background(), func(o *api.Operation) error {
+		if o.Status.Phase == api.PhaseAborted {
 			return errAborted
 		}
 
-		o.Status.Phase = PhaseSucceeded
+		o.Status.Phase = api.PhaseSucceeded
 
 		return nil
 	})
@@ -248,15 +249,15 @@ func TestStoreUpdateSeesAnAbortInBetween(t *testing.T) {
 
 	stored, _, err := store.Get(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, PhaseAborted, stored.Status.Phase, "the abort is not overwritten")
+	assert.Equal(t, api.PhaseAborted, stored.Status.Phase, "the abort is not overwritten")
 }
 
 func TestStoreUpdateGivesUp(t *testing.T) {
-	client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning)))
+	client := fake.NewClientset(stateObject(t, testOperation("op-1", api.PhaseRunning)))
 	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
 	conflicts(client, 1000, nil)
 
-	_, err := store.Update(context.Background(), func(*Operation) error { return nil })
+	_, err := store.Update(context.Background(), func(*api.Operation) error { return nil })
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "20 conflicts in a row")
 }
@@ -267,7 +268,7 @@ func TestStoreCreate(t *testing.T) {
 
 	t.Run("new", func(t *testing.T) {
 		store := &Store{Client: fake.NewClientset().CoreV1(), Namespace: "ichor-system"}
-		require.NoError(t, store.Create(ctx, testOperation("op-2", PhasePending), []byte("{}"), func(*Operation) error { return refuse }))
+		require.NoError(t, store.Create(ctx, testOperation("op-2", api.PhasePending), []byte("{}"), func(*api.Operation) error { return refuse }))
 
 		got, _, err := store.Get(ctx)
 		require.NoError(t, err)
@@ -275,11 +276,11 @@ func TestStoreCreate(t *testing.T) {
 	})
 
 	t.Run("replaces what replace allows", func(t *testing.T) {
-		store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-1", PhaseSucceeded))).CoreV1(), Namespace: "ichor-system"}
+		store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-1", api.PhaseSucceeded))).CoreV1(), Namespace: "ichor-system"}
 
 		var old string
 
-		require.NoError(t, store.Create(ctx, testOperation("op-2", PhasePending), nil, func(o *Operation) error { old = o.Spec.ID; return nil }))
+		require.NoError(t, store.Create(ctx, testOperation("op-2", api.PhasePending), nil, func(o *api.Operation) error { old = o.Spec.ID; return nil }))
 		assert.Equal(t, "op-1", old)
 
 		got, _, err := store.Get(ctx)
@@ -288,8 +289,8 @@ func TestStoreCreate(t *testing.T) {
 	})
 
 	t.Run("refused", func(t *testing.T) {
-		store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning))).CoreV1(), Namespace: "ichor-system"}
-		require.ErrorIs(t, store.Create(ctx, testOperation("op-2", PhasePending), nil, func(*Operation) error { return refuse }), refuse)
+		store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-1", api.PhaseRunning))).CoreV1(), Namespace: "ichor-system"}
+		require.ErrorIs(t, store.Create(ctx, testOperation("op-2", api.PhasePending), nil, func(*api.Operation) error { return refuse }), refuse)
 
 		got, _, err := store.Get(ctx)
 		require.NoError(t, err)
@@ -297,18 +298,18 @@ func TestStoreCreate(t *testing.T) {
 	})
 
 	t.Run("a concurrent launch wins the replacement", func(t *testing.T) {
-		client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseSucceeded)))
+		client := fake.NewClientset(stateObject(t, testOperation("op-1", api.PhaseSucceeded)))
 		store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
 
 		// op-3 replaces op-1 between our read and our write: we must look again and
 		// be refused by op-3, not overwrite it.
 		conflicts(client, 1, func(cm *corev1.ConfigMap) {
-			require.NoError(t, writeOperation(cm, testOperation("op-3", PhasePending)))
+			require.NoError(t, writeOperation(cm, testOperation("op-3", api.PhasePending)))
 		})
 
 		var saw []string
 
-		err := store.Create(ctx, testOperation("op-2", PhasePending), nil, func(o *Operation) error {
+		err := store.Create(ctx, testOperation("op-2", api.PhasePending), nil, func(o *api.Operation) error {
 			saw = append(saw, o.Spec.ID)
 			if o.Status.Phase.Finished() {
 				return nil
@@ -321,47 +322,14 @@ func TestStoreCreate(t *testing.T) {
 	})
 }
 
-func TestSetNodeTimeline(t *testing.T) {
-	s := OperationStatus{Phase: PhaseRunning}
-
-	at := func(d time.Duration) *metav1.MicroTime {
-		mt := metav1.NewMicroTime(t0.Add(d).UTC())
-
-		return &mt
-	}
-
-	s.SetNode("APIServers", "cp-1", stages.PhasePending, "to apply", t0)
-	s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "dry run", t0.Add(1500*time.Microsecond))
-	s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "applying", t0.Add(time.Second))
-	s.SetNode("APIServers", "cp-1", stages.PhaseVerifying, "waiting", t0.Add(2*time.Second))
-	s.SetNode("APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(3*time.Second))
-	// A runner that takes over verifies the node again: the first times stay.
-	s.SetNode("APIServers", "cp-1", stages.PhaseDone, "already applied", t0.Add(time.Minute))
-	s.SetNode("ControlPlaneComponents", "cp-1", stages.PhaseDone, "already applied", t0.Add(2*time.Minute))
-
-	require.Len(t, s.Nodes, 1)
-	assert.Equal(t, []NodeStageTimes{
-		{Stage: "APIServers", ApplyStarted: at(1500 * time.Microsecond), Done: at(3 * time.Second)},
-		{Stage: "ControlPlaneComponents", Done: at(2 * time.Minute)},
-	}, s.Nodes[0].Timeline)
-
-	// The times survive the ConfigMap to the microsecond.
-	op := testOperation("kubernetes-v1-36-3-abcde", PhaseRunning)
-	op.Status = s
-
-	got, err := DecodeState(stateObject(t, op))
-	require.NoError(t, err)
-	assert.True(t, got.Status.Nodes[0].Timeline[0].ApplyStarted.Equal(at(1500*time.Microsecond)))
-}
-
 func TestStoreUpdateStartsFromItsLastWrite(t *testing.T) {
-	client := fake.NewClientset(stateObject(t, testOperation("op-1", PhaseRunning)))
+	client := fake.NewClientset(stateObject(t, testOperation("op-1", api.PhaseRunning)))
 	withResourceVersions(client, configmapsResource)
 
 	store := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
 
 	for i := range 3 {
-		_, err := store.Update(context.Background(), func(o *Operation) error {
+		_, err := store.Update(context.Background(), func(o *api.Operation) error {
 			o.Status.Runs = i + 1
 
 			return nil
@@ -380,15 +348,15 @@ func TestStoreUpdateStartsFromItsLastWrite(t *testing.T) {
 
 	// Another writer in between: the stale start conflicts and is read again.
 	other := &Store{Client: client.CoreV1(), Namespace: "ichor-system"}
-	_, err := other.Update(context.Background(), func(o *Operation) error {
-		o.Status.Phase = PhaseAborted
+	_, err := other.Update(context.Background(), func(o *api.Operation) error {
+		o.Status.Phase = api.PhaseAborted
 
 		return nil
 	})
 	require.NoError(t, err)
 
-	_, err = store.Update(context.Background(), func(o *Operation) error {
-		if o.Status.Phase == PhaseAborted {
+	_, err = store.Update(context.Background(), func(o *api.Operation) error {
+		if o.Status.Phase == api.PhaseAborted {
 			return errAborted
 		}
 
@@ -397,76 +365,20 @@ func TestStoreUpdateStartsFromItsLastWrite(t *testing.T) {
 	require.ErrorIs(t, err, errAborted)
 }
 
-func TestStepRecords(t *testing.T) {
-	var s OperationStatus
-
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0)
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0.Add(2*time.Second))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 5, Updated: 1, MaxUnavailable: 1}, t0.Add(3*time.Second))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, t0.Add(4*time.Second))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 5, Updated: 5, MaxUnavailable: 1}, t0.Add(9*time.Second))
-
-	require.Len(t, s.Steps, 2, "one record per stage and step")
-
-	m := s.StepOf("KubeProxy", stages.StepManifests)
-	require.NotNil(t, m)
-	assert.Equal(t, t0, m.Started.Time, "the first start")
-	assert.Equal(t, t0.Add(2*time.Second), m.Done.Time, "the last done: once per control plane")
-
-	r := s.StepOf("KubeProxy", stages.StepRollout)
-	require.NotNil(t, r)
-	assert.Equal(t, t0.Add(3*time.Second), r.Started.Time)
-	assert.Equal(t, 5, r.Updated)
-	assert.Equal(t, t0.Add(9*time.Second), r.Observed.Time)
-	assert.Nil(t, s.StepOf("Kubelets", stages.StepRollout))
-}
-
-func TestRunnerRecords(t *testing.T) {
-	var s OperationStatus
-
-	s.StartRunner("pod-1", "worker-1", false, t0, t0.Add(2*time.Second))
-	s.EndRunner(t0.Add(10 * time.Second))
-	s.StartRunner("pod-2", "cp-1", false, t0, t0.Add(21*time.Second))
-
-	// A runner that died without a word: idle since the last write.
-	updated := metav1.NewTime(t0.Add(30 * time.Second))
-	s.UpdatedAt = &updated
-	s.StartRunner("pod-3", "cp-2", true, t0, t0.Add(40*time.Second))
-
-	require.Len(t, s.Runners, 3)
-	assert.Equal(t, t0, s.Runners[0].Idle.Time, "the first runner waited from the launch")
-	assert.Equal(t, t0.Add(10*time.Second), s.Runners[1].Idle.Time, "the next from the previous one's end")
-	assert.Equal(t, t0.Add(30*time.Second), s.Runners[2].Idle.Time, "or from its last write")
-	assert.True(t, s.Runners[2].AfterPause)
-
-	// The first runner waits from the launch to the microsecond when known.
-	launched := metav1.NewMicroTime(t0.Add(300 * time.Millisecond))
-	fresh := OperationStatus{LaunchedAt: &launched}
-	fresh.StartRunner("pod-1", "worker-1", false, t0, t0.Add(2*time.Second))
-	assert.Equal(t, launched.Time, fresh.Runners[0].Idle.Time)
-	assert.Equal(t, "cp-1", s.Runners[1].Node)
-
-	for i := range MaxRunners + 5 {
-		s.StartRunner("pod", "cp-1", false, t0, t0.Add(time.Duration(i)*time.Minute))
-	}
-
-	assert.Len(t, s.Runners, MaxRunners, "bounded")
-}
-
 // TestStateWrittenByHand: a state that gives the Operation as plain JSON
 // under data (manifests/) is read, and the first write gzips it.
 func TestStateWrittenByHand(t *testing.T) {
 	ctx := context.Background()
 
-	cm, err := encodeStateJSON("ichor-system", testOperation("op-1", PhasePending))
+	cm, err := encodeStateJSON("ichor-system", testOperation("op-1", api.PhasePending))
 	require.NoError(t, err)
 	assert.Contains(t, cm.Data[OperationJSONKey], `"id": "op-1"`)
 	assert.Empty(t, cm.BinaryData)
 
 	store := &Store{Client: fake.NewClientset(cm).CoreV1(), Namespace: "ichor-system"}
-	_, err = store.Update(ctx, func(op *Operation) error {
+	_, err = store.Update(ctx, func(op *api.Operation) error {
 		assert.Equal(t, "op-1", op.Spec.ID)
-		op.Status.Phase = PhaseRunning
+		op.Status.Phase = api.PhaseRunning
 
 		return nil
 	})
@@ -479,7 +391,7 @@ func TestStateWrittenByHand(t *testing.T) {
 
 	op, err := DecodeState(written)
 	require.NoError(t, err)
-	assert.Equal(t, PhaseRunning, op.Status.Phase)
+	assert.Equal(t, api.PhaseRunning, op.Status.Phase)
 
 	cm.Data[OperationJSONKey] = "{nope"
 	_, err = DecodeState(cm)
