@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -491,11 +492,11 @@ func TestTalosJobUpgrade(t *testing.T) {
 
 	eventually(t, 5*time.Minute, held+" rebooting", func(context.Context) error {
 		op := c.operation(t)
-		if op.Status.Phase != job.PhaseRunning {
+		if op.Status.Phase != api.PhaseRunning {
 			return fmt.Errorf("operation %s", op.Status.Phase)
 		}
 
-		if n := op.Status.Node(held); n != nil && n.Phase == stages.PhaseUpgrading && strings.HasPrefix(n.Message, "rebooting") {
+		if n := op.Status.Node(held); n != nil && n.Phase == string(stages.PhaseUpgrading) && strings.HasPrefix(n.Message, "rebooting") {
 			return nil
 		}
 

@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -37,7 +40,7 @@ type reporter struct {
 	writeMu sync.Mutex // one write at a time
 
 	mu      sync.Mutex
-	op      Operation
+	op      api.Operation
 	version uint64 // bumped on every change
 	written uint64 // the last version written
 	failed  error  // the operation was aborted or replaced, or the lock lost: nothing more is written
@@ -53,7 +56,7 @@ var (
 	_ stages.StepTimer    = (*reporter)(nil)
 )
 
-func newReporter(store *Store, op *Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
+func newReporter(store *Store, op *api.Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
 	return &reporter{
 		store: store, events: events, now: now, logf: logf, aborted: aborted,
 		op:     *op,
@@ -64,7 +67,7 @@ func newReporter(store *Store, op *Operation, events *eventRecorder, now func() 
 
 // Stage implements stages.Progress.
 func (r *reporter) Stage(index, total int, name string) {
-	r.change(func(s *OperationStatus) {
+	r.change(func(s *api.OperationStatus) {
 		s.Stage, s.StageIndex, s.StageCount, s.Step = name, index, total, ""
 	})
 	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
@@ -78,10 +81,10 @@ func (r *reporter) Node(stage, node string, phase stages.NodePhase, message stri
 
 	var step bool
 
-	r.change(func(s *OperationStatus) {
+	r.change(func(s *api.OperationStatus) {
 		prev := s.Node(node)
-		step = prev == nil || prev.Stage != stage || prev.Phase != phase
-		s.SetNode(stage, node, phase, message, now)
+		step = prev == nil || prev.Stage != stage || prev.Phase != string(phase)
+		SetNode(s, stage, node, phase, message, now)
 	})
 
 	if step {
@@ -91,7 +94,7 @@ func (r *reporter) Node(stage, node string, phase stages.NodePhase, message stri
 
 // Step implements stages.StepProgress.
 func (r *reporter) Step(stage, step, message string) {
-	r.change(func(s *OperationStatus) {
+	r.change(func(s *api.OperationStatus) {
 		s.Step = step + ": " + message
 		if step == stages.StepManifests {
 			s.Manifests = message
@@ -109,8 +112,62 @@ func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	r.op.Status.SetStep(stage, step, t, now)
+	SetStep(&r.op.Status, stage, step, t, now)
 	r.version++
+}
+
+// SetNode records a node's step (a change of phase or message) in s, and in the
+// node's timeline when the step begins its apply or ends it.
+func SetNode(s *api.OperationStatus, stage, name string, phase stages.NodePhase, message string, now time.Time) {
+	n := s.Node(name)
+	if n == nil {
+		s.Nodes = append(s.Nodes, api.NodeStatus{Name: name})
+		n = &s.Nodes[len(s.Nodes)-1]
+	}
+
+	if n.Stage != stage || n.Phase != string(phase) || n.Since.IsZero() {
+		n.Since = metav1.NewTime(now.UTC().Truncate(time.Second))
+	}
+
+	n.Stage, n.Phase, n.Message = stage, string(phase), message
+
+	if phase != stages.PhaseApplying && phase != stages.PhaseDone {
+		return
+	}
+
+	i := slices.IndexFunc(n.Timeline, func(t api.NodeStageTimes) bool { return t.Stage == stage })
+	if i < 0 {
+		n.Timeline = append(n.Timeline, api.NodeStageTimes{Stage: stage})
+		i = len(n.Timeline) - 1
+	}
+
+	at := metav1.NewMicroTime(now.UTC())
+
+	switch t := &n.Timeline[i]; {
+	case phase == stages.PhaseApplying && t.ApplyStarted == nil:
+		t.ApplyStarted = &at
+	case phase == stages.PhaseDone && t.Done == nil:
+		t.Done = &at
+	}
+}
+
+// SetStep records in s how far a stage's step has come.
+func SetStep(s *api.OperationStatus, stage, step string, t stages.StepTiming, now time.Time) {
+	at := metav1.NewMicroTime(now.UTC())
+
+	r := s.StepOf(stage, step)
+	if r == nil {
+		s.Steps = append(s.Steps, api.StepRecord{Stage: stage, Step: step, Started: at})
+		r = &s.Steps[len(s.Steps)-1]
+	}
+
+	if t.Pods > 0 {
+		r.Pods, r.Updated, r.MaxUnavailable, r.Observed = t.Pods, t.Updated, t.MaxUnavailable, &at
+	}
+
+	if t.Done {
+		r.Done = &at
+	}
 }
 
 // Get implements stages.Memo.
@@ -131,7 +188,7 @@ const stateWriteTimeout = 30 * time.Second
 // with why it is not after a deadline (a write refused by an admission webhook or
 // policy, the ConfigMap deleted, its size limit, the lock lost).
 func (r *reporter) Set(ctx context.Context, key, value string) error {
-	v := r.change(func(s *OperationStatus) {
+	v := r.change(func(s *api.OperationStatus) {
 		if s.Memo == nil {
 			s.Memo = map[string]string{}
 		}
@@ -163,7 +220,7 @@ func (r *reporter) Set(ctx context.Context, key, value string) error {
 	return err
 }
 
-func (r *reporter) spec() OperationSpec {
+func (r *reporter) spec() api.OperationSpec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
@@ -171,7 +228,7 @@ func (r *reporter) spec() OperationSpec {
 }
 
 // change applies mutate to the status and asks the writer to write it.
-func (r *reporter) change(mutate func(s *OperationStatus)) uint64 {
+func (r *reporter) change(mutate func(s *api.OperationStatus)) uint64 {
 	r.mu.Lock()
 	mutate(&r.op.Status)
 	r.version++
@@ -255,7 +312,7 @@ func (r *reporter) write(ctx context.Context) error {
 	}
 
 	id := r.op.Spec.ID
-	status := r.op.Status.clone()
+	status := cloneStatus(r.op.Status)
 	r.mu.Unlock()
 
 	wctx := ctx
@@ -290,12 +347,12 @@ func (r *reporter) write(ctx context.Context) error {
 		}
 	}
 
-	_, err := r.store.Update(wctx, func(o *Operation) error {
+	_, err := r.store.Update(wctx, func(o *api.Operation) error {
 		if o.Spec.ID != id {
 			return fmt.Errorf("%w: operation %s was replaced by %s", errAborted, id, o.Spec.ID)
 		}
 
-		if o.Status.Phase == PhaseAborted {
+		if o.Status.Phase == api.PhaseAborted {
 			return errAborted
 		}
 
@@ -348,7 +405,7 @@ func (r *reporter) flush(ctx context.Context) error {
 }
 
 // finish applies the runner's last change and writes it.
-func (r *reporter) finish(ctx context.Context, mutate func(s *OperationStatus)) error {
+func (r *reporter) finish(ctx context.Context, mutate func(s *api.OperationStatus)) error {
 	r.change(mutate)
 
 	if err := r.flush(ctx); err != nil {
@@ -362,8 +419,8 @@ func (r *reporter) finish(ctx context.Context, mutate func(s *OperationStatus)) 
 	return nil
 }
 
-// clone is a deep copy of the status.
-func (s OperationStatus) clone() OperationStatus {
+// cloneStatus is a deep copy of the status.
+func cloneStatus(s api.OperationStatus) api.OperationStatus {
 	s.Nodes = slices.Clone(s.Nodes)
 	for i := range s.Nodes {
 		s.Nodes[i].Timeline = slices.Clone(s.Nodes[i].Timeline)

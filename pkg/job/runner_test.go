@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -54,7 +55,7 @@ type runnerFixture struct {
 
 // newRunner is a runner of op against a fake cluster, with short lock timings, whose
 // engine is run.
-func newRunner(t *testing.T, op *Operation, run func(ctx context.Context, cfg EngineConfig) error, objs ...runtime.Object) *runnerFixture {
+func newRunner(t *testing.T, op *api.Operation, run func(ctx context.Context, cfg EngineConfig) error, objs ...runtime.Object) *runnerFixture {
 	t.Helper()
 
 	objs = append(objs,
@@ -79,7 +80,7 @@ func newRunner(t *testing.T, op *Operation, run func(ctx context.Context, cfg En
 	return f
 }
 
-func (f *runnerFixture) state(t *testing.T) *Operation {
+func (f *runnerFixture) state(t *testing.T) *api.Operation {
 	t.Helper()
 
 	op, _, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Get(context.Background())
@@ -111,9 +112,9 @@ func exitCode(err error) int {
 }
 
 func TestRunnerSucceeds(t *testing.T) {
-	op := testOperation("op-1", PhasePending)
-	op.Spec.Timeouts.Drain = NewTimeout(7 * time.Minute)
-	op.Spec.Timeouts.Pull = NewTimeout(3 * time.Minute)
+	op := testOperation("op-1", api.PhasePending)
+	op.Spec.Timeouts.Drain = api.NewTimeout(7 * time.Minute)
+	op.Spec.Timeouts.Pull = api.NewTimeout(3 * time.Minute)
 	op.Spec.PullConcurrency = 8
 
 	var memoDurable bool
@@ -168,7 +169,7 @@ func TestRunnerSucceeds(t *testing.T) {
 	}, f.cfg.Options, "the runner's own pod is evicted last on its node")
 
 	s := f.state(t).Status
-	assert.Equal(t, PhaseSucceeded, s.Phase)
+	assert.Equal(t, api.PhaseSucceeded, s.Phase)
 	assert.Equal(t, "runner-pod-1", s.Runner)
 	assert.Equal(t, 1, s.Runs)
 	assert.Equal(t, "Kubelets", s.Stage)
@@ -184,7 +185,7 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.NotNil(t, s.StartedAt)
 	assert.NotNil(t, s.FinishedAt)
 	require.Len(t, s.Nodes, 1)
-	assert.Equal(t, stages.PhaseDone, s.Nodes[0].Phase)
+	assert.Equal(t, string(stages.PhaseDone), s.Nodes[0].Phase)
 	assert.Equal(t, "kube-apiserver v1.36.3 Ready", s.Nodes[0].Message)
 
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released")
@@ -242,13 +243,13 @@ func TestRunnerPauses(t *testing.T) {
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newRunner(t, testOperation("op-1", PhasePending), func(context.Context, EngineConfig) error { return tt.err })
+			f := newRunner(t, testOperation("op-1", api.PhasePending), func(context.Context, EngineConfig) error { return tt.err })
 
 			err := f.runner.Run(context.Background())
 			assert.Equal(t, ExitPaused, exitCode(err), "%v", err)
 
 			s := f.state(t).Status
-			assert.Equal(t, PhasePaused, s.Phase)
+			assert.Equal(t, api.PhasePaused, s.Phase)
 			assert.Equal(t, tt.reason, s.Reason)
 			assert.Equal(t, tt.action, s.Action)
 			assert.Equal(t, tt.pausedNode, s.PausedNode)
@@ -261,10 +262,10 @@ func TestRunnerPauses(t *testing.T) {
 func TestRunnerStopsWhenAborted(t *testing.T) {
 	var f *runnerFixture
 
-	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+	f = newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		// kubectl ichor abort marks the operation while the engine works...
-		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(ctx, func(o *Operation) error {
-			o.Status.Phase = PhaseAborted
+		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(ctx, func(o *api.Operation) error {
+			o.Status.Phase = api.PhaseAborted
 
 			return nil
 		})
@@ -280,7 +281,7 @@ func TestRunnerStopsWhenAborted(t *testing.T) {
 
 	err := f.runner.Run(context.Background())
 	assert.Equal(t, ExitFinal, exitCode(err), "%v", err)
-	assert.Equal(t, PhaseAborted, f.state(t).Status.Phase, "the abort is kept")
+	assert.Equal(t, api.PhaseAborted, f.state(t).Status.Phase, "the abort is kept")
 	assert.Empty(t, f.state(t).Status.Nodes, "nothing is written after the abort")
 }
 
@@ -288,7 +289,7 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	f := newRunner(t, testOperation("op-1", PhasePending), func(ectx context.Context, cfg EngineConfig) error {
+	f := newRunner(t, testOperation("op-1", api.PhasePending), func(ectx context.Context, cfg EngineConfig) error {
 		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting")
 		cancel() // the pod is evicted
 
@@ -301,9 +302,9 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	assert.Equal(t, ExitStopped, exitCode(err), "%v", err)
 
 	s := f.state(t).Status
-	assert.Equal(t, PhaseRunning, s.Phase, "the next runner continues")
+	assert.Equal(t, api.PhaseRunning, s.Phase, "the next runner continues")
 	require.Len(t, s.Nodes, 1, "the last progress is written")
-	assert.Equal(t, stages.PhaseDraining, s.Nodes[0].Phase)
+	assert.Equal(t, string(stages.PhaseDraining), s.Nodes[0].Phase)
 	require.Len(t, s.Runners, 1)
 	assert.NotNil(t, s.Runners[0].Ended, "the runner's end is written: the next one measures its wait from it")
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released for the next pod")
@@ -312,7 +313,7 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 func TestRunnerLosesTheLock(t *testing.T) {
 	var f *runnerFixture
 
-	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+	f = newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		// Another holder takes the lease over (a partition ended, a clock jumped).
 		l := f.lease(t)
 		other, now := "other-pod", metav1.NewMicroTime(time.Now().Add(time.Hour))
@@ -333,7 +334,7 @@ func TestRunnerLosesTheLock(t *testing.T) {
 	assert.Equal(t, 1, exitCode(err), "%v", err)
 	assert.ErrorIs(t, err, errLostLock)
 	assert.Less(t, time.Since(start), 5*time.Second)
-	assert.Equal(t, PhaseRunning, f.state(t).Status.Phase)
+	assert.Equal(t, api.PhaseRunning, f.state(t).Status.Phase)
 	assert.Empty(t, f.state(t).Status.Nodes)
 	assert.Equal(t, "other-pod", leaseHolderOf(f.lease(t)))
 }
@@ -347,7 +348,7 @@ func TestRunnerTakesOverFromAGoneHolder(t *testing.T) {
 	oldPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "old-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodFailed}}
 
 	ran := false
-	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error { ran = true; return nil }, lease, oldPod)
+	f := newRunner(t, testOperation("op-1", api.PhaseRunning), func(context.Context, EngineConfig) error { ran = true; return nil }, lease, oldPod)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -368,7 +369,7 @@ func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
 	}
 	livePod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "live-pod", Namespace: "upgrades"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 
-	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error {
+	f := newRunner(t, testOperation("op-1", api.PhaseRunning), func(context.Context, EngineConfig) error {
 		t.Error("the engine must not run without the lock")
 
 		return nil
@@ -377,8 +378,8 @@ func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
 	go func() {
 		time.Sleep(500 * time.Millisecond)
 
-		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(context.Background(), func(o *Operation) error {
-			o.Status.Phase = PhaseAborted
+		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(context.Background(), func(o *api.Operation) error {
+			o.Status.Phase = api.PhaseAborted
 
 			return nil
 		})
@@ -407,15 +408,15 @@ func TestRunnerRefuses(t *testing.T) {
 		},
 		{
 			name: "replaced", code: ExitFinal, want: "operation op-1 was replaced by op-2",
-			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-2", PhaseRunning)) },
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-2", api.PhaseRunning)) },
 		},
 		{
 			name: "paused", code: ExitPaused, want: "is paused",
-			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", PhasePaused)) },
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", api.PhasePaused)) },
 		},
 		{
 			name: "aborted", code: ExitFinal, want: "was aborted",
-			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", PhaseAborted)) },
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", api.PhaseAborted)) },
 		},
 	}
 
@@ -441,7 +442,7 @@ func TestRunnerRefuses(t *testing.T) {
 
 func TestEngineOptionsCarryAllowEtcdOutage(t *testing.T) {
 	for _, allow := range []bool{false, true} {
-		opts := engineOptions(OperationSpec{Upgrade: stages.KindTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}, "cp-1")
+		opts := engineOptions(api.OperationSpec{Upgrade: api.UpgradeTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}, "cp-1")
 		if opts.AllowEtcdOutage != allow {
 			t.Fatalf("spec allowEtcdOutage %v: engine option %v", allow, opts.AllowEtcdOutage)
 		}

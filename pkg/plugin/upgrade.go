@@ -68,7 +68,7 @@ func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
 	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
 	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "Do not ask for confirmation (required without a terminal)")
 	cmd.Flags().BoolVar(&o.Detach, "detach", false, "Return once the Job is created; follow later with kubectl ichor status --watch")
-	cmd.Flags().StringVar(&o.Credentials, "talos-credentials", string(job.CredentialsServiceAccount),
+	cmd.Flags().StringVar(&o.Credentials, "talos-credentials", string(api.CredentialsServiceAccount),
 		"Talos credentials of the Job: serviceaccount (a talos.dev ServiceAccount with role os:admin, needs kubernetesTalosAPIAccess) "+
 			"or local (a copy of your talosconfig in a Secret, deleted when the operation ends)")
 	cmd.Flags().DurationVar(&o.VerifyTimeout, "verify-timeout", stages.DefaultVerifyTimeout, "How long a node may take to verify after its change")
@@ -83,8 +83,8 @@ func (o *upgradeOptions) validate() error {
 		return err
 	}
 
-	switch job.Credentials(o.Credentials) {
-	case job.CredentialsServiceAccount, job.CredentialsLocal:
+	switch api.Credentials(o.Credentials) {
+	case api.CredentialsServiceAccount, api.CredentialsLocal:
 	default:
 		return fmt.Errorf("--talos-credentials %q: pass serviceaccount or local", o.Credentials)
 	}
@@ -165,11 +165,11 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		}
 	}
 
-	creds := job.Credentials(o.Credentials)
+	creds := api.Credentials(o.Credentials)
 
 	var talosconfig []byte
 
-	if creds == job.CredentialsLocal {
+	if creds == api.CredentialsLocal {
 		var err error
 		if talosconfig, err = localTalosconfig(o.flags.talos); err != nil {
 			return err
@@ -189,20 +189,20 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		return fmt.Errorf("encode plan: %w", err)
 	}
 
-	spec := job.OperationSpec{
+	spec := api.OperationSpec{
 		ID:              job.NewOperationID(string(kind), o.target.String()),
-		Upgrade:         kind,
+		Upgrade:         string(kind),
 		Target:          o.target.String(),
-		Installers:      installers,
+		Installers:      api.Installers(installers),
 		MaxUnavailable:  o.MaxUnavailable,
 		PullConcurrency: o.PullConcurrency,
 		AllowEtcdOutage: o.AllowEtcdOutage,
 		ManifestsForce:  o.ManifestsForce,
 		Image:           o.JobImage,
 		Credentials:     creds,
-		Timeouts: job.Timeouts{
-			Apply: job.NewTimeout(o.ApplyTimeout), Verify: job.NewTimeout(o.VerifyTimeout), Drain: job.NewTimeout(o.DrainTimeout),
-			Upgrade: job.NewTimeout(o.UpgradeTimeout), Reboot: job.NewTimeout(o.RebootTimeout), Pull: job.NewTimeout(o.PullTimeout),
+		Timeouts: api.Timeouts{
+			Apply: api.NewTimeout(o.ApplyTimeout), Verify: api.NewTimeout(o.VerifyTimeout), Drain: api.NewTimeout(o.DrainTimeout),
+			Upgrade: api.NewTimeout(o.UpgradeTimeout), Reboot: api.NewTimeout(o.RebootTimeout), Pull: api.NewTimeout(o.PullTimeout),
 		},
 		CreatedBy: "kubectl-ichor " + version.Version,
 	}
@@ -246,7 +246,7 @@ func (o *upgradeOptions) confirm(ctx context.Context, plan *api.Plan, namespace 
 		name = plan.Cluster.Endpoint
 	}
 
-	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(stages.Kind(plan.Upgrade)), name, plan.Target, namespace)
+	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(plan.Upgrade), name, plan.Target, namespace)
 
 	answers := make(chan string, 1)
 

@@ -73,9 +73,6 @@ type upgradeMark struct {
 	// BootID is the node's boot ID read just before its Upgrade call; a
 	// different boot ID later means the node rebooted since.
 	BootID string `json:"bootID"`
-	// Called is how an older ichor recorded that the Upgrade call returned:
-	// read as Step reboot.
-	Called bool `json:"called,omitempty"`
 	// Step is the step of the upgrade announced last (stepInstall,
 	// stepInstalled, stepReboot): written before its call, so that a run
 	// that finds it asks the node what happened (engine_talos_once.go).

@@ -36,14 +36,10 @@ const (
 	stepReboot = "reboot"
 )
 
-// step is the mark's step; a mark written by an older ichor has Called
-// alone.
+// step is the mark's step, stepInstall when none is recorded.
 func (m upgradeMark) step() string {
-	switch {
-	case m.Step != "":
+	if m.Step != "" {
 		return m.Step
-	case m.Called:
-		return stepReboot
 	}
 
 	return stepInstall

@@ -17,7 +17,7 @@ import (
 )
 
 // TestDecide is the resume decision table: every step a mark can record
-// (older ichor's marks included) against every state a node can report.
+// against every state a node can report.
 func TestDecide(t *testing.T) {
 	const (
 		target = "v1.13.9"
@@ -33,8 +33,7 @@ func TestDecide(t *testing.T) {
 		"install":           {BootID: boot, Step: stepInstall},
 		"installed":         {BootID: boot, Step: stepInstalled},
 		"reboot":            {BootID: boot, Step: stepReboot},
-		"older, called":     {BootID: boot, Called: true},
-		"older, not yet":    {BootID: boot},
+		"no step":           {BootID: boot},
 		"install, fellBack": {BootID: boot, Step: stepInstall},
 		// MachineService.Upgrade answered (Talos before 1.13): the node reboots by itself.
 		"legacy, reboot":  {BootID: boot, Step: stepReboot, Legacy: true},
