@@ -20,8 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -87,7 +87,7 @@ func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 
 	// 1. The state refuses updates once cp-1 is done.
 	eventually(t, 5*time.Minute, "cp-1 done", func(context.Context) error {
-		if n := c.operation(t).Status.Node("cp-1"); n != nil && n.Phase == stages.PhaseDone {
+		if n := c.operation(t).Status.Node("cp-1"); n != nil && n.Phase == engine.PhaseDone {
 			return nil
 		}
 

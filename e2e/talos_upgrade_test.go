@@ -25,9 +25,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 const (
@@ -82,7 +82,7 @@ func (m *memoMap) all() map[string]string {
 // bounds fit for the simulator. A cluster of fewer than 3 control planes
 // accepts the etcd outage of each control plane's reboot
 // (--allow-etcd-outage): TestTalosEtcdGateAndRecordon shows the gate.
-func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *stages.Engine {
+func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *engine.Engine {
 	t.Helper()
 
 	controlPlanes := 0
@@ -93,11 +93,11 @@ func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, 
 		}
 	}
 
-	return &stages.Engine{
+	return &engine.Engine{
 		Kube:  c.Client,
 		Talos: tc,
-		Options: stages.EngineOptions{
-			Kind: stages.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
+		Options: engine.EngineOptions{
+			Kind: engine.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 			VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, UpgradeTimeout: 2 * time.Minute, RebootTimeout: 2 * time.Minute,
 		},
 		Progress: progress,
@@ -286,7 +286,7 @@ func TestTalosEngineFaults(t *testing.T) {
 	t.Run("an A/B fallback pauses", func(t *testing.T) {
 		err := talosEngineFor(t, c, tc, talosTo, memo, &lines{}).Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused: %v", err)
 		assert.Equal(t, "TalosOS", pause.Stage)
@@ -318,7 +318,7 @@ func TestTalosEngineFaults(t *testing.T) {
 		start := time.Now()
 		err := e.Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused after %s: %v", time.Since(start).Round(time.Millisecond), err)
 		assert.Equal(t, "worker-2", pause.Node)
@@ -384,7 +384,7 @@ func TestTalosEngineMachineJoinsMidUpgrade(t *testing.T) {
 	err = talosEngineFor(t, c, tc, talosTo, memo, progress).Run(ctx)
 	require.NoError(t, joinErr)
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	require.ErrorAs(t, err, &pause, "the run does not succeed with worker-2 behind: %v", err)
 	t.Logf("paused: %v", err)
 	assert.Equal(t, "TalosOS", pause.Stage)
@@ -495,7 +495,7 @@ func TestTalosJobUpgrade(t *testing.T) {
 			return fmt.Errorf("operation %s", op.Status.Phase)
 		}
 
-		if n := op.Status.Node(held); n != nil && n.Phase == stages.PhaseUpgrading && strings.HasPrefix(n.Message, "rebooting") {
+		if n := op.Status.Node(held); n != nil && n.Phase == engine.PhaseUpgrading && strings.HasPrefix(n.Message, "rebooting") {
 			return nil
 		}
 

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 type controlFixture struct {
@@ -171,7 +171,7 @@ func TestBusyNamesTheNamespace(t *testing.T) {
 
 func launchRequest(id string, creds Credentials) LaunchRequest {
 	return LaunchRequest{
-		Spec: OperationSpec{ID: id, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Image: "img:v1", Credentials: creds},
+		Spec: OperationSpec{ID: id, Upgrade: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Image: "img:v1", Credentials: creds},
 		Plan: []byte(`{"kind":"Plan"}`),
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // TestRunnerFencesMemoOnTheLease: another runner holds the Lease (taken over while this
@@ -62,7 +62,7 @@ func TestRunnerMemoSetHasADeadline(t *testing.T) {
 	f := newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
 
-		return &stages.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
+		return &engine.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
 	})
 
 	refusing := false

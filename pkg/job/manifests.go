@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // ManifestFile is one file of manifests/.
@@ -35,7 +35,7 @@ func Manifests(namespace, image string) ([]ManifestFile, error) {
 	runner = append(runner, TalosAccount(namespace))
 
 	op := NewOperation(OperationSpec{
-		ID: GitOpsOperation, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
+		ID: GitOpsOperation, Upgrade: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
 		Image: image, Credentials: CredentialsServiceAccount,
 		CreatedAt: metav1.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 	})

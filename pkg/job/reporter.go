@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // reporter is the engine's Progress and Memo, backed by the state ConfigMap. It keeps
@@ -47,10 +47,10 @@ type reporter struct {
 }
 
 var (
-	_ stages.Progress     = (*reporter)(nil)
-	_ stages.Memo         = (*reporter)(nil)
-	_ stages.StepProgress = (*reporter)(nil)
-	_ stages.StepTimer    = (*reporter)(nil)
+	_ engine.Progress     = (*reporter)(nil)
+	_ engine.Memo         = (*reporter)(nil)
+	_ engine.StepProgress = (*reporter)(nil)
+	_ engine.StepTimer    = (*reporter)(nil)
 )
 
 func newReporter(store *Store, op *Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
@@ -62,7 +62,7 @@ func newReporter(store *Store, op *Operation, events *eventRecorder, now func() 
 	}
 }
 
-// Stage implements stages.Progress.
+// Stage implements engine.Progress.
 func (r *reporter) Stage(index, total int, name string) {
 	r.change(func(s *OperationStatus) {
 		s.Stage, s.StageIndex, s.StageCount, s.Step = name, index, total, ""
@@ -70,10 +70,10 @@ func (r *reporter) Stage(index, total int, name string) {
 	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
 }
 
-// Node implements stages.Progress. A step (a node entering a phase) is also a Kubernetes
+// Node implements engine.Progress. A step (a node entering a phase) is also a Kubernetes
 // event; the messages of the same phase that follow (a pod evicted, what verification
 // still waits for) are only in the state and the log.
-func (r *reporter) Node(stage, node string, phase stages.NodePhase, message string) {
+func (r *reporter) Node(stage, node string, phase engine.NodePhase, message string) {
 	now := r.now()
 
 	var step bool
@@ -85,25 +85,25 @@ func (r *reporter) Node(stage, node string, phase stages.NodePhase, message stri
 	})
 
 	if step {
-		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == stages.PhaseFailed)
+		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == engine.PhaseFailed)
 	}
 }
 
-// Step implements stages.StepProgress.
+// Step implements engine.StepProgress.
 func (r *reporter) Step(stage, step, message string) {
 	r.change(func(s *OperationStatus) {
 		s.Step = step + ": " + message
-		if step == stages.StepManifests {
+		if step == engine.StepManifests {
 			s.Manifests = message
 		}
 	})
 	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
 }
 
-// StepTime implements stages.StepTimer. It asks for no write of its own:
+// StepTime implements engine.StepTimer. It asks for no write of its own:
 // the engine reports the step's message right after (Step), and that write
 // carries both.
-func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
+func (r *reporter) StepTime(stage, step string, t engine.StepTiming) {
 	now := r.now()
 
 	r.mu.Lock()
@@ -113,7 +113,7 @@ func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
 	r.version++
 }
 
-// Get implements stages.Memo.
+// Get implements engine.Memo.
 func (r *reporter) Get(key string) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -127,7 +127,7 @@ func (r *reporter) Get(key string) (string, bool) {
 // (and pauses with why) rather than wait for ever.
 const stateWriteTimeout = 30 * time.Second
 
-// Set implements stages.Memo: it returns once the value is in the state ConfigMap, or
+// Set implements engine.Memo: it returns once the value is in the state ConfigMap, or
 // with why it is not after a deadline (a write refused by an admission webhook or
 // policy, the ConfigMap deleted, its size limit, the lock lost).
 func (r *reporter) Set(ctx context.Context, key, value string) error {

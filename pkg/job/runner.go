@@ -15,12 +15,12 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// Engine runs one upgrade to its end, or stops with a *stages.PauseError, or with its
-// context's error; *stages.Engine satisfies it.
+// Engine runs one upgrade to its end, or stops with a *engine.PauseError, or with its
+// context's error; *engine.Engine satisfies it.
 type Engine interface {
 	Run(ctx context.Context) error
 }
@@ -31,10 +31,10 @@ type EngineConfig struct {
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
 	// Options come from the operation's spec; Self is the runner's node.
-	Options stages.EngineOptions
+	Options engine.EngineOptions
 	// Progress and Memo are backed by the state ConfigMap.
-	Progress stages.Progress
-	Memo     stages.Memo
+	Progress engine.Progress
+	Memo     engine.Memo
 	// Out receives the engine's progress lines (the pod's log).
 	Out io.Writer
 	// Talos says how to reach the Talos API; the zero value finds the talosconfig
@@ -401,18 +401,18 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	opts.SelfPod = r.Namespace + "/" + r.Identity
 	opts.StayOnNode = r.StayOnNode
 
-	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
+	eng, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
 		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
 		Talos: r.Talos,
 	})
 	if err == nil {
-		err = engine.Run(engCtx)
+		err = eng.Run(engCtx)
 
 		if closeEngine != nil {
 			closeEngine()
 		}
 	} else {
-		err = &stages.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
+		err = &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
 	}
 
 	return r.finish(ctx, engCtx, rep, events, err)
@@ -493,9 +493,9 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		return &ExitError{Code: ExitStopped, Err: fmt.Errorf("stopped: %w", context.Cause(ctx))}
 	}
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	if !errors.As(err, &pause) {
-		pause = &stages.PauseError{
+		pause = &engine.PauseError{
 			Reason: err.Error(),
 			Action: "read the runner's log (kubectl ichor logs" + nsFlag(r.Namespace) + "), fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace),
 			Err:    err,
@@ -537,8 +537,8 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 }
 
 // engineOptions are the engine's options for an operation, run from node.
-func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
-	return stages.EngineOptions{
+func engineOptions(spec OperationSpec, node string) engine.EngineOptions {
+	return engine.EngineOptions{
 		Kind:            spec.Upgrade,
 		Target:          spec.Target,
 		Installers:      spec.Installers,

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -87,7 +88,7 @@ type OperationSpec struct {
 	// ID names the operation, e.g. kubernetes-v1-36-3-7kq2x.
 	ID string `json:"id"`
 	// Upgrade is "kubernetes" or "talos".
-	Upgrade stages.Kind `json:"upgrade"`
+	Upgrade engine.Kind `json:"upgrade"`
 	// Target is the version to reach, vX.Y.Z.
 	Target string `json:"target"`
 	// Installers are the operator's explicit Talos installers
@@ -177,7 +178,7 @@ type OperationStatus struct {
 	// Pauses are where and why the operation paused, oldest first (the last
 	// MaxPauses).
 	Pauses []PauseRecord `json:"pauses,omitempty"`
-	// Memo is the engine's small durable memory (stages.Memo).
+	// Memo is the engine's small durable memory (engine.Memo).
 	Memo map[string]string `json:"memo,omitempty"`
 	// Steps time the stages' own steps (pre-pull, manifest sync, kube-proxy
 	// rollout), one record per stage and step: a resumed runner keeps them
@@ -207,7 +208,7 @@ const MaxRunners = 20
 // but Done, which is the last (the manifest sync is done once per control
 // plane).
 type StepRecord struct {
-	// Stage and Step name it (stages.StepPrePull, StepManifests, StepRollout).
+	// Stage and Step name it (engine.StepPrePull, StepManifests, StepRollout).
 	Stage string `json:"stage"`
 	Step  string `json:"step"`
 	// Started is when it began; Done when it was last done.
@@ -233,7 +234,7 @@ func (s *OperationStatus) StepOf(stage, step string) *StepRecord {
 }
 
 // SetStep records how far a stage's step has come.
-func (s *OperationStatus) SetStep(stage, step string, t stages.StepTiming, now time.Time) {
+func (s *OperationStatus) SetStep(stage, step string, t engine.StepTiming, now time.Time) {
 	at := metav1.NewMicroTime(now.UTC())
 
 	r := s.StepOf(stage, step)
@@ -333,7 +334,7 @@ type NodeStatus struct {
 	// Stage is the stage this step belongs to.
 	Stage string `json:"stage"`
 	// Phase is the node's phase in that stage.
-	Phase stages.NodePhase `json:"phase"`
+	Phase engine.NodePhase `json:"phase"`
 	// Message is one line: what was done or what is awaited.
 	Message string `json:"message,omitempty"`
 	// Since is when the node entered this phase.
@@ -369,7 +370,7 @@ func (s *OperationStatus) Node(name string) *NodeStatus {
 }
 
 // SetNode records a node's step (a change of phase or message).
-func (s *OperationStatus) SetNode(stage, name string, phase stages.NodePhase, message string, now time.Time) {
+func (s *OperationStatus) SetNode(stage, name string, phase engine.NodePhase, message string, now time.Time) {
 	n := s.Node(name)
 	if n == nil {
 		s.Nodes = append(s.Nodes, NodeStatus{Name: name})
@@ -382,7 +383,7 @@ func (s *OperationStatus) SetNode(stage, name string, phase stages.NodePhase, me
 
 	n.Stage, n.Phase, n.Message = stage, phase, message
 
-	if phase != stages.PhaseApplying && phase != stages.PhaseDone {
+	if phase != engine.PhaseApplying && phase != engine.PhaseDone {
 		return
 	}
 
@@ -395,9 +396,9 @@ func (s *OperationStatus) SetNode(stage, name string, phase stages.NodePhase, me
 	at := metav1.NewMicroTime(now.UTC())
 
 	switch t := &n.Timeline[i]; {
-	case phase == stages.PhaseApplying && t.ApplyStarted == nil:
+	case phase == engine.PhaseApplying && t.ApplyStarted == nil:
 		t.ApplyStarted = &at
-	case phase == stages.PhaseDone && t.Done == nil:
+	case phase == engine.PhaseDone && t.Done == nil:
 		t.Done = &at
 	}
 }
@@ -543,7 +544,7 @@ func DecodeState(cm *corev1.ConfigMap) (*Operation, error) {
 		return nil, corrupt("%s has no spec.id", key)
 	case !op.Status.Phase.known():
 		return nil, corrupt("%s: unknown status.phase %q", key, op.Status.Phase)
-	case op.Spec.Upgrade != stages.KindKubernetes && op.Spec.Upgrade != stages.KindTalos:
+	case op.Spec.Upgrade != engine.KindKubernetes && op.Spec.Upgrade != engine.KindTalos:
 		return nil, corrupt("%s: unknown spec.upgrade %q", key, op.Spec.Upgrade)
 	}
 

@@ -18,14 +18,14 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
 func testOperation(id string, phase Phase) *Operation {
 	op := NewOperation(OperationSpec{
-		ID: id, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
+		ID: id, Upgrade: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
 		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: CredentialsServiceAccount,
 		CreatedAt: metav1.NewTime(t0),
 	})
@@ -47,8 +47,8 @@ func stateObject(t *testing.T, op *Operation) *corev1.ConfigMap {
 
 func TestStateRoundTrip(t *testing.T) {
 	op := testOperation("kubernetes-v1-36-3-abcde", PhaseRunning)
-	op.Status.SetNode("APIServers", "cp-1", stages.PhaseApplying, "applying", t0)
-	op.Status.SetNode("APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(time.Minute))
+	op.Status.SetNode("APIServers", "cp-1", engine.PhaseApplying, "applying", t0)
+	op.Status.SetNode("APIServers", "cp-1", engine.PhaseDone, "done", t0.Add(time.Minute))
 	op.Status.Memo = map[string]string{"boot/cp-1": "abc"}
 
 	cm := stateObject(t, op)
@@ -330,14 +330,14 @@ func TestSetNodeTimeline(t *testing.T) {
 		return &mt
 	}
 
-	s.SetNode("APIServers", "cp-1", stages.PhasePending, "to apply", t0)
-	s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "dry run", t0.Add(1500*time.Microsecond))
-	s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "applying", t0.Add(time.Second))
-	s.SetNode("APIServers", "cp-1", stages.PhaseVerifying, "waiting", t0.Add(2*time.Second))
-	s.SetNode("APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(3*time.Second))
+	s.SetNode("APIServers", "cp-1", engine.PhasePending, "to apply", t0)
+	s.SetNode("APIServers", "cp-1", engine.PhaseApplying, "dry run", t0.Add(1500*time.Microsecond))
+	s.SetNode("APIServers", "cp-1", engine.PhaseApplying, "applying", t0.Add(time.Second))
+	s.SetNode("APIServers", "cp-1", engine.PhaseVerifying, "waiting", t0.Add(2*time.Second))
+	s.SetNode("APIServers", "cp-1", engine.PhaseDone, "done", t0.Add(3*time.Second))
 	// A runner that takes over verifies the node again: the first times stay.
-	s.SetNode("APIServers", "cp-1", stages.PhaseDone, "already applied", t0.Add(time.Minute))
-	s.SetNode("ControlPlaneComponents", "cp-1", stages.PhaseDone, "already applied", t0.Add(2*time.Minute))
+	s.SetNode("APIServers", "cp-1", engine.PhaseDone, "already applied", t0.Add(time.Minute))
+	s.SetNode("ControlPlaneComponents", "cp-1", engine.PhaseDone, "already applied", t0.Add(2*time.Minute))
 
 	require.Len(t, s.Nodes, 1)
 	assert.Equal(t, []NodeStageTimes{
@@ -400,25 +400,25 @@ func TestStoreUpdateStartsFromItsLastWrite(t *testing.T) {
 func TestStepRecords(t *testing.T) {
 	var s OperationStatus
 
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0)
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0.Add(2*time.Second))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 5, Updated: 1, MaxUnavailable: 1}, t0.Add(3*time.Second))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, t0.Add(4*time.Second))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 5, Updated: 5, MaxUnavailable: 1}, t0.Add(9*time.Second))
+	s.SetStep("KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, t0)
+	s.SetStep("KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, t0.Add(2*time.Second))
+	s.SetStep("KubeProxy", engine.StepRollout, engine.StepTiming{Pods: 5, Updated: 1, MaxUnavailable: 1}, t0.Add(3*time.Second))
+	s.SetStep("KubeProxy", engine.StepRollout, engine.StepTiming{}, t0.Add(4*time.Second))
+	s.SetStep("KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 5, Updated: 5, MaxUnavailable: 1}, t0.Add(9*time.Second))
 
 	require.Len(t, s.Steps, 2, "one record per stage and step")
 
-	m := s.StepOf("KubeProxy", stages.StepManifests)
+	m := s.StepOf("KubeProxy", engine.StepManifests)
 	require.NotNil(t, m)
 	assert.Equal(t, t0, m.Started.Time, "the first start")
 	assert.Equal(t, t0.Add(2*time.Second), m.Done.Time, "the last done: once per control plane")
 
-	r := s.StepOf("KubeProxy", stages.StepRollout)
+	r := s.StepOf("KubeProxy", engine.StepRollout)
 	require.NotNil(t, r)
 	assert.Equal(t, t0.Add(3*time.Second), r.Started.Time)
 	assert.Equal(t, 5, r.Updated)
 	assert.Equal(t, t0.Add(9*time.Second), r.Observed.Time)
-	assert.Nil(t, s.StepOf("Kubelets", stages.StepRollout))
+	assert.Nil(t, s.StepOf("Kubelets", engine.StepRollout))
 }
 
 func TestRunnerRecords(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // ResumeOptions are the options of `kubectl ichor resume`.
@@ -42,7 +42,7 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	if op.Spec.Upgrade == stages.KindKubernetes {
+	if op.Spec.Upgrade == engine.KindKubernetes {
 		// The manifests as they are now (the target's, past the KubeProxy stage); without
 		// them the Job keeps the permissions it was given at launch.
 		if access, err := o.deps.manifestAccess(ctx, o.flags); err == nil {

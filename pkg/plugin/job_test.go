@@ -28,6 +28,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -94,7 +95,7 @@ func (c *jobCluster) with(d deps) deps {
 
 func operation(phase job.Phase) *job.Operation {
 	op := job.NewOperation(job.OperationSpec{
-		ID: "kubernetes-v1-36-3-abcde", Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 2,
+		ID: "kubernetes-v1-36-3-abcde", Upgrade: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 2,
 		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: job.CredentialsServiceAccount,
 		CreatedAt: metav1.NewTime(now0),
 	})
@@ -136,11 +137,11 @@ func kubeletsStage(op *job.Operation) *job.Operation {
 	s.Stage, s.StageIndex, s.StageCount = "Kubelets", 4, 4
 
 	for i, n := range []string{"cp-1", "cp-3", "cp-2"} {
-		s.SetNode("Kubelets", n, stages.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
+		s.SetNode("Kubelets", n, engine.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
 	}
 
-	s.SetNode("Kubelets", "worker-2", stages.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
-	s.SetNode("KubeProxy", "worker-1", stages.PhaseDone, "", now0)
+	s.SetNode("Kubelets", "worker-2", engine.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
+	s.SetNode("KubeProxy", "worker-1", engine.PhaseDone, "", now0)
 
 	return op
 }
@@ -151,7 +152,7 @@ func TestViewFrames(t *testing.T) {
 
 	paused := kubeletsStage(operation(job.PhaseRunning))
 	paused.Status.Phase = job.PhasePaused
-	paused.Status.SetNode("Kubelets", "worker-2", stages.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
+	paused.Status.SetNode("Kubelets", "worker-2", engine.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
 	paused.Status.PausedNode = "worker-2"
 	paused.Status.Reason = "drain: pod default/web-0 not evicted after 5m0s (PodDisruptionBudget default/web)"
 	paused.Status.Action = "let default/web allow a disruption, then kubectl ichor resume"
@@ -184,10 +185,10 @@ func TestPlainFollowLines(t *testing.T) {
 		func(s *job.OperationStatus) {
 			s.Phase, s.Runner, s.Runs = job.PhaseRunning, "pod-1", 1
 			s.Stage, s.StageIndex, s.StageCount = "APIServers", 1, 4
-			s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "kube-apiserver v1.36.3", now0)
+			s.SetNode("APIServers", "cp-1", engine.PhaseApplying, "kube-apiserver v1.36.3", now0)
 		},
 		func(s *job.OperationStatus) {
-			s.SetNode("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
+			s.SetNode("APIServers", "cp-1", engine.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
 		},
 		func(s *job.OperationStatus) {
 			s.Runner, s.Runs = "pod-2", 2 // evicted, a new pod continues
@@ -494,7 +495,7 @@ func TestRunVerb(t *testing.T) {
 		{
 			name: "pauses", code: ExitPaused, phase: job.PhasePaused,
 			engine: func(context.Context) error {
-				return &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
+				return &engine.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
 			},
 		},
 	}
@@ -683,7 +684,7 @@ func TestUpgradePullFlags(t *testing.T) {
 		concurrency int
 	}{
 		{"kubernetes, set", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--pull-timeout", "90s", "--pull-concurrency", "4"}, 90 * time.Second, 4},
-		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, stages.DefaultPullTimeout, stages.DefaultPullConcurrency},
+		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, engine.DefaultPullTimeout, engine.DefaultPullConcurrency},
 		{"talos, set", talos113, []string{"upgrade", "talos", "--to", "v1.13.9", "--pull-timeout", "15m", "--pull-concurrency", "100"}, 15 * time.Minute, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

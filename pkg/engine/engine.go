@@ -1,9 +1,11 @@
-package stages
+package engine
 
 import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // This file is the contract between the upgrade engine (this package) and
@@ -64,7 +66,7 @@ type EngineOptions struct {
 	Target string
 	// Installers are the operator's explicit Talos installers (KindTalos;
 	// none: each node's is chosen from what it runs, ChooseInstaller).
-	Installers InstallerFlags
+	Installers stages.InstallerFlags
 	// MaxUnavailable is how many workers move at once (>= 1).
 	MaxUnavailable int
 	// AllowEtcdOutage accepts that rebooting a control plane of a one- or

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // etcdGate is the check before a control plane is cordoned for its reboot:
@@ -31,7 +32,7 @@ func (r *talosRun) etcdGate(ctx context.Context, n *osNode) error {
 	case verdict.Outage() && !r.opts.AllowEtcdOutage:
 		reason := verdict.OutageText(name) + r.stillCordoned(name)
 
-		return r.e.pause(ctx, stage, name, "checks: "+reason, OutageAction, errors.New(reason))
+		return r.e.pause(ctx, stage, name, "checks: "+reason, stages.OutageAction, errors.New(reason))
 	case verdict.Outage():
 		r.e.node(stage, name, PhasePending, "%s: accepted (--allow-etcd-outage)", verdict.OutageText(name))
 	default:
@@ -64,13 +65,13 @@ func (r *talosRun) stillCordoned(name string) string {
 
 // readEtcd reads etcd through the control planes, the two passes
 // etcdProgressGap apart (see ReadEtcdProgress).
-func (r *talosRun) readEtcd(ctx context.Context) *EtcdView {
+func (r *talosRun) readEtcd(ctx context.Context) *stages.EtcdView {
 	gap := r.e.etcdGap
 	if gap <= 0 {
-		gap = EtcdProgressGap
+		gap = stages.EtcdProgressGap
 	}
 
-	return ReadEtcdProgress(ctx, r.e.Talos, r.etcdNodes, gap)
+	return stages.ReadEtcdProgress(ctx, r.e.Talos, r.etcdNodes, gap)
 }
 
 // The moments a node is gated at again (gateBefore): the cordon's gate is
@@ -125,7 +126,7 @@ func (r *talosRun) gateBefore(ctx context.Context, n *osNode, moment gateMoment)
 	case verdict.Outage() && !r.opts.AllowEtcdOutage:
 		reason := verdict.OutageText(name) + fmt.Sprintf(" (right before %s; the node stays cordoned, %s)", what, kept)
 
-		return r.e.pause(ctx, stage, name, reason, OutageAction, errors.New(reason))
+		return r.e.pause(ctx, stage, name, reason, stages.OutageAction, errors.New(reason))
 	}
 
 	r.e.node(stage, name, PhaseUpgrading, "etcd healthy right before %s: %d voter(s), %d left while %s reboots (quorum %d)",

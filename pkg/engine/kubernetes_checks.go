@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -21,7 +22,7 @@ import (
 // version read), each change from a version that can be read, at most one
 // minor forward and never back (judged per node against what it runs), and
 // the target supported by each node's Talos.
-func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*stageNode) error {
+func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pending []*stageNode) error {
 	stage := s.Name()
 
 	var (
@@ -37,8 +38,8 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 		before, beforeUnreadable := len(skew), len(unreadable)
 
 		for _, ch := range n.changes {
-			from, errFrom := ParseVersion(render.TagOf(ch.From))
-			to, errTo := ParseVersion(render.TagOf(ch.To))
+			from, errFrom := stages.ParseVersion(render.TagOf(ch.From))
+			to, errTo := stages.ParseVersion(render.TagOf(ch.To))
 
 			switch {
 			case errFrom != nil:
@@ -46,7 +47,7 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 			case errTo != nil:
 				skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, errTo))
 			default:
-				if err := CheckStep(from, to); err != nil {
+				if err := stages.CheckStep(from, to); err != nil {
 					skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, err))
 				}
 			}
@@ -79,7 +80,7 @@ func (r *kubeRun) checkStage(ctx context.Context, s KubernetesStage, pending []*
 
 	switch {
 	case len(unreadable) > 0:
-		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+summarize(unreadable), UnreadableAction(unreadableNodes[0]))
+		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+summarize(unreadable), stages.UnreadableAction(unreadableNodes[0]))
 	case len(skew) > 0:
 		return r.refuse(ctx, stage, skewNodes, "version skew: "+summarize(skew),
 			"choose a target at most one minor above what every node runs, or hold the nodes behind")
@@ -105,7 +106,7 @@ func (r *kubeRun) refuse(ctx context.Context, stage string, nodes []string, reas
 // supportedBy reports whether a node's Talos version supports Kubernetes
 // target, per machinery's compatibility tables (a Talos minor they do not
 // know is not supported).
-func supportedBy(target Version, talosVersion string) error {
+func supportedBy(target stages.Version, talosVersion string) error {
 	kv, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(target.String(), "v"))
 	if err != nil {
 		return fmt.Errorf("kubernetes %s: %w", target, err)
@@ -139,7 +140,7 @@ func summarize(problems []string) string {
 // kube-proxy image is also pulled on the workers, which run it once the
 // DaemonSet rolls. A node that cannot pre-pull is skipped; any other failure
 // pauses before the first apply, naming the node and the image.
-func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
+func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
 	stage := s.Name()
 	index := map[string]int{}
 
@@ -173,7 +174,7 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 		}
 	}
 
-	if _, isProxy := s.(KubeProxy); isProxy && proxyImage != "" {
+	if _, isProxy := s.(stages.KubeProxy); isProxy && proxyImage != "" {
 		for _, n := range snap.Nodes {
 			if !n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
 				add(n, pull{ref: proxyImage, ns: talos.NamespaceCRI})
@@ -187,7 +188,7 @@ func (r *kubeRun) prePull(ctx context.Context, s KubernetesStage, snap *discover
 
 	pulled, unsupported, err := r.e.pullNodes(ctx, nodes, r.opts.PullConcurrency, r.opts.PullTimeout)
 	if err != nil {
-		return r.pause(ctx, stage, "", "pre-pull: "+firstLine(err), pullAction(err), err)
+		return r.pause(ctx, stage, "", "pre-pull: "+stages.FirstLine(err), pullAction(err), err)
 	}
 
 	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(nodes))
@@ -229,7 +230,7 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 		return err
 	}
 
-	inv := JudgeInvariant(running)
+	inv := stages.JudgeInvariant(running)
 	if err := r.unknownApiservers(ctx, stage, node, inv); err != nil {
 		return err
 	}
@@ -308,7 +309,7 @@ func (r *kubeRun) missingApiservers(running []kube.Running, except string) []str
 }
 
 // unknownApiservers pauses when an apiserver's version cannot be read.
-func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv Invariant) error {
+func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv stages.Invariant) error {
 	if len(inv.Unknown) == 0 {
 		return nil
 	}
@@ -319,7 +320,7 @@ func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv
 
 	reason := "invariant check: apiserver version unknown: " + summarize(inv.UnknownLines())
 
-	return r.pause(ctx, stage, node, reason, UnknownAction(inv), errors.New(reason))
+	return r.pause(ctx, stage, node, reason, stages.UnknownAction(inv), errors.New(reason))
 }
 
 // checkApplied reads what the cluster runs right after node's apply of res and pauses
@@ -352,7 +353,7 @@ func (r *kubeRun) notWorse(ctx context.Context, stage, node string, running []ku
 		return err
 	}
 
-	inv := JudgeInvariant(running)
+	inv := stages.JudgeInvariant(running)
 	if err := r.unknownApiservers(ctx, stage, node, inv); err != nil {
 		return err
 	}
@@ -380,7 +381,7 @@ func withRender(running []kube.Running, node string, res *render.Result, all boo
 
 	for _, run := range running {
 		if image, ok := images[run.Component]; ok && run.Node == node && run.Component != discovery.KubeProxy {
-			if _, err := ParseVersion(run.Version); all || err != nil {
+			if _, err := stages.ParseVersion(run.Version); all || err != nil {
 				run.Version, run.Source = render.TagOf(image), "the render"
 			}
 
@@ -413,7 +414,7 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 		return err
 	}
 
-	after := JudgeInvariant(withRender(running, sn.Name, res, true))
+	after := stages.JudgeInvariant(withRender(running, sn.Name, res, true))
 	if err := r.unknownApiservers(ctx, stage, sn.Name, after); err != nil {
 		return err
 	}
@@ -443,7 +444,7 @@ func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) erro
 	running = append(running,
 		kube.Running{Node: "every node", Component: discovery.KubeProxy, Version: r.target.String(), Source: "the bootstrap manifests"})
 
-	after := JudgeInvariant(running)
+	after := stages.JudgeInvariant(running)
 	if err := r.unknownApiservers(ctx, stage, node, after); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -138,11 +139,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	switch opts.Kind {
 	case KindKubernetes:
 		err = e.runKubernetes(ctx, opts)
-		all := KubernetesStages()
+		all := stages.KubernetesStages()
 		last = all[len(all)-1].Name()
 	case KindTalos:
 		err = e.runTalos(ctx, opts)
-		last = TalosOS{}.Name()
+		last = stages.TalosOS{}.Name()
 	default:
 		return fmt.Errorf("unknown upgrade kind %q: want %q or %q", opts.Kind, KindKubernetes, KindTalos)
 	}

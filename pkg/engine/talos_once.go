@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -232,7 +233,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				}
 
 				installer = choice.Image
-				if mark.Expect == nil && !choice.Expect.empty() {
+				if mark.Expect == nil && !choice.Expect.Empty() {
 					mark.Expect = &choice.Expect
 				}
 			}
@@ -306,7 +307,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionTalosAccess, err)
 			case err != nil:
 				// Going down already, or a reboot under way: the boot ID says.
-				r.e.node(stage, name, PhaseUpgrading, "reboot: %s: following the node", firstLine(err))
+				r.e.node(stage, name, PhaseUpgrading, "reboot: %s: following the node", stages.FirstLine(err))
 			}
 
 			return r.follow(ctx, n, mark, out)
@@ -334,14 +335,14 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 
 			if waited := time.Since(unreadSince); waited >= r.opts.UpgradeTimeout {
 				err := fmt.Errorf("node %q: its machined log could not be read within %s (%s): whether an install ran in boot %s is not known",
-					name, r.opts.UpgradeTimeout, firstLine(seen.evidenceErr), shortID(mark.BootID))
+					name, r.opts.UpgradeTimeout, stages.FirstLine(seen.evidenceErr), shortID(mark.BootID))
 
 				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned",
 					fmt.Sprintf("look at it (talosctl -n %s logs machined | grep upgrade): resume (kubectl ichor resume) once the log answers; "+
 						"a second install in this boot would overwrite the running boot slot", ip), err)
 			}
 
-			r.e.node(stage, name, PhaseUpgrading, "machined's log: %s: reading it again", firstLine(seen.evidenceErr))
+			r.e.node(stage, name, PhaseUpgrading, "machined's log: %s: reading it again", stages.FirstLine(seen.evidenceErr))
 
 			if err := sleep(ctx, max(r.poll, time.Second)); err != nil {
 				return fmt.Errorf("stage %s: node %q: %w", stage, name, err)
@@ -373,7 +374,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				}
 
 				installer = choice.Image
-				if mark.Expect == nil && !choice.Expect.empty() {
+				if mark.Expect == nil && !choice.Expect.Empty() {
 					mark.Expect = &choice.Expect
 				}
 			}
@@ -433,13 +434,13 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				// not: the install may still run, or have ended, on the node.
 				lost = lostDeadline
 				r.e.node(stage, name, PhaseUpgrading, "the Install call ran out its bound of %s (%s): the installer may still run on the node: asking it what it did",
-					r.opts.UpgradeTimeout, firstLine(err))
+					r.opts.UpgradeTimeout, stages.FirstLine(err))
 			case transientInstallError(err):
 				// The answer lost: the install (the legacy call's sequence) may run
 				// all the same; machined's log says (the mark keeps stepInstall
 				// until it does).
 				lost = lostStream
-				r.e.node(stage, name, PhaseUpgrading, "the Install call broke off (%s): asking the node what it did", firstLine(err))
+				r.e.node(stage, name, PhaseUpgrading, "the Install call broke off (%s): asking the node what it did", stages.FirstLine(err))
 			case strings.Contains(err.Error(), talosEtcdRefusal):
 				// MachineService.Upgrade's own etcd checks (Talos before 1.13),
 				// made after ichor's: etcd changed in between.

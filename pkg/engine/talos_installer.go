@@ -1,10 +1,9 @@
-package stages
+package engine
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -26,7 +26,7 @@ import (
 // installer returns the installer a node with active config cfg is
 // upgraded with: ChooseInstaller over what the node runs, read from its
 // Talos now (its extensions and schematic are what it booted with).
-func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.Provider) (Installer, error) {
+func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.Provider) (stages.Installer, error) {
 	configured := ""
 	if cfg != nil {
 		configured = discovery.InstallImage(cfg)
@@ -39,16 +39,16 @@ func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.P
 
 	installed, err := r.e.Talos.Installed(readCtx, n.InternalIP)
 	if err != nil {
-		return Installer{}, fmt.Errorf("node %q: read its system extensions: %w", n.Name, err)
+		return stages.Installer{}, fmt.Errorf("node %q: read its system extensions: %w", n.Name, err)
 	}
 
-	return ChooseInstaller(n.Name, configured, &installed, r.stage.Installers, r.target)
+	return stages.ChooseInstaller(n.Name, configured, &installed, r.stage.Installers, r.target)
 }
 
 // installerAction is what to do when a node's installer cannot be chosen
 // or pulled while the operation runs: resume takes no --installer-image, so
 // the operation is ended and started again with one.
-func installerAction(nodes []string, target Version) string {
+func installerAction(nodes []string, target stages.Version) string {
 	node := "NODE"
 	if len(nodes) == 1 {
 		node = nodes[0]
@@ -159,7 +159,7 @@ func (r *talosRun) pullPause(ctx context.Context, n *osNode, image string, err e
 	}
 
 	return r.e.pause(ctx, r.stage.Name(), n.Name,
-		fmt.Sprintf("pre-pull: %s; nothing was cordoned or drained", firstLine(err)),
+		fmt.Sprintf("pre-pull: %s; nothing was cordoned or drained", stages.FirstLine(err)),
 		fmt.Sprintf("make %s reachable from the node (registry, mirrors: talosctl -n %s image pull %s), then resume (kubectl ichor resume); "+
 			"or pass another: %s", image, n.InternalIP, image, installerAction([]string{n.Name}, r.target)),
 		err)
@@ -180,36 +180,6 @@ func (r *talosRun) ensurePulled(ctx context.Context, n *osNode, image string) er
 	return nil
 }
 
-// missing lists what of the expectation a node does not run: a schematic
-// other than the one its installer carries, extensions it no longer runs.
-func (x InstallExpect) missing(runs talos.Installed) []string {
-	var out []string
-
-	if x.Schematic != "" {
-		got := "none"
-		if s, ok := runs.Schematic(); ok {
-			got = shortSchematic(s.Version)
-		}
-
-		if s, ok := runs.Schematic(); !ok || s.Version != x.Schematic {
-			out = append(out, fmt.Sprintf("schematic %s (it runs %s)", shortSchematic(x.Schematic), got))
-		}
-	}
-
-	exts := runs.SystemExtensions()
-
-	for _, e := range x.Extensions {
-		if !slices.Contains(exts, e) {
-			out = append(out, e)
-		}
-	}
-
-	return out
-}
-
-// empty reports whether there is nothing to check.
-func (x InstallExpect) empty() bool { return x.Schematic == "" && len(x.Extensions) == 0 }
-
 // checkCarried compares, after a node's reboot into the target, what it
 // runs (its ExtensionStatus resources, its schematic) with what its
 // installer was to carry, as its mark recorded before the install: a node
@@ -218,7 +188,7 @@ func (x InstallExpect) empty() bool { return x.Schematic == "" && len(x.Extensio
 // without its storage or GPU drivers.
 func (r *talosRun) checkCarried(ctx context.Context, n *osNode, deadline time.Time, bound time.Duration, report func(string)) error {
 	mark := r.mark(n.Name)
-	if mark == nil || mark.Expect == nil || mark.Expect.empty() {
+	if mark == nil || mark.Expect == nil || mark.Expect.Empty() {
 		return nil
 	}
 
@@ -235,7 +205,7 @@ func (r *talosRun) checkCarried(ctx context.Context, n *osNode, deadline time.Ti
 		case talos.IsPermissionDenied(err):
 			return false, "", err
 		case err != nil:
-			return false, "reading its extensions: " + firstLine(err), nil
+			return false, "reading its extensions: " + stages.FirstLine(err), nil
 		}
 
 		return true, "", nil
@@ -251,7 +221,7 @@ func (r *talosRun) checkCarried(ctx context.Context, n *osNode, deadline time.Ti
 		return r.e.pause(ctx, stage, name, "verify extensions: "+err.Error(), actionTalosAccess, fmt.Errorf("node %q: verify extensions: %w", name, err))
 	}
 
-	missing := mark.Expect.missing(runs)
+	missing := mark.Expect.Missing(runs)
 	if len(missing) == 0 {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // A node that registers after a run's stages read the cluster (a worker
@@ -28,7 +29,7 @@ type behindFunc func(ctx context.Context, n discovery.Node) (runs string, behind
 // leftBehind is a run's last look at the cluster: it lists the Nodes and
 // pauses stage naming those not held that behind says are behind target;
 // next says what the next run does with them.
-func (e *Engine) leftBehind(ctx context.Context, stage string, target Version, behind behindFunc, next string) error {
+func (e *Engine) leftBehind(ctx context.Context, stage string, target stages.Version, behind behindFunc, next string) error {
 	var nodes *corev1.NodeList
 
 	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
@@ -76,9 +77,9 @@ func (e *Engine) leftBehind(ctx context.Context, stage string, target Version, b
 
 // kubeletBehind is the Kubernetes upgrade's behindFunc: the Node's kubelet
 // older than the target.
-func kubeletBehind(target Version) behindFunc {
+func kubeletBehind(target stages.Version) behindFunc {
 	return func(_ context.Context, n discovery.Node) (string, bool) {
-		v, err := ParseVersion(n.KubeletVersion)
+		v, err := stages.ParseVersion(n.KubeletVersion)
 
 		return "kubelet " + n.KubeletVersion, err == nil && v.Compare(target) < 0
 	}
@@ -97,7 +98,7 @@ func (r *talosRun) talosBehind(ctx context.Context, n discovery.Node) (string, b
 
 	booted = strings.TrimSuffix(booted, ")")
 
-	v, err := ParseVersion(booted)
+	v, err := stages.ParseVersion(booted)
 	if err != nil || v.Compare(r.target) >= 0 {
 		return "", false
 	}
@@ -116,7 +117,7 @@ func (r *talosRun) talosBehind(ctx context.Context, n discovery.Node) (string, b
 		return runs, true
 	}
 
-	if v, err := ParseVersion(version); err == nil {
+	if v, err := stages.ParseVersion(version); err == nil {
 		if v.Compare(r.target) >= 0 {
 			return "", false
 		}

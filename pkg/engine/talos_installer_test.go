@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -54,7 +55,7 @@ func TestTalosUpgradeRefusesExtensionsWithoutSchematic(t *testing.T) {
 }
 
 // empty114 is Talos 1.14.1's default installer on metal.
-const empty114 = "factory.talos.dev/metal-installer/" + EmptySchematic + ":v1.14.1"
+const empty114 = "factory.talos.dev/metal-installer/" + stages.EmptySchematic + ":v1.14.1"
 
 // spec113 is a 3+2 cluster on Talos v1.13.9 whose configs name the generic
 // installer (what talosctl gen config 1.13 wrote).
@@ -174,7 +175,7 @@ func TestTalosExplicitInstallerKeepsExtensions(t *testing.T) {
 		{Name: "iscsi-tools", Version: "v0.2.0"},
 		{Name: "schematic", Version: testSchematic, Author: "Image Factory (https://factory.talos.dev)"},
 	}}
-	plain := InstallerFlags{Image: "ghcr.io/siderolabs/installer:v1.13.9"}
+	plain := stages.InstallerFlags{Image: "ghcr.io/siderolabs/installer:v1.13.9"}
 
 	o := newFakeOS(t, talosSpec())
 	o.machine("worker-1").runs = withSchematic
@@ -203,7 +204,7 @@ func TestTalosRebootWithoutExtensionsPauses(t *testing.T) {
 	// without a schematic cannot be judged before the reboot; this one does
 	// not carry it.
 	o.machine("worker-2").runs = talos.Installed{Platform: "metal", Extensions: []talos.Extension{{Name: "nvidia-open-gpu-kernel-modules", Version: "570.148.08"}}}
-	custom := InstallerFlags{Nodes: map[string]string{"worker-2": "registry.local/talos/gpu-installer:v1.13.9"}}
+	custom := stages.InstallerFlags{Nodes: map[string]string{"worker-2": "registry.local/talos/gpu-installer:v1.13.9"}}
 	memo := newMemo()
 
 	err := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Installers = custom }).Run(context.Background())

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -37,11 +38,11 @@ const (
 type kubeRun struct {
 	e       *Engine
 	opts    EngineOptions
-	target  Version
+	target  stages.Version
 	cache   *kube.Cache
 	applier *kube.ManifestApplier
 	// base is the invariant as judged at the stage's start: no apply may make it worse.
-	base Invariant
+	base stages.Invariant
 	// known are the nodes the stage read at its start: a control plane not among
 	// them joined the cluster since (see joinedError).
 	known map[string]bool
@@ -102,7 +103,7 @@ func (r *kubeRun) waitJoined(ctx context.Context, stage string, nodes []string) 
 				continue
 			}
 
-			if _, err := ParseVersion(run.Version); err != nil {
+			if _, err := stages.ParseVersion(run.Version); err != nil {
 				return false, fmt.Sprintf("kube-apiserver on %s to show its version", run.Node)
 			}
 		}
@@ -135,7 +136,7 @@ type stageNode struct {
 // done only verifies them, so a Run always walks every stage and picks up
 // where the cluster is.
 func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
-	target, err := ParseVersion(opts.Target)
+	target, err := stages.ParseVersion(opts.Target)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
@@ -156,7 +157,7 @@ func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
 
 	r := &kubeRun{e: e, opts: opts, target: target, cache: c, applier: kube.NewManifestApplier(e.Dynamic, e.Kube.Discovery())}
 
-	all := KubernetesStages()
+	all := stages.KubernetesStages()
 	for i, s := range all {
 		if err := r.runStage(ctx, i+1, len(all), s); err != nil {
 			return err
@@ -175,7 +176,7 @@ func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
 // removed while it ran: they are not left behind by a run that says it
 // succeeded. (A node released during an earlier stage is visited by the
 // next, which takes it through the stages it missed first.)
-func (r *kubeRun) runStage(ctx context.Context, index, total int, s KubernetesStage) error {
+func (r *kubeRun) runStage(ctx context.Context, index, total int, s stages.KubernetesStage) error {
 	name := s.Name()
 	r.e.stage(index, total, name)
 	r.restarts, r.joins = 0, map[string]int{}
@@ -206,7 +207,7 @@ const maxJoinRestarts = 5
 // runJoined is runNodes, started again on the whole stage whenever a control plane
 // joins the cluster while it runs (a joinedError): the joined node, behind the
 // cluster, goes first. Past maxJoinRestarts in the stage it pauses instead.
-func (r *kubeRun) runJoined(ctx context.Context, s KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
+func (r *kubeRun) runJoined(ctx context.Context, s stages.KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
 	for {
 		held, err := r.runNodes(ctx, s, only)
 
@@ -291,7 +292,7 @@ func (r *kubeRun) released(ctx context.Context, stage string, held []discovery.N
 
 // runNodes runs stage s on its nodes (only those named in only, when it is not
 // nil) and returns the nodes it left alone because they are held.
-func (r *kubeRun) runNodes(ctx context.Context, s KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
+func (r *kubeRun) runNodes(ctx context.Context, s stages.KubernetesStage, only map[string]bool) ([]discovery.Node, error) {
 	name := s.Name()
 
 	snap, visit, held, err := r.observe(ctx, s)
@@ -372,7 +373,7 @@ func (r *kubeRun) runNodes(ctx context.Context, s KubernetesStage, only map[stri
 		synced = synced || ok
 	}
 
-	if _, isProxy := s.(KubeProxy); isProxy && synced {
+	if _, isProxy := s.(stages.KubeProxy); isProxy && synced {
 		return held, r.rollout(ctx, name)
 	}
 
@@ -403,7 +404,7 @@ func onlyNodes(visit [][]*stageNode, only map[string]bool) [][]*stageNode {
 // observe reads the cluster for stage s: the snapshot, the nodes to visit
 // grouped in visiting order (each with its Talos version and active config),
 // and the held nodes of the stage.
-func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Snapshot, [][]*stageNode, []discovery.Node, error) {
+func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*discovery.Snapshot, [][]*stageNode, []discovery.Node, error) {
 	name := s.Name()
 
 	var snap *discovery.Snapshot
@@ -482,10 +483,10 @@ func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Sn
 		return nil
 	})
 	if err != nil {
-		return nil, nil, nil, r.pause(ctx, name, "", "read the nodes' Talos side: "+firstLine(err), actionTalosAccess, err)
+		return nil, nil, nil, r.pause(ctx, name, "", "read the nodes' Talos side: "+stages.FirstLine(err), actionTalosAccess, err)
 	}
 
-	order, err := OrderNodes(candidates, OrderOptions{Self: r.opts.Self, MaxUnavailable: r.opts.MaxUnavailable})
+	order, err := stages.OrderNodes(candidates, stages.OrderOptions{Self: r.opts.Self, MaxUnavailable: r.opts.MaxUnavailable})
 	if err != nil {
 		return nil, nil, nil, r.pause(ctx, name, "", err.Error(), actionResume, err)
 	}
@@ -502,8 +503,8 @@ func (r *kubeRun) observe(ctx context.Context, s KubernetesStage) (*discovery.Sn
 // changes them: a hold removed, a control plane added): a control plane whose
 // apiserver is behind holds every other controller-manager back, so it
 // catches up before any other node takes the stage.
-func (r *kubeRun) groups(s KubernetesStage, order Order) [][]*stageNode {
-	_, kubelets := s.(Kubelets)
+func (r *kubeRun) groups(s stages.KubernetesStage, order stages.Order) [][]*stageNode {
+	_, kubelets := s.(stages.Kubelets)
 
 	rank := func(n discovery.Node) int {
 		if node, ok := r.cache.Node(n.Name); kubelets && ok && kube.CordonedByIchor(node) {
@@ -556,8 +557,8 @@ func (r *kubeRun) groups(s KubernetesStage, order Order) [][]*stageNode {
 // skipReason says why a stage does not run: only KubeProxy can be skipped,
 // when there is no kube-proxy DaemonSet or no control plane's config enables
 // kube-proxy.
-func (r *kubeRun) skipReason(s KubernetesStage, snap *discovery.Snapshot, visit [][]*stageNode) string {
-	if _, isProxy := s.(KubeProxy); !isProxy {
+func (r *kubeRun) skipReason(s stages.KubernetesStage, snap *discovery.Snapshot, visit [][]*stageNode) string {
+	if _, isProxy := s.(stages.KubeProxy); !isProxy {
 		return ""
 	}
 
@@ -578,8 +579,8 @@ func (r *kubeRun) skipReason(s KubernetesStage, snap *discovery.Snapshot, visit 
 
 // earlierStage returns the first stage before s whose render changes node n's active
 // config cfg, nil when every earlier stage is done on it.
-func (r *kubeRun) earlierStage(s KubernetesStage, n discovery.Node, cfg config.Provider) (KubernetesStage, error) {
-	for _, st := range KubernetesStages() {
+func (r *kubeRun) earlierStage(s stages.KubernetesStage, n discovery.Node, cfg config.Provider) (stages.KubernetesStage, error) {
+	for _, st := range stages.KubernetesStages() {
 		if st.Name() == s.Name() {
 			return nil, nil
 		}
@@ -600,8 +601,8 @@ func (r *kubeRun) earlierStage(s KubernetesStage, n discovery.Node, cfg config.P
 // renderAction says what to do about a render of node that failed: an image
 // whose tag says no version wants a tag.
 func renderAction(node string, err error) string {
-	if errors.Is(err, errNoVersionTag) {
-		return UnreadableAction(node)
+	if errors.Is(err, stages.ErrNoVersionTag) {
+		return stages.UnreadableAction(node)
 	}
 
 	return actionResume
@@ -609,38 +610,14 @@ func renderAction(node string, err error) string {
 
 // render returns the stage's config for node n (its kubelet version read
 // from its Node) from its active config cfg.
-func (r *kubeRun) render(s KubernetesStage, n discovery.Node, cfg config.Provider) (*render.Result, error) {
-	return RenderStage(s, n, cfg, r.target)
-}
-
-// RenderStage returns stage s's config for node n of an upgrade to target, from the
-// node's active config cfg: each component's image at the version the stage wants
-// (DesiredVersion, its pins read from n's kubelet version). The run applies it; plan
-// predicts with it what the run will apply (ManifestsAtTarget).
-func RenderStage(s KubernetesStage, n discovery.Node, cfg config.Provider, target Version) (*render.Result, error) {
-	versions := render.Versions{}
-
-	for c, image := range render.Images(cfg) {
-		v, err := DesiredVersion(s, n, c, image, target)
-		if err != nil {
-			return nil, err
-		}
-
-		versions[c] = v.String()
-	}
-
-	res, err := render.Render(cfg, versions)
-	if err != nil {
-		return nil, fmt.Errorf("node %q: render: %w", n.Name, err)
-	}
-
-	return res, nil
+func (r *kubeRun) render(s stages.KubernetesStage, n discovery.Node, cfg config.Provider) (*render.Result, error) {
+	return stages.RenderStage(s, n, cfg, r.target)
 }
 
 // runGroup visits a group's nodes (several at once for a worker batch) and
 // returns whether any synced the bootstrap manifests. Every node of a batch
 // finishes its step; the first failure, in the batch's order, is returned.
-func (r *kubeRun) runGroup(ctx context.Context, s KubernetesStage, group []*stageNode) (bool, error) {
+func (r *kubeRun) runGroup(ctx context.Context, s stages.KubernetesStage, group []*stageNode) (bool, error) {
 	synced := make([]bool, len(group))
 	errs := make([]error, len(group))
 
@@ -666,10 +643,10 @@ func (r *kubeRun) runGroup(ctx context.Context, s KubernetesStage, group []*stag
 // invariant would hold, (Kubelets) cordon and drain, dry run and apply, check
 // the invariant; then verify, (Kubelets) uncordon, (KubeProxy) sync the
 // bootstrap manifests. It reports whether it synced them.
-func (r *kubeRun) visit(ctx context.Context, s KubernetesStage, sn *stageNode) (bool, error) {
+func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stageNode) (bool, error) {
 	stage, name, ip := s.Name(), sn.Name, sn.InternalIP
-	_, kubelets := s.(Kubelets)
-	_, proxy := s.(KubeProxy)
+	_, kubelets := s.(stages.Kubelets)
+	_, proxy := s.(stages.KubeProxy)
 
 	node, err := r.getNode(ctx, name)
 	if err != nil {
@@ -922,11 +899,11 @@ func (r *kubeRun) applyCall(ctx context.Context, ip string, data []byte, dryRun 
 // expect is what verifies node sn in stage s with render res: Ready, the
 // stage's static pods on their rendered tags and Ready, and in the Kubelets
 // stage the kubelet on its rendered version.
-func (r *kubeRun) expect(s KubernetesStage, sn *stageNode, res *render.Result) kube.NodeExpect {
+func (r *kubeRun) expect(s stages.KubernetesStage, sn *stageNode, res *render.Result) kube.NodeExpect {
 	images := render.Images(res.Config)
 	e := kube.NodeExpect{Node: sn.Name, StaticPods: map[discovery.Component]string{}}
 
-	if _, kubelets := s.(Kubelets); kubelets {
+	if _, kubelets := s.(stages.Kubelets); kubelets {
 		e.KubeletVersion = render.TagOf(images[discovery.Kubelet])
 	}
 
@@ -999,14 +976,4 @@ func orUnknownTag(tag string) string {
 	}
 
 	return tag
-}
-
-// firstLine keeps the first of joined errors, and how many more there were.
-func firstLine(err error) string {
-	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
-	if len(lines) == 1 {
-		return lines[0]
-	}
-
-	return fmt.Sprintf("%s (and %d more)", lines[0], len(lines)-1)
 }

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -38,6 +38,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -680,7 +681,7 @@ func (f *fakeCluster) invariantHistory() []string {
 			running = append(running, r)
 		}
 
-		for _, v := range invariantViolations(running) {
+		for _, v := range stages.JudgeInvariant(running).SkewLines() {
 			broken = append(broken, fmt.Sprintf("event %d: %s", i, v))
 		}
 	}

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/siderolabs/talos/pkg/machinery/config"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -15,65 +14,11 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // This file is the KubeProxy stage's end: the sync of the bootstrap manifests once Talos
 // has re-rendered them for the target, and the kube-proxy DaemonSet's rollout.
-
-// KubeProxyObject is how the sync names the kube-proxy DaemonSet.
-var KubeProxyObject = "DaemonSet " + discovery.StaticPodNamespace + "/" + discovery.KubeProxyDaemonSet
-
-// ManifestsAtTarget returns a control plane's bootstrap manifests objs (as it renders
-// them now) as Talos renders them once the node's config runs kube-proxy at target: the
-// kube-proxy DaemonSet's container image from the KubeProxy stage's render of its active
-// config cfg (RenderStage), the only place that render changes the manifests. The run
-// syncs Talos' own re-render of that config; plan dry-runs this prediction of it through
-// the same ManifestApplier.Check, so both meet the same conflicts. objs is not changed.
-func ManifestsAtTarget(objs []*unstructured.Unstructured, n discovery.Node, cfg config.Provider, target Version) ([]*unstructured.Unstructured, error) {
-	res, err := RenderStage(KubeProxy{}, n, cfg, target)
-	if err != nil {
-		return nil, err
-	}
-
-	image, ok := render.Images(res.Config)[discovery.KubeProxy]
-
-	out := make([]*unstructured.Unstructured, 0, len(objs))
-
-	for _, obj := range objs {
-		obj = obj.DeepCopy()
-
-		if ok && isKubeProxy(obj) {
-			if err := setContainerImage(obj, discovery.KubeProxyDaemonSet, image); err != nil {
-				return nil, fmt.Errorf("%s: %w", KubeProxyObject, err)
-			}
-		}
-
-		out = append(out, obj)
-	}
-
-	return out, nil
-}
-
-func isKubeProxy(obj *unstructured.Unstructured) bool {
-	return obj.GetKind() == "DaemonSet" && obj.GetName() == discovery.KubeProxyDaemonSet && obj.GetNamespace() == discovery.StaticPodNamespace
-}
-
-// setContainerImage sets the image of the container named name of a pod template's
-// object.
-func setContainerImage(obj *unstructured.Unstructured, name, image string) error {
-	containers, _, err := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-	if err != nil {
-		return err
-	}
-
-	for _, c := range containers {
-		if m, _ := c.(map[string]any); m != nil && m["name"] == name {
-			m["image"] = image
-		}
-	}
-
-	return unstructured.SetNestedSlice(obj.Object, containers, "spec", "template", "spec", "containers")
-}
 
 // syncManifests server-side applies the bootstrap manifests of a control
 // plane whose config runs kube-proxy at the target, once the invariant
@@ -112,7 +57,7 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 
 	if sk, skipped := skippedKubeProxy(res2.Skipped); skipped {
 		reason := fmt.Sprintf("node %q: bootstrap manifests: %s skipped: %s holds fields the sync would change, so kube-proxy cannot reach %s (%s)",
-			sn.Name, KubeProxyObject, holdersText(sk), r.target, sk.Conflict)
+			sn.Name, stages.KubeProxyObject, holdersText(sk), r.target, sk.Conflict)
 
 		return false, r.pause(ctx, stage, sn.Name, reason, KubeProxyForceAction(r.target), errors.New(reason))
 	}
@@ -123,9 +68,9 @@ func (r *kubeRun) syncManifests(ctx context.Context, stage string, sn *stageNode
 // KubeProxyForceAction is what to do when another field manager holds fields of the
 // kube-proxy DaemonSet that the sync would change: force it over, in a new operation
 // (the finished nodes are only verified).
-func KubeProxyForceAction(target Version) string {
+func KubeProxyForceAction(target stages.Version) string {
 	return fmt.Sprintf("to let the sync take the DaemonSet back for Talos: kubectl ichor abort, then kubectl ichor upgrade kubernetes --to %s --manifests-force %q "+
-		"(the nodes already done are only verified)", target, KubeProxyObject)
+		"(the nodes already done are only verified)", target, stages.KubeProxyObject)
 }
 
 // syncMessage says what a sync did, on one line.
@@ -160,7 +105,7 @@ func syncMessage(res *kube.SyncResult, node string) string {
 // skippedKubeProxy returns the kube-proxy DaemonSet among skipped.
 func skippedKubeProxy(skipped []kube.Skipped) (kube.Skipped, bool) {
 	for _, sk := range skipped {
-		if sk.Object == KubeProxyObject {
+		if sk.Object == stages.KubeProxyObject {
 			return sk, true
 		}
 	}
@@ -262,7 +207,7 @@ func (r *kubeRun) renderedManifests(ctx context.Context, stage string, sn *stage
 // objs, "" when there is none.
 func kubeProxyImage(objs []*unstructured.Unstructured) string {
 	for _, obj := range objs {
-		if !isKubeProxy(obj) {
+		if !stages.IsKubeProxy(obj) {
 			continue
 		}
 

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // TestPlanAndRunAgreeOnTheManifests: plan dry-runs the manifests as the run will apply
@@ -36,7 +37,7 @@ func TestPlanAndRunAgreeOnTheManifests(t *testing.T) {
 	require.NoError(t, err)
 
 	node := discovery.Node{Name: cp.name, ControlPlane: true, InternalIP: cp.ip, KubeletVersion: "v1.35.4"}
-	predicted, err := ManifestsAtTarget(current, node, cp.active, MustParseVersion("v1.36.3"))
+	predicted, err := stages.ManifestsAtTarget(current, node, cp.active, stages.MustParseVersion("v1.36.3"))
 	require.NoError(t, err)
 	assert.Equal(t, "registry.k8s.io/kube-proxy:v1.36.3", kubeProxyImage(predicted))
 	assert.Equal(t, "registry.k8s.io/kube-proxy:v1.35.4", kubeProxyImage(current), "not changed")
@@ -46,7 +47,7 @@ func TestPlanAndRunAgreeOnTheManifests(t *testing.T) {
 	planned, err := applier.Check(ctx, predicted, kube.SyncOptions{})
 	require.NoError(t, err)
 	require.Len(t, planned.TakenOver, 1)
-	assert.Equal(t, KubeProxyObject, planned.TakenOver[0].Object)
+	assert.Equal(t, stages.KubeProxyObject, planned.TakenOver[0].Object)
 	assert.Equal(t, []kube.Holder{{Manager: "talos", Operation: metav1.ManagedFieldsOperationUpdate}}, planned.TakenOver[0].From)
 	require.Len(t, planned.Skipped, 1)
 	assert.Equal(t, "ServiceAccount kube-system/kube-proxy", planned.Skipped[0].Object)

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -730,18 +731,18 @@ func (o *fakeOS) boot(m *osMachine, staged string) {
 // them, one of another schematic carries that schematic (what else it has
 // is not known here), any other installer carries none.
 func carriedBy(image string, exts []talos.Extension) []talos.Extension {
-	f, ok := parseFactoryInstaller(render.RepositoryOf(image))
+	schematic, base, ok := stages.FactorySchematic(image)
 	if !ok {
 		return nil
 	}
 
 	for _, e := range exts {
-		if e.Name == "schematic" && e.Version == f.schematic {
+		if e.Name == "schematic" && e.Version == schematic {
 			return exts
 		}
 	}
 
-	return []talos.Extension{{Name: "schematic", Version: f.schematic, Author: "Image Factory (https://" + f.base + ")"}}
+	return []talos.Extension{{Name: "schematic", Version: schematic, Author: "Image Factory (https://" + base + ")"}}
 }
 
 // setNode changes a Node's status.

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -39,7 +40,7 @@ type OSTalos interface {
 	PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error)
 	// EtcdReader reads etcd's members, each member's status and the alarms
 	// through a control plane (see etcd.go).
-	EtcdReader
+	stages.EtcdReader
 	installTalos
 	// Installed returns what the node's Talos was installed with: platform,
 	// SecureBoot, system extensions and Image Factory schematic (the
@@ -95,7 +96,7 @@ type upgradeMark struct {
 	// Expect is what the node must run once it has booted its installer
 	// (its schematic, its extensions), recorded before the install: after
 	// the reboot they are gone from the node's API (checkCarried).
-	Expect *InstallExpect `json:"expect,omitempty"`
+	Expect *stages.InstallExpect `json:"expect,omitempty"`
 }
 
 // following reports whether the mark is of an upgrade under way: recorded
@@ -103,7 +104,7 @@ type upgradeMark struct {
 func (m *upgradeMark) following() bool { return m != nil && m.Fallback == "" }
 
 // markKey is the Memo key of node's upgrade to target.
-func markKey(node string, target Version) string {
+func markKey(node string, target stages.Version) string {
 	return "talos/" + node + "/" + target.String()
 }
 
@@ -111,8 +112,8 @@ func markKey(node string, target Version) string {
 type talosRun struct {
 	e      *Engine
 	opts   EngineOptions
-	target Version
-	stage  TalosOS
+	target stages.Version
+	stage  stages.TalosOS
 	cache  *kube.Cache
 	poll   time.Duration
 	// controlPlanes counts the control-plane Nodes: the etcd members a
@@ -120,7 +121,7 @@ type talosRun struct {
 	controlPlanes int
 	// etcdNodes are the control-plane Nodes, held ones included: where
 	// etcd's health is read (see engine_talos_etcd.go).
-	etcdNodes []EtcdNode
+	etcdNodes []stages.EtcdNode
 }
 
 // osNode is a node the Talos upgrade visits, as read at the stage's start.
@@ -142,7 +143,7 @@ type osNode struct {
 // plane), then uncordoned. Every step is re-derived from the node and the
 // mark Memo keeps, so a Run on a half-done cluster finishes it.
 func (e *Engine) runTalos(ctx context.Context, opts EngineOptions) error {
-	target, err := ParseVersion(opts.Target)
+	target, err := stages.ParseVersion(opts.Target)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
@@ -170,7 +171,7 @@ func (e *Engine) runTalos(ctx context.Context, opts EngineOptions) error {
 		poll = talosPollInterval
 	}
 
-	r := &talosRun{e: e, opts: opts, target: target, stage: TalosOS{Target: target, Installers: opts.Installers}, cache: c, poll: poll}
+	r := &talosRun{e: e, opts: opts, target: target, stage: stages.TalosOS{Target: target, Installers: opts.Installers}, cache: c, poll: poll}
 
 	return r.run(ctx)
 }
@@ -208,7 +209,7 @@ func (r *talosRun) run(ctx context.Context) error {
 			case mark.following() && (mark.step() != stepInstall || n.unreachable != nil):
 				r.e.node(name, n.Name, PhasePending, "upgrade to %s under way (boot ID %s recorded): to follow", r.target, shortID(mark.BootID))
 			case n.unreachable != nil:
-				r.e.node(name, n.Name, PhasePending, "Talos API unreachable (%s): read again at its turn", firstLine(n.unreachable))
+				r.e.node(name, n.Name, PhasePending, "Talos API unreachable (%s): read again at its turn", stages.FirstLine(n.unreachable))
 			default:
 				pending = append(pending, n)
 
@@ -265,7 +266,7 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 	for _, n := range snap.Nodes {
 		if n.ControlPlane {
 			r.controlPlanes++
-			r.etcdNodes = append(r.etcdNodes, EtcdNode{Name: n.Name, IP: n.InternalIP})
+			r.etcdNodes = append(r.etcdNodes, stages.EtcdNode{Name: n.Name, IP: n.InternalIP})
 		}
 
 		if n.Held {
@@ -318,10 +319,10 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 		return nil
 	})
 	if err != nil {
-		return nil, nil, r.e.pause(ctx, name, "", "read the nodes' Talos side: "+firstLine(err), actionTalosAccess, err)
+		return nil, nil, r.e.pause(ctx, name, "", "read the nodes' Talos side: "+stages.FirstLine(err), actionTalosAccess, err)
 	}
 
-	order, err := OrderNodes(candidates, OrderOptions{Self: r.opts.Self, MaxUnavailable: r.opts.MaxUnavailable})
+	order, err := stages.OrderNodes(candidates, stages.OrderOptions{Self: r.opts.Self, MaxUnavailable: r.opts.MaxUnavailable})
 	if err != nil {
 		return nil, nil, r.e.pause(ctx, name, "", err.Error(), actionResume, err)
 	}
@@ -333,7 +334,7 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 // then the workers in batches of MaxUnavailable. A node whose upgrade is
 // under way (ichor cordoned it, or its boot ID is recorded) goes first in its
 // group: it is finished before anything else is made unavailable.
-func (r *talosRun) groups(order Order, byName map[string]*osNode) [][]*osNode {
+func (r *talosRun) groups(order stages.Order, byName map[string]*osNode) [][]*osNode {
 	inProgress := func(name string) bool {
 		if r.mark(name).following() {
 			return true
@@ -602,7 +603,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 	n.cfg = cfg
 
 	mark := upgradeMark{BootID: boot, Step: stepInstall, From: version}
-	if !choice.Expect.empty() {
+	if !choice.Expect.Empty() {
 		mark.Expect = &choice.Expect
 	}
 
@@ -654,7 +655,7 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 		case err != nil:
 			lastErr = err
 
-			return false, "Talos API: " + firstLine(err), nil
+			return false, "Talos API: " + stages.FirstLine(err), nil
 		case boot == mark.BootID && mark.step() != stepReboot:
 			sameBoot = true // up in the boot its install was announced in: no reboot asked
 
@@ -667,7 +668,7 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 		if err != nil {
 			lastErr = err
 
-			return false, "rebooted; reading its version: " + firstLine(err), nil
+			return false, "rebooted; reading its version: " + stages.FirstLine(err), nil
 		}
 
 		if version != r.target.String() {
@@ -685,7 +686,7 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 	case errors.As(err, &timeout):
 		reason := fmt.Sprintf("did not come back on Talos %s within %s of its Upgrade call: %s", r.target, timeout.After, timeout.Waiting)
 		if lastErr != nil {
-			reason += " (last error: " + firstLine(lastErr) + ")"
+			reason += " (last error: " + stages.FirstLine(lastErr) + ")"
 		}
 
 		return r.e.pause(ctx, stage, name, reason+"; the node stays cordoned",
@@ -763,7 +764,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 	etcd := ""
 
 	if n.ControlPlane {
-		var verdict EtcdVerdict
+		var verdict stages.EtcdVerdict
 
 		// ReadEtcd bounds each of its calls; it reads several in turn, so it
 		// gets the run's ctx, not the poll's short one.
@@ -810,7 +811,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 // describe is a node's last line: "Talos v1.12.4 -> v1.13.9 with
 // ghcr.io/siderolabs/installer:v1.13.9, drained 3 pod(s), rebooted in 41s,
 // node Ready on Talos (v1.13.9), etcd 3 voter(s), uncordoned".
-func (o outcome) describe(target Version, osImage, etcd string, uncordoned bool) string {
+func (o outcome) describe(target stages.Version, osImage, etcd string, uncordoned bool) string {
 	var parts []string
 
 	switch {
@@ -996,8 +997,8 @@ func (r *talosRun) setMark(ctx context.Context, node string, m upgradeMark) erro
 // upgradePath says whether a node running the Talos version running may be
 // upgraded to target: not a downgrade, and allowed by machinery's upgrade
 // table (which also refuses a target minor it does not know).
-func upgradePath(target Version, running string) error {
-	v, err := ParseVersion(running)
+func upgradePath(target stages.Version, running string) error {
+	v, err := stages.ParseVersion(running)
 	if err != nil {
 		return fmt.Errorf("running Talos version: %w", err)
 	}
@@ -1022,7 +1023,7 @@ func upgradePath(target Version, running string) error {
 // kubernetesUnsupported returns one line for each Kubernetes version the
 // cluster runs that Talos target does not support, naming the nodes that run
 // it. Versions that do not parse are not judged.
-func kubernetesUnsupported(target Version, running []kube.Running) ([]string, error) {
+func kubernetesUnsupported(target stages.Version, running []kube.Running) ([]string, error) {
 	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target.String()})
 	if err != nil {
 		return nil, fmt.Errorf("target %s: %w", target, err)
@@ -1033,7 +1034,7 @@ func kubernetesUnsupported(target Version, running []kube.Running) ([]string, er
 	var versions []string
 
 	for _, run := range running {
-		if _, err := ParseVersion(run.Version); err != nil {
+		if _, err := stages.ParseVersion(run.Version); err != nil {
 			continue
 		}
 
@@ -1068,7 +1069,7 @@ func kubernetesUnsupported(target Version, running []kube.Running) ([]string, er
 }
 
 // talosOSImage is the osImage a Node on Talos version v reports.
-func talosOSImage(v Version) string {
+func talosOSImage(v stages.Version) string {
 	return fmt.Sprintf("Talos (%s)", v)
 }
 

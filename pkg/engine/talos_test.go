@@ -1,4 +1,4 @@
-package stages
+package engine
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // talosSpec is a 3+2 cluster on Talos v1.12.4 and Kubernetes v1.35.4 with
@@ -174,7 +175,7 @@ func TestTalosUpgradeInstallerOverride(t *testing.T) {
 	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 	image := "factory.talos.dev/installer/376567988a:v1.13.9"
 
-	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.Installers = InstallerFlags{Image: image} }).Run(context.Background()))
+	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.Installers = stages.InstallerFlags{Image: image} }).Run(context.Background()))
 
 	o.mu.Lock()
 	defer o.mu.Unlock()
