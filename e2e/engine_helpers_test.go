@@ -102,7 +102,7 @@ func engineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, progr
 		Kube:    c.Client,
 		Dynamic: dynamic.NewForConfigOrDie(cfg),
 		Talos:   tc,
-		Options: engine.EngineOptions{
+		Options: engine.Options{
 			Kind: engine.KindKubernetes, Target: target, MaxUnavailable: 1,
 			ApplyTimeout: 2 * time.Minute, VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, PullTimeout: time.Minute,
 		},

@@ -96,7 +96,7 @@ func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, 
 	return &engine.Engine{
 		Kube:  c.Client,
 		Talos: tc,
-		Options: engine.EngineOptions{
+		Options: engine.Options{
 			Kind: engine.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 			VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, UpgradeTimeout: 2 * time.Minute, RebootTimeout: 2 * time.Minute,
 		},

@@ -59,8 +59,8 @@ type Memo interface {
 	Set(ctx context.Context, key, value string) error
 }
 
-// EngineOptions configure one upgrade.
-type EngineOptions struct {
+// Options configure one upgrade.
+type Options struct {
 	Kind Kind
 	// Target is the version to reach (vX.Y.Z).
 	Target string
@@ -131,7 +131,7 @@ const (
 	DefaultPullConcurrency  = 32
 )
 
-// DefaultRolloutStuckAfter is EngineOptions.RolloutStuckAfter's default: it outlasts a
+// DefaultRolloutStuckAfter is Options.RolloutStuckAfter's default: it outlasts a
 // node's short NotReady (a kubelet restart).
 const DefaultRolloutStuckAfter = time.Minute
 

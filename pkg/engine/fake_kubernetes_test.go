@@ -405,8 +405,8 @@ func (f *fakeCluster) record(node, component, version string) {
 }
 
 // engine returns an Engine over the fake with short bounds.
-func (f *fakeCluster) engine(target string, mutate ...func(*EngineOptions)) *Engine {
-	opts := EngineOptions{
+func (f *fakeCluster) engine(target string, mutate ...func(*Options)) *Engine {
+	opts := Options{
 		Kind: KindKubernetes, Target: target, MaxUnavailable: 1,
 		ApplyTimeout: 5e9, VerifyTimeout: 5e9, DrainTimeout: 5e9, PullTimeout: 5e9, StaticPodSettle: 1e8,
 	}

@@ -796,7 +796,7 @@ func (o *fakeOS) rebootNodes() []string {
 // bounds, keeping its marks in memo. A fake with fewer than 3 control planes
 // accepts the etcd outage (the tests of other things run on small clusters;
 // TestTalosEtcdQuorum shows the refusal without it).
-func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*EngineOptions)) *Engine {
+func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*Options)) *Engine {
 	controlPlanes := 0
 
 	for _, m := range o.f.machines {
@@ -805,7 +805,7 @@ func (o *fakeOS) engine(target string, memo *mapMemo, mutate ...func(*EngineOpti
 		}
 	}
 
-	opts := EngineOptions{
+	opts := Options{
 		Kind: KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 		VerifyTimeout: 5 * time.Second, DrainTimeout: 5 * time.Second, UpgradeTimeout: 5 * time.Second, RebootTimeout: 5 * time.Second,
 	}

@@ -95,7 +95,7 @@ func TestEngineKubeProxySkippedPausesAtOnce(t *testing.T) {
 	f.manifestOwners = map[string]string{"DaemonSet kube-system/kube-proxy": "helm/Update"}
 
 	start := time.Now()
-	err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 30 * time.Second }).Run(context.Background())
+	err := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 30 * time.Second }).Run(context.Background())
 
 	pause := requirePause(t, err, "KubeProxy", "cp-1", `DaemonSet kube-system/kube-proxy skipped: field manager "helm" (Update) holds fields the sync would change`,
 		"kube-proxy cannot reach v1.36.3")
@@ -128,7 +128,7 @@ func TestEngineRolloutBlockedByHeldNotReadyNode(t *testing.T) {
 	require.NoError(t, err)
 
 	start := time.Now()
-	err = f.engine("v1.36.3", func(o *EngineOptions) {
+	err = f.engine("v1.36.3", func(o *Options) {
 		o.VerifyTimeout, o.RolloutStuckAfter = 40*time.Second, 100*time.Millisecond
 	}).Run(ctx)
 

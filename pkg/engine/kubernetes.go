@@ -25,7 +25,7 @@ import (
 
 // talosReadTimeout bounds one read of a node's Talos side (version, config,
 // manifests); applies, pulls and waits have their own bounds in
-// EngineOptions.
+// Options.
 const talosReadTimeout = time.Minute
 
 // Actions the pauses of the Kubernetes upgrade suggest.
@@ -37,7 +37,7 @@ const (
 // kubeRun is one Run of a Kubernetes upgrade.
 type kubeRun struct {
 	e       *Engine
-	opts    EngineOptions
+	opts    Options
 	target  stages.Version
 	cache   *kube.Cache
 	applier *kube.ManifestApplier
@@ -135,7 +135,7 @@ type stageNode struct {
 // runKubernetes drives the four stages in order. A stage whose nodes are all
 // done only verifies them, so a Run always walks every stage and picks up
 // where the cluster is.
-func (e *Engine) runKubernetes(ctx context.Context, opts EngineOptions) error {
+func (e *Engine) runKubernetes(ctx context.Context, opts Options) error {
 	target, err := stages.ParseVersion(opts.Target)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)

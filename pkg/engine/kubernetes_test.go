@@ -236,7 +236,7 @@ func TestEngineOrder(t *testing.T) {
 	}
 
 	rec := &recorder{}
-	e := f.engine("v1.36.3", func(o *EngineOptions) { o.Self, o.MaxUnavailable = "worker-4", 2 })
+	e := f.engine("v1.36.3", func(o *Options) { o.Self, o.MaxUnavailable = "worker-4", 2 })
 	e.Progress = rec
 
 	require.NoError(t, e.Run(ctx))

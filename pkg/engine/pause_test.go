@@ -409,7 +409,7 @@ func TestEngineInvariant(t *testing.T) {
 			require.NoError(t, f.cs.CoreV1().Pods("kube-system").Delete(context.Background(), "kube-apiserver-cp-3", metav1.DeleteOptions{}))
 
 			rec := &recorder{}
-			e := f.engine("v1.36.3", func(o *EngineOptions) { o.MirrorPodTimeout = 300 * time.Millisecond })
+			e := f.engine("v1.36.3", func(o *Options) { o.MirrorPodTimeout = 300 * time.Millisecond })
 			e.Progress = rec
 
 			err := e.Run(context.Background())
@@ -434,7 +434,7 @@ func TestEngineInvariant(t *testing.T) {
 				assert.NoError(t, err)
 			}()
 
-			require.NoError(t, f.engine("v1.36.3", func(o *EngineOptions) { o.MirrorPodTimeout = time.Minute }).Run(context.Background()))
+			require.NoError(t, f.engine("v1.36.3", func(o *Options) { o.MirrorPodTimeout = time.Minute }).Run(context.Background()))
 			assert.NotEmpty(t, f.realApplies())
 		})
 	})
@@ -468,7 +468,7 @@ func TestEngineTimeouts(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
 		f.machine("cp-2").faults.applyBlocks = true
 
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.ApplyTimeout = 50 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.ApplyTimeout = 50 * time.Millisecond }).Run(context.Background())
 		p := requirePause(t, err, "APIServers", "cp-2", `node "cp-2": apply:`, "deadline exceeded")
 		require.ErrorIs(t, p, context.DeadlineExceeded)
 		assert.Zero(t, appliesOn(f, "cp-3"), "nothing after the failed node")
@@ -482,7 +482,7 @@ func TestEngineTimeouts(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
 		f.machine("cp-2").faults.neverReady = []discovery.Component{discovery.Scheduler}
 
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
 		requirePause(t, err, "ControlPlaneComponents", "cp-2", "verify: kube-scheduler-cp-2 on v1.36.3 not Ready after 100ms")
 		assert.Zero(t, appliesOn(f, "cp-3")-1, "cp-3 is still at its APIServers apply")
 
@@ -503,7 +503,7 @@ func TestEngineTimeouts(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
 		f.machine("worker-1").faults.stayNotReady = true
 
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
 		requirePause(t, err, "Kubelets", "worker-1",
 			"node NotReady (KubeletNotReady: container runtime network not ready)", "the node stays cordoned")
 		assert.Equal(t, []string{"worker-1"}, f.cordonedByIchor())
@@ -530,7 +530,7 @@ func TestEngineTimeouts(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", workloads: 1})
 		f.pdbBlocks = true
 
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.DrainTimeout = 100 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.DrainTimeout = 100 * time.Millisecond }).Run(context.Background())
 		requirePause(t, err, "Kubelets", "worker-1", "global timeout reached", "disruption budget", "(uncordoned again)")
 		assert.Empty(t, f.cordonedByIchor())
 		assert.Zero(t, appliesOn(f, "worker-1"))
@@ -544,7 +544,7 @@ func TestEngineTimeouts(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
 		f.rolloutStuck = true
 
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 100 * time.Millisecond }).Run(context.Background())
 		requirePause(t, err, "KubeProxy", "", "kube-proxy rollout", "0 of 2 pods updated to v1.36.3")
 		assert.Zero(t, appliesOn(f, "worker-1"), "no kubelet moves before kube-proxy is rolled out")
 	})
@@ -621,12 +621,12 @@ func TestEngineOptions(t *testing.T) {
 		})
 	}
 
-	assert.Equal(t, EngineOptions{
+	assert.Equal(t, Options{
 		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
 		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
 		Concurrency: DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
-	}, EngineOptions{}.withDefaults())
+	}, Options{}.withDefaults())
 }
 
 // TestEngineResumesFromAnyPoint stops an upgrade after every possible
@@ -637,7 +637,7 @@ func TestEngineResumesFromAnyPoint(t *testing.T) {
 
 	ref := newFakeCluster(t, spec)
 	all := &recorder{}
-	e := ref.engine("v1.36.3", func(o *EngineOptions) { o.MaxUnavailable = 2 })
+	e := ref.engine("v1.36.3", func(o *Options) { o.MaxUnavailable = 2 })
 	e.Progress = all
 	require.NoError(t, e.Run(context.Background()))
 
@@ -654,7 +654,7 @@ func TestEngineResumesFromAnyPoint(t *testing.T) {
 			defer cancel()
 
 			rec := &recorder{stopAt: stopAt, cancel: cancel}
-			first := f.engine("v1.36.3", func(o *EngineOptions) { o.MaxUnavailable = 2 })
+			first := f.engine("v1.36.3", func(o *Options) { o.MaxUnavailable = 2 })
 			first.Progress = rec
 
 			if err := first.Run(ctx); err != nil {
@@ -696,7 +696,7 @@ func TestEngineSurvivesEvictingItself(t *testing.T) {
 		}
 	}
 
-	err = f.engine("v1.36.3", func(o *EngineOptions) { o.Self = "worker-2" }).Run(ctx)
+	err = f.engine("v1.36.3", func(o *Options) { o.Self = "worker-2" }).Run(ctx)
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, []string{"worker-2"}, f.cordonedByIchor(), "the runner's node stays cordoned by ichor")
 	assert.Zero(t, appliesOn(f, "worker-2"))
@@ -704,7 +704,7 @@ func TestEngineSurvivesEvictingItself(t *testing.T) {
 
 	// The Job's next pod runs on worker-1.
 	rec := &recorder{}
-	next := f.engine("v1.36.3", func(o *EngineOptions) { o.Self = "worker-1" })
+	next := f.engine("v1.36.3", func(o *Options) { o.Self = "worker-1" })
 	next.Progress = rec
 
 	require.NoError(t, next.Run(context.Background()))
@@ -797,7 +797,7 @@ func TestEngineManifestSync(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
 		f.manifestOwners = map[string]string{"ServiceAccount kube-system/kube-proxy": "helm"}
 
-		require.NoError(t, f.engine("v1.36.3", func(o *EngineOptions) {
+		require.NoError(t, f.engine("v1.36.3", func(o *Options) {
 			o.ManifestsForce = []string{"ServiceAccount kube-system/kube-proxy"}
 		}).Run(context.Background()))
 		assert.Contains(t, f.applied, "talos true ServiceAccount kube-system/kube-proxy")
@@ -834,7 +834,7 @@ func TestEngineManifestsWaitForTheRerender(t *testing.T) {
 		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
 		f.staleManifests, f.staleImage = -1, "registry.k8s.io/kube-proxy:v1.35.4"
 
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.RenderTimeout = 1500 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.RenderTimeout = 1500 * time.Millisecond }).Run(context.Background())
 		requirePause(t, err, "KubeProxy", "cp-1", "Talos has not re-rendered the bootstrap manifests for v1.36.3 after 1.5s (kube-proxy image registry.k8s.io/kube-proxy:v1.35.4)")
 		assert.Empty(t, f.applied, "the old render is not applied")
 	})
@@ -1010,7 +1010,7 @@ func TestEngineJoinRestartsAreCapped(t *testing.T) {
 	defer cancel()
 
 	rec := &recorder{}
-	e := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 50 * time.Millisecond })
+	e := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 50 * time.Millisecond })
 	e.Progress = rec
 
 	pause := requirePause(t, e.Run(ctx), "APIServers", "cp-3",

@@ -22,7 +22,7 @@ func TestEnginePrePullBounds(t *testing.T) {
 		f.machine("cp-2").faults.pullDelay = 5 * time.Second
 
 		start := time.Now()
-		err := f.engine("v1.36.3", func(o *EngineOptions) { o.PullTimeout = 300 * time.Millisecond }).Run(context.Background())
+		err := f.engine("v1.36.3", func(o *Options) { o.PullTimeout = 300 * time.Millisecond }).Run(context.Background())
 		pause := requirePause(t, err, "APIServers", "", "pre-pull: ",
 			`node "cp-2": pull registry.k8s.io/kube-apiserver:v1.36.3: not done within 300ms`, "--pull-timeout")
 		assert.Contains(t, pause.Action, "--pull-timeout")
@@ -40,7 +40,7 @@ func TestEnginePrePullBounds(t *testing.T) {
 		}
 
 		rec := &recorder{}
-		e := f.engine("v1.36.3", func(o *EngineOptions) {
+		e := f.engine("v1.36.3", func(o *Options) {
 			o.PullTimeout, o.PullConcurrency = 400*time.Millisecond, 1
 			o.Concurrency = 1 // the reads' bound, the pull's own
 		})
@@ -58,7 +58,7 @@ func TestEnginePrePullBounds(t *testing.T) {
 			m.faults.pullDelay = 50 * time.Millisecond
 		}
 
-		require.NoError(t, f.engine("v1.36.3", func(o *EngineOptions) { o.PullConcurrency = 2 }).Run(context.Background()))
+		require.NoError(t, f.engine("v1.36.3", func(o *Options) { o.PullConcurrency = 2 }).Run(context.Background()))
 		assert.Equal(t, 2, f.pullingMax, "the limit, reached and never passed (7 nodes pull kube-proxy, then the kubelet)")
 		requireFinished(t, f, "v1.36.3")
 	})

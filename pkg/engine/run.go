@@ -99,7 +99,7 @@ type Engine struct {
 	// Talos is the Talos API of the cluster's nodes.
 	Talos TalosClient
 	// Options say what to upgrade to and the bounds.
-	Options EngineOptions
+	Options Options
 	// Progress receives every stage and every node's phase changes; may be
 	// nil.
 	Progress Progress
@@ -156,7 +156,7 @@ func (e *Engine) Run(ctx context.Context) error {
 }
 
 // withDefaults fills every zero bound with its default.
-func (o EngineOptions) withDefaults() EngineOptions {
+func (o Options) withDefaults() Options {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -268,7 +268,7 @@ func (e *Engine) pause(ctx context.Context, stage, node, reason, action string, 
 // drains it; a node found schedulable again once drained (uncordoned during
 // the drain) is cordoned and drained again, a bounded number of times. A
 // failed drain uncordons it again. It returns a summary ("drained 3 pods").
-func (e *Engine) cordonAndDrain(ctx context.Context, opts EngineOptions, stage, name string) (string, error) {
+func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string) (string, error) {
 	evicted := 0
 
 	for round := 1; ; round++ {
@@ -338,7 +338,7 @@ func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
 
 // drain drains the cordoned node and returns how many pods it evicted. A
 // failed drain uncordons it again.
-func (e *Engine) drain(ctx context.Context, opts EngineOptions, stage, name string) (int, error) {
+func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (int, error) {
 	e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
 
 	last, keep := opts.SelfPod, ""

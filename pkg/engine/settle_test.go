@@ -67,7 +67,7 @@ func TestEngineKubeletRestartsStaticPods(t *testing.T) {
 	defer cancel()
 
 	rec := &recorder{}
-	e := f.engine("v1.36.3", func(o *EngineOptions) { o.StaticPodSettle = time.Minute })
+	e := f.engine("v1.36.3", func(o *Options) { o.StaticPodSettle = time.Minute })
 	e.Progress = rec
 
 	require.NoError(t, e.Run(ctx))
@@ -105,7 +105,7 @@ func TestEngineKubeletKeepsStaticPods(t *testing.T) {
 	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
 
 	rec := &recorder{}
-	e := f.engine("v1.36.3", func(o *EngineOptions) { o.StaticPodSettle = 500 * time.Millisecond })
+	e := f.engine("v1.36.3", func(o *Options) { o.StaticPodSettle = 500 * time.Millisecond })
 	e.Progress = rec
 
 	require.NoError(t, e.Run(context.Background()))
@@ -118,7 +118,7 @@ func TestEngineKubeletStaticPodsNeverBack(t *testing.T) {
 	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
 	restartStaticPods(t, f, 0, true)
 
-	err := f.engine("v1.36.3", func(o *EngineOptions) { o.VerifyTimeout = 2 * time.Second }).Run(context.Background())
+	err := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 2 * time.Second }).Run(context.Background())
 	requirePause(t, err, "Kubelets", "cp-1", "static pods after the kubelet's restart",
 		"no kube-apiserver mirror pod", "(the node stays cordoned)")
 	assert.Equal(t, []string{"cp-1"}, f.cordonedByIchor())

@@ -54,7 +54,7 @@ type OSTalos interface {
 	PullImage(ctx context.Context, node string, ns talos.ImageNamespace, ref string) error
 }
 
-// Bounds and pace of the Talos OS upgrade besides those in EngineOptions.
+// Bounds and pace of the Talos OS upgrade besides those in Options.
 const (
 	// talosPollInterval is how often a rebooting node's Talos API is asked
 	// again: Talos has no watch that survives a reboot, so this is polled.
@@ -111,7 +111,7 @@ func markKey(node string, target stages.Version) string {
 // talosRun is one Run of a Talos OS upgrade.
 type talosRun struct {
 	e      *Engine
-	opts   EngineOptions
+	opts   Options
 	target stages.Version
 	stage  stages.TalosOS
 	cache  *kube.Cache
@@ -142,7 +142,7 @@ type osNode struct {
 // reboot (boot ID, version, Node Ready on the new osImage, etcd on a control
 // plane), then uncordoned. Every step is re-derived from the node and the
 // mark Memo keeps, so a Run on a half-done cluster finishes it.
-func (e *Engine) runTalos(ctx context.Context, opts EngineOptions) error {
+func (e *Engine) runTalos(ctx context.Context, opts Options) error {
 	target, err := stages.ParseVersion(opts.Target)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)

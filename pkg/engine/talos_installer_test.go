@@ -68,7 +68,7 @@ func spec113() clusterSpec {
 func TestTalosUpgradeTo114UsesTheFactoryInstaller(t *testing.T) {
 	o := newFakeOS(t, spec113())
 
-	require.NoError(t, o.engine("v1.14.1", newMemo(), func(opts *EngineOptions) { opts.MaxUnavailable = 2 }).Run(context.Background()))
+	require.NoError(t, o.engine("v1.14.1", newMemo(), func(opts *Options) { opts.MaxUnavailable = 2 }).Run(context.Background()))
 	requireTalosFinished(t, o, "v1.14.1")
 
 	o.mu.Lock()
@@ -106,7 +106,7 @@ func TestTalosPrePullBeforeCordon(t *testing.T) {
 			}
 		}
 
-		require.NoError(t, o.engine("v1.14.1", newMemo(), func(opts *EngineOptions) { opts.MaxUnavailable = 2 }).Run(context.Background()))
+		require.NoError(t, o.engine("v1.14.1", newMemo(), func(opts *Options) { opts.MaxUnavailable = 2 }).Run(context.Background()))
 
 		assert.Empty(t, early, "the batch's pulls all came before its first cordon")
 
@@ -136,7 +136,7 @@ func TestTalosPrePullBeforeCordon(t *testing.T) {
 			}
 		}
 
-		err := o.engine("v1.14.1", newMemo(), func(opts *EngineOptions) { opts.MaxUnavailable = 2 }).Run(context.Background())
+		err := o.engine("v1.14.1", newMemo(), func(opts *Options) { opts.MaxUnavailable = 2 }).Run(context.Background())
 		pause := requirePause(t, err, "TalosOS", "worker-2", "pre-pull:", `node "worker-2": pull its installer `+empty114, "not found", "nothing was cordoned or drained")
 		assert.Contains(t, pause.Action, "talosctl -n "+o.f.machine("worker-2").ip+" image pull "+empty114)
 		assert.Contains(t, pause.Action, "--installer-image worker-2=")
@@ -180,7 +180,7 @@ func TestTalosExplicitInstallerKeepsExtensions(t *testing.T) {
 	o := newFakeOS(t, talosSpec())
 	o.machine("worker-1").runs = withSchematic
 
-	err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.Installers = plain }).Run(context.Background())
+	err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.Installers = plain }).Run(context.Background())
 	pause := requirePause(t, err, "TalosOS", "worker-1",
 		`node "worker-1" runs schematic 5a8a2c5d1c6e, iscsi-tools, which --installer-image ghcr.io/siderolabs/installer:v1.13.9 does not carry`)
 	assert.Contains(t, pause.Reason, "--drop-extensions worker-1")
@@ -191,7 +191,7 @@ func TestTalosExplicitInstallerKeepsExtensions(t *testing.T) {
 	o.machine("worker-1").runs = withSchematic
 	plain.DropExtensions = []string{"worker-1"}
 
-	require.NoError(t, o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.Installers = plain }).Run(context.Background()))
+	require.NoError(t, o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.Installers = plain }).Run(context.Background()))
 	requireTalosFinished(t, o, "v1.13.9")
 	assert.Empty(t, o.state("worker-1").runs.Extensions, "dropped, as the operator accepted")
 }
@@ -207,7 +207,7 @@ func TestTalosRebootWithoutExtensionsPauses(t *testing.T) {
 	custom := stages.InstallerFlags{Nodes: map[string]string{"worker-2": "registry.local/talos/gpu-installer:v1.13.9"}}
 	memo := newMemo()
 
-	err := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Installers = custom }).Run(context.Background())
+	err := o.engine("v1.13.9", memo, func(opts *Options) { opts.Installers = custom }).Run(context.Background())
 	pause := requirePause(t, err, "TalosOS", "worker-2",
 		`node "worker-2" came back on Talos v1.13.9 without what its installer was to carry: nvidia-open-gpu-kernel-modules`, "the node stays cordoned")
 	assert.Contains(t, pause.Action, "get extensions")
@@ -215,7 +215,7 @@ func TestTalosRebootWithoutExtensionsPauses(t *testing.T) {
 	assert.Equal(t, []string{"worker-2"}, o.f.cordonedByIchor(), "cordoned")
 
 	// A resume verifies it again: still missing, still paused.
-	err = o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Installers = custom }).Run(context.Background())
+	err = o.engine("v1.13.9", memo, func(opts *Options) { opts.Installers = custom }).Run(context.Background())
 	requirePause(t, err, "TalosOS", "worker-2", "nvidia-open-gpu-kernel-modules")
 	assert.Equal(t, []string{"worker-2"}, o.f.cordonedByIchor())
 
@@ -223,6 +223,6 @@ func TestTalosRebootWithoutExtensionsPauses(t *testing.T) {
 	o.mu.Lock()
 	o.machines["worker-2"].runs.Extensions = []talos.Extension{{Name: "nvidia-open-gpu-kernel-modules", Version: "570.148.08"}}
 	o.mu.Unlock()
-	require.NoError(t, o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Installers = custom }).Run(context.Background()))
+	require.NoError(t, o.engine("v1.13.9", memo, func(opts *Options) { opts.Installers = custom }).Run(context.Background()))
 	assert.Empty(t, o.f.cordonedByIchor())
 }

@@ -262,7 +262,7 @@ func TestTalosEvidenceBounded(t *testing.T) {
 	defer stop()
 
 	start := time.Now()
-	err := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.UpgradeTimeout = time.Second }).Run(bounded)
+	err := o.engine("v1.13.9", memo, func(opts *Options) { opts.UpgradeTimeout = time.Second }).Run(bounded)
 	p := requirePause(t, err, "TalosOS", "cp-2", `node "cp-2": its machined log could not be read within 1s`, "whether an install ran in boot", "the node stays cordoned")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 logs machined")
 	assert.Less(t, time.Since(start), 20*time.Second)
@@ -277,8 +277,8 @@ func TestTalosEvidenceBounded(t *testing.T) {
 // saying an install may be pending. None is uncordoned as if nothing had
 // changed.
 func TestTalosInstallDeadline(t *testing.T) {
-	short := func(upgrade, reboot time.Duration) func(*EngineOptions) {
-		return func(opts *EngineOptions) { opts.UpgradeTimeout, opts.RebootTimeout = upgrade, reboot }
+	short := func(upgrade, reboot time.Duration) func(*Options) {
+		return func(opts *Options) { opts.UpgradeTimeout, opts.RebootTimeout = upgrade, reboot }
 	}
 
 	t.Run("installed, the answer never came", func(t *testing.T) {

@@ -175,7 +175,7 @@ func TestTalosUpgradeInstallerOverride(t *testing.T) {
 	o := newFakeOS(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 	image := "factory.talos.dev/installer/376567988a:v1.13.9"
 
-	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.Installers = stages.InstallerFlags{Image: image} }).Run(context.Background()))
+	require.NoError(t, o.engine("v1.13.9", newMemo(), func(o *Options) { o.Installers = stages.InstallerFlags{Image: image} }).Run(context.Background()))
 
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -206,7 +206,7 @@ func TestTalosOrder(t *testing.T) {
 	label("worker-2", discovery.HoldAnnotation, "RMA", true)
 
 	rec := &recorder{}
-	e := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.Self, opts.MaxUnavailable = "cp-3", 2 })
+	e := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.Self, opts.MaxUnavailable = "cp-3", 2 })
 	e.Progress = rec
 
 	require.NoError(t, e.Run(ctx))
@@ -273,7 +273,7 @@ func TestTalosNeverComesBack(t *testing.T) {
 	memo := newMemo()
 	start := time.Now()
 
-	err := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
+	err := o.engine("v1.13.9", memo, func(opts *Options) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
 	p := requirePause(t, err, "TalosOS", "worker-1",
 		"did not come back on Talos v1.13.9 within 300ms of its Upgrade call: rebooting: Talos API unreachable",
 		"connection refused", "the node stays cordoned")
@@ -333,7 +333,7 @@ func TestTalosEtcd(t *testing.T) {
 		o := newFakeOS(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4", talos: "v1.12.4"})
 		o.setFaults("cp-1", func(f *osFaults) { f.learnerAfterBoot = time.Hour })
 
-		err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
+		err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
 		requirePause(t, err, "TalosOS", "cp-1", "verify: etcd: member cp-1 a learner (not yet promoted to voter) after 300ms")
 		assert.Equal(t, []string{"cp-1"}, o.upgradeNodes())
 	})
@@ -431,7 +431,7 @@ func TestTalosUpgradeTimeout(t *testing.T) {
 	}
 
 	start := time.Now()
-	err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.UpgradeTimeout = 100 * time.Millisecond }).Run(context.Background())
+	err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.UpgradeTimeout = 100 * time.Millisecond }).Run(context.Background())
 	p := requirePause(t, err, "TalosOS", "cp-1", "the Install call ran out its bound of 100ms", "machined's log says: no install in this boot",
 		"an install may be pending", "the node stays cordoned")
 	assert.NotContains(t, p.Reason, "uncordoned again")
@@ -477,7 +477,7 @@ func TestTalosResumesFromAnyPoint(t *testing.T) {
 
 	ref := newFakeOS(t, spec)
 	all := &recorder{}
-	e := ref.engine("v1.13.9", newMemo(), func(o *EngineOptions) { o.MaxUnavailable = 2 })
+	e := ref.engine("v1.13.9", newMemo(), func(o *Options) { o.MaxUnavailable = 2 })
 	e.Progress = all
 	require.NoError(t, e.Run(context.Background()))
 
@@ -493,7 +493,7 @@ func TestTalosResumesFromAnyPoint(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 
-			first := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.MaxUnavailable = 2 })
+			first := o.engine("v1.13.9", memo, func(opts *Options) { opts.MaxUnavailable = 2 })
 			first.Progress = &recorder{stopAt: stopAt, cancel: cancel}
 
 			if err := first.Run(ctx); err != nil {
@@ -576,7 +576,7 @@ func TestTalosResumes(t *testing.T) {
 				o.setFaults("worker-2", tc.faults)
 			}
 
-			first := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Self = "worker-2" })
+			first := o.engine("v1.13.9", memo, func(opts *Options) { opts.Self = "worker-2" })
 			first.Progress = rec
 
 			err := first.Run(ctx)
@@ -594,7 +594,7 @@ func TestTalosResumes(t *testing.T) {
 
 			// The Job's next pod runs on worker-1, with the state's Memo.
 			next := &recorder{}
-			e := o.engine("v1.13.9", memo, func(opts *EngineOptions) { opts.Self = "worker-1" })
+			e := o.engine("v1.13.9", memo, func(opts *Options) { opts.Self = "worker-1" })
 			e.Progress = next
 
 			require.NoError(t, e.Run(context.Background()))
@@ -665,7 +665,7 @@ func TestTalosEtcdQuorum(t *testing.T) {
 		t.Run(fmt.Sprintf("%d member(s): refused without --allow-etcd-outage, done with it", cps), func(t *testing.T) {
 			o := newFakeOS(t, clusterSpec{controlPlanes: cps, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 
-			err := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.AllowEtcdOutage = false }).Run(context.Background())
+			err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.AllowEtcdOutage = false }).Run(context.Background())
 			p := requirePause(t, err, "TalosOS", "cp-1", fmt.Sprintf("checks: etcd has %d voting member(s), quorum %d: rebooting cp-1 leaves %d", cps, cps/2+1, cps-1),
 				"etcd and the Kubernetes API stop until it is back")
 			assert.Contains(t, p.Action, "--allow-etcd-outage")
@@ -673,7 +673,7 @@ func TestTalosEtcdQuorum(t *testing.T) {
 			assert.Empty(t, o.f.cordonedByIchor())
 
 			rec := &recorder{}
-			e := o.engine("v1.13.9", newMemo(), func(opts *EngineOptions) { opts.AllowEtcdOutage = true })
+			e := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.AllowEtcdOutage = true })
 			e.Progress = rec
 			require.NoError(t, e.Run(context.Background()))
 			assert.NotEmpty(t, rec.with("TalosOS cp-1 Pending", "accepted (--allow-etcd-outage)"))

@@ -31,7 +31,7 @@ type EngineConfig struct {
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
 	// Options come from the operation's spec; Self is the runner's node.
-	Options engine.EngineOptions
+	Options engine.Options
 	// Progress and Memo are backed by the state ConfigMap.
 	Progress engine.Progress
 	Memo     engine.Memo
@@ -537,8 +537,8 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 }
 
 // engineOptions are the engine's options for an operation, run from node.
-func engineOptions(spec OperationSpec, node string) engine.EngineOptions {
-	return engine.EngineOptions{
+func engineOptions(spec OperationSpec, node string) engine.Options {
+	return engine.Options{
 		Kind:            spec.Upgrade,
 		Target:          spec.Target,
 		Installers:      spec.Installers,
