@@ -22,38 +22,6 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// OSTalos is the part of the Talos API the Talos OS upgrade uses. Every call
-// is addressed to one node by the address Talos routes it by (the Node's
-// InternalIP); *talos.Client satisfies it.
-type OSTalos interface {
-	// Version returns the Talos version the node runs, e.g. "v1.13.9".
-	Version(ctx context.Context, node string) (string, error)
-	// MachineConfig returns the node's active machine config (for its
-	// installer image, machine.install.image).
-	MachineConfig(ctx context.Context, node string) (config.Provider, error)
-	// BootID returns the ID of the node's current boot: it changes with
-	// every reboot.
-	BootID(ctx context.Context, node string) (string, error)
-	// PersistentMachineConfig returns the config saved for the next boot
-	// (nil when the node keeps none): one that differs from the active
-	// config is a change staged for the reboot.
-	PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error)
-	// EtcdReader reads etcd's members, each member's status and the alarms
-	// through a control plane (see etcd.go).
-	stages.EtcdReader
-	installTalos
-	// Installed returns what the node's Talos was installed with: platform,
-	// SecureBoot, system extensions and Image Factory schematic (the
-	// ExtensionStatus resources), which its installer must keep; read again
-	// after the reboot to check it kept them.
-	Installed(ctx context.Context, node string) (talos.Installed, error)
-	// PullImage pulls an image on the node (ImageService.Pull, else
-	// MachineService.ImagePull): each node's installer before its batch is
-	// cordoned. An error wrapping talos.ErrPullUnsupported means the node
-	// can do neither.
-	PullImage(ctx context.Context, node string, ns talos.ImageNamespace, ref string) error
-}
-
 // Bounds and pace of the Talos OS upgrade besides those in Options.
 const (
 	// talosPollInterval is how often a rebooting node's Talos API is asked

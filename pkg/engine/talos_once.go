@@ -50,20 +50,6 @@ func (m upgradeMark) step() string {
 	return stepInstall
 }
 
-// installTalos is the part of OSTalos that installs and reboots.
-type installTalos interface {
-	// Install installs the installer image's Talos into the node's other
-	// boot slot; rebooting is true when the node reboots by itself (a Talos
-	// without the lifecycle service).
-	Install(ctx context.Context, node, image string) (rebooting bool, err error)
-	// Reboot asks the node to reboot.
-	Reboot(ctx context.Context, node string) error
-	// InstallEvidence says what the node's machined log shows of the
-	// installs of its current boot: the last one's state and installer
-	// image. The read ends with ctx.
-	InstallEvidence(ctx context.Context, node string) (talos.Evidence, error)
-}
-
 // nodeSeen is what a node reports when a run decides its next step.
 type nodeSeen struct {
 	reachable bool
