@@ -280,6 +280,11 @@ const (
 // node's short NotReady (a kubelet restart).
 const DefaultRolloutStuckAfter = time.Minute
 
+// talosReadTimeout bounds one read of a node's Talos side (version, config,
+// manifests); applies, pulls and waits have their own bounds in
+// Options.
+const talosReadTimeout = time.Minute
+
 // Kind is the kind of an upgrade.
 type Kind string
 

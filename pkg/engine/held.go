@@ -70,3 +70,11 @@ func (e *Engine) reportHeldCordoned(ctx context.Context, stage string) error {
 
 	return nil
 }
+
+func holdText(n discovery.Node) string {
+	if n.HoldReason == "" {
+		return discovery.HoldAnnotation
+	}
+
+	return discovery.HoldAnnotation + ": " + n.HoldReason
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 )
 
 // This file is how the engine says what it does: a stage's start, a node's phase and a
@@ -83,4 +85,26 @@ func (e *Engine) pause(ctx context.Context, stage, node, reason, action string, 
 	}
 
 	return &PauseError{Stage: stage, Node: node, Reason: reason, Action: action, Err: err}
+}
+
+// Actions the pauses suggest, in both upgrades.
+const (
+	actionResume      = "fix the cause, then resume (kubectl ichor resume)"
+	actionTalosAccess = "check the node's Talos API is reachable with the credentials (talosctl -n <node> version), then resume"
+)
+
+// verifyAction is what to do about a node that did not verify in time.
+func verifyAction(node string) string {
+	return fmt.Sprintf("see what is not Ready (kubectl describe node %s; kubectl -n %s get pods -o wide --field-selector spec.nodeName=%s), fix it, then resume",
+		node, discovery.StaticPodNamespace, node)
+}
+
+func summarize(problems []string) string {
+	const shown = 3
+
+	if len(problems) <= shown {
+		return strings.Join(problems, "; ")
+	}
+
+	return fmt.Sprintf("%s; and %d more", strings.Join(problems[:shown], "; "), len(problems)-shown)
 }
