@@ -141,7 +141,7 @@ type OSTalos interface {
 	// config is a change staged for the reboot.
 	PersistentMachineConfig(ctx context.Context, node string) (config.Provider, error)
 	// EtcdReader reads etcd's members, each member's status and the alarms
-	// through a control plane (see etcd.go).
+	// through a control plane (see pkg/stages/etcd.go).
 	stages.EtcdReader
 	installTalos
 	// Installed returns what the node's Talos was installed with: platform,

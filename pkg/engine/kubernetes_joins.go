@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -142,4 +144,11 @@ func (r *kubeRun) tooManyJoins(ctx context.Context, stage string) error {
 	return r.pause(ctx, stage, names[0], reason,
 		fmt.Sprintf("find why it comes and goes (kubectl get node %s -w; talosctl -n <its IP> logs kubelet), fix it "+
 			"or hold it (kubectl annotate node %s %s=flapping), then resume", names[0], names[0], discovery.HoldAnnotation), errors.New(reason))
+}
+
+// nodeReady reports the Node's Ready condition.
+func nodeReady(n *corev1.Node) bool {
+	ready, _ := kube.NodeReady(n)
+
+	return ready
 }

@@ -15,134 +15,10 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// One install per node: the Talos upgrade of a node is two calls, Install
-// (the new version into the other boot slot) and Reboot. A second Install
-// in the same boot would flip the boot slots again and write the new version
-// over the running one, losing the A/B fallback; so each call is announced in
-// the node's mark (written to the state before the call) and, when a run
-// finds a mark of an upgrade under way, what happens next is decided from
-// what the node reports: its boot ID, its version and, in the boot the
-// install was announced in, machined's log of the installs of that boot.
-
-// Steps of a node's upgrade, as its mark records them. Each is written
-// before the call it announces; stepInstalled after the Install call ended.
-const (
-	// stepInstall: the Install call is made (or about to be) in boot BootID.
-	stepInstall = "install"
-	// stepInstalled: the Install call ended with exit code 0; the reboot is
-	// next.
-	stepInstalled = "installed"
-	// stepReboot: the node is asked to reboot (or reboots by itself, on a
-	// Talos without the lifecycle service).
-	stepReboot = "reboot"
-)
-
-// step is the mark's step; a mark written by an older ichor has Called
-// alone.
-func (m upgradeMark) step() string {
-	switch {
-	case m.Step != "":
-		return m.Step
-	case m.Called:
-		return stepReboot
-	}
-
-	return stepInstall
-}
-
-// nodeSeen is what a node reports when a run decides its next step.
-type nodeSeen struct {
-	reachable bool
-	bootID    string
-	version   string
-	// evidence is read only in the boot the install was announced in;
-	// evidenceErr is why it could not be read (the node answered the rest).
-	evidence    talos.Evidence
-	evidenceErr error
-}
-
-// resumeAction is what a run does next with a node whose upgrade is under
-// way.
-type resumeAction int
-
-const (
-	actInstall resumeAction = iota // install, then reboot
-	actReboot                      // installed in this boot: reboot, never install again
-	actFollow                      // rebooting or rebooted: follow it to the target
-	actVerify                      // on the target: verify
-	actWait                        // an install runs on the node: look again
-	actPause                       // the node cannot tell whether it installed: pause
-	actForeign                     // another installer's install is staged or runs in this boot: pause
-	actUnread                      // machined's log could not be read: look again, within the install bound
-)
-
-func (a resumeAction) String() string {
-	return [...]string{"install", "reboot", "follow", "verify", "wait", "pause", "foreign", "unread"}[a]
-}
-
-// decide is what to do with a node whose mark says its upgrade to target is
-// under way, from what the node reports; chosen is the installer chosen for
-// the node in this operation. Never a second install in the boot the mark
-// announced one in, unless the node says none ran or it failed; never a
-// reboot into an install of another installer than chosen.
-func decide(mark upgradeMark, seen nodeSeen, target, chosen string) resumeAction {
-	switch {
-	case !seen.reachable:
-		return actFollow // going down, down, or coming back: the boot ID will say
-	case seen.version == target:
-		return actVerify // rebooted into it already
-	case seen.bootID != mark.BootID:
-		return actFollow // rebooted since, on the old version: follow says it fell back
-	}
-
-	ev := seen.evidence
-	installed := mark.step() == stepInstalled || mark.step() == stepReboot
-
-	if seen.evidenceErr != nil && (mark.Legacy || !installed) {
-		return actUnread // what happened in this boot is in machined's log alone
-	}
-
-	// The same boot as the mark's, on the old version.
-	if mark.Legacy || ev.State == talos.InstallSequence {
-		// MachineService.Upgrade's sequence reboots the node by itself (a
-		// Reboot cannot take over an upgrade sequence): follow it, unless
-		// machined says it failed (the node did not reboot: call again).
-		if ev.State == talos.InstallFailed {
-			return actInstall
-		}
-
-		return actFollow
-	}
-
-	if installed {
-		// Installed; the reboot never came (or is still shutting down):
-		// asking again is harmless.
-		return actReboot
-	}
-
-	switch ev.State {
-	case talos.InstallDone:
-		// Installed in this boot: by this operation, or by another one
-		// (aborted between its install and its reboot, talosctl upgrade
-		// --no-reboot). Only the chosen installer's install is booted; one
-		// whose start rolled out of the log cannot be told apart.
-		if !sameInstaller(ev.Image, chosen) {
-			return actForeign
-		}
-
-		return actReboot
-	case talos.InstallNone, talos.InstallFailed:
-		return actInstall
-	case talos.InstallRunning:
-		if ev.Image != "" && !sameInstaller(ev.Image, chosen) {
-			return actForeign
-		}
-
-		return actWait
-	}
-
-	return actPause
-}
+// This file drives a node's upgrade once it is under way (drive): each Install and
+// Reboot announced in the node's mark before it is made and gated again right before
+// it, a broken-off call asked of the node rather than made twice, until the node
+// reboots into the target (talos_reboot.go follows it).
 
 // transientInstallError reports whether err, from an Install call, may have
 // left the node in any state (the connection broke: stream reset, gRPC
@@ -476,64 +352,6 @@ func deadlineError(err error) bool {
 // announced in, with no reboot asked: the run decides again.
 var errSameBoot = errors.New("the node answers in the boot its install was announced in")
 
-// look reads what a node reports for decide: its boot ID (a short look: it
-// may be down), its version, and in the mark's boot machined's log of the
-// installs.
-func (r *talosRun) look(ctx context.Context, n *osNode, mark upgradeMark) (nodeSeen, error) {
-	stage, name, ip := r.stage.Name(), n.Name, n.InternalIP
-
-	callCtx, cancel := context.WithTimeout(ctx, talosPollCallTimeout)
-	defer cancel()
-
-	boot, err := r.e.Talos.BootID(callCtx, ip)
-
-	switch {
-	case ctx.Err() != nil:
-		return nodeSeen{}, fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
-	case talos.IsPermissionDenied(err):
-		return nodeSeen{}, r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
-	case err != nil:
-		return nodeSeen{}, nil // unreachable, or not answering: follow it
-	}
-
-	version, err := r.e.Talos.Version(callCtx, ip)
-	if err != nil {
-		return nodeSeen{}, nil
-	}
-
-	seen := nodeSeen{reachable: true, bootID: boot, version: version}
-
-	if boot == mark.BootID && version != r.target.String() && (mark.step() == stepInstall || mark.Legacy) {
-		// The log gets its own bound: it is the one read of a node that
-		// answered that can be long, and its answer alone says what the boot
-		// did.
-		evCtx, cancel := context.WithTimeout(ctx, min(installEvidenceTimeout, r.opts.UpgradeTimeout))
-		ev, err := r.e.Talos.InstallEvidence(evCtx, ip)
-
-		cancel()
-
-		switch {
-		case ctx.Err() != nil:
-			return nodeSeen{}, fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
-		case talos.IsPermissionDenied(err):
-			return nodeSeen{}, r.e.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
-		case err != nil:
-			seen.evidenceErr = err
-
-			return seen, nil
-		}
-
-		seen.evidence = ev
-		r.e.node(stage, name, PhaseUpgrading, "boot %s, the one its install was announced in; machined's log: %s", shortID(boot), ev)
-	}
-
-	return seen, nil
-}
-
-// installEvidenceTimeout bounds one read of machined's log (never more than
-// the install's own bound).
-const installEvidenceTimeout = 20 * time.Second
-
 // ensureDrained cordons and drains a node whose upgrade is under way when
 // ichor's cordon is no longer on it, or its mark is but the node is
 // schedulable (uncordoned after a pause), before it is installed or
@@ -546,25 +364,6 @@ func (r *talosRun) ensureDrained(ctx context.Context, n *osNode) error {
 	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name)
 
 	return err
-}
-
-// writeMark writes node's mark before the call it announces; a mark that
-// cannot be written pauses (the call is not made), the node staying
-// cordoned.
-func (r *talosRun) writeMark(ctx context.Context, name string, mark upgradeMark) error {
-	err := r.setMark(ctx, name, mark)
-
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		return fmt.Errorf("stage %s: node %q: %w", r.stage.Name(), name, ctx.Err())
-	}
-
-	return r.e.pause(ctx, r.stage.Name(), name,
-		fmt.Sprintf("node %q: record the %s step of its upgrade in the state: %v; nothing was called, the node stays cordoned", name, mark.step(), err),
-		"fix what refuses the write to the state ConfigMap (kubectl ichor status; the runner's log), then resume (kubectl ichor resume)",
-		err)
 }
 
 // sleep waits d or until ctx ends.
