@@ -165,7 +165,7 @@ func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *d
 		}
 	}
 
-	if _, isProxy := s.(stages.KubeProxy); isProxy && proxyImage != "" {
+	if s.Rollout() == stages.RolloutKubeProxy && proxyImage != "" {
 		for _, n := range snap.Nodes {
 			if !n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
 				add(n, pull{ref: proxyImage, ns: talos.NamespaceCRI})

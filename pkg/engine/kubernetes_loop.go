@@ -233,7 +233,7 @@ func (r *kubeRun) runNodes(ctx context.Context, s stages.KubernetesStage, only m
 		synced = synced || ok
 	}
 
-	if _, isProxy := s.(stages.KubeProxy); isProxy && synced {
+	if s.Rollout() == stages.RolloutKubeProxy && synced {
 		return held, r.rollout(ctx, name)
 	}
 

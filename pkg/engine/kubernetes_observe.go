@@ -114,7 +114,7 @@ func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*disco
 
 // groups lays out the nodes of a stage in visiting order: each control plane
 // alone, then, in the Kubelets stage, the workers in batches of
-// MaxUnavailable. In the Kubelets stage a node ichor cordoned (a run that
+// MaxUnavailable. In a stage that drains (Kubelets) a node ichor cordoned (a run that
 // stopped mid-node, such as the runner evicted by its own drain) goes first
 // in its group: it is finished before anything else is made unavailable.
 // Next come the nodes behind the cluster (an earlier stage's render still
@@ -122,10 +122,10 @@ func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*disco
 // apiserver is behind holds every other controller-manager back, so it
 // catches up before any other node takes the stage.
 func (r *kubeRun) groups(s stages.KubernetesStage, order stages.Order) [][]*stageNode {
-	_, kubelets := s.(stages.Kubelets)
+	drains := s.Drains()
 
 	rank := func(n discovery.Node) int {
-		if node, ok := r.cache.Node(n.Name); kubelets && ok && kube.CordonedByIchor(node) {
+		if node, ok := r.cache.Node(n.Name); drains && ok && kube.CordonedByIchor(node) {
 			return 0
 		}
 
@@ -172,11 +172,11 @@ func (r *kubeRun) groups(s stages.KubernetesStage, order stages.Order) [][]*stag
 	return groups
 }
 
-// skipReason says why a stage does not run: only KubeProxy can be skipped,
-// when there is no kube-proxy DaemonSet or no control plane's config enables
-// kube-proxy.
+// skipReason says why a stage does not run: only the stage of the kube-proxy
+// rollout (KubeProxy) can be skipped, when there is no kube-proxy DaemonSet or
+// no control plane's config enables kube-proxy.
 func (r *kubeRun) skipReason(s stages.KubernetesStage, snap *discovery.Snapshot, visit [][]*stageNode) string {
-	if _, isProxy := s.(stages.KubeProxy); !isProxy {
+	if s.Rollout() != stages.RolloutKubeProxy {
 		return ""
 	}
 

@@ -20,13 +20,12 @@ import (
 
 // visit takes one node through the stage: read its Node and active config,
 // render; if the render differs, refuse a staged config, check the
-// invariant would hold, (Kubelets) cordon and drain, dry run and apply, check
-// the invariant; then verify, (Kubelets) uncordon, (KubeProxy) sync the
-// bootstrap manifests. It reports whether it synced them.
+// invariant would hold, cordon and drain (a stage that Drains: Kubelets), dry run
+// and apply, check the invariant; then verify, uncordon (Drains), sync the bootstrap
+// manifests (the kube-proxy Rollout: KubeProxy). It reports whether it synced them.
 func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stageNode) (bool, error) {
 	stage, name, ip := s.Name(), sn.Name, sn.InternalIP
-	_, kubelets := s.(stages.Kubelets)
-	_, proxy := s.(stages.KubeProxy)
+	drains, syncs := s.Drains(), s.Rollout() == stages.RolloutKubeProxy
 
 	node, err := r.getNode(ctx, name)
 	if err != nil {
@@ -74,7 +73,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 	var (
 		drained string
 		// settle: a control plane's kubelet moves, and may restart its static pods.
-		settle  = applied && kubelets && sn.ControlPlane
+		settle  = applied && s.AtTarget(discovery.Kubelet) && sn.ControlPlane
 		mirrors map[discovery.Component]types.UID
 	)
 
@@ -87,7 +86,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 			return false, err
 		}
 
-		if kubelets {
+		if drains {
 			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name); err != nil {
 				return false, err
 			}
@@ -120,7 +119,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 		var timeout *kube.WaitTimeoutError
 		if errors.As(err, &timeout) {
 			reason := fmt.Sprintf("verify: %s", timeout.Waiting)
-			if kubelets && ours {
+			if drains && ours {
 				reason += " (the node stays cordoned)"
 			}
 
@@ -137,7 +136,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 		}
 	}
 
-	if kubelets && ours {
+	if drains && ours {
 		if err := kube.Uncordon(ctx, r.e.Kube, name); err != nil {
 			return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
 		}
@@ -151,7 +150,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 
 	synced := false
 
-	if proxy {
+	if syncs {
 		if synced, err = r.syncManifests(ctx, stage, sn, res); err != nil {
 			return false, err
 		}
@@ -166,7 +165,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 		done = "already applied; " + done
 	}
 
-	if kubelets && ours {
+	if drains && ours {
 		done += ", uncordoned"
 	}
 
@@ -180,13 +179,13 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 }
 
 // expect is what verifies node sn in stage s with render res: Ready, the
-// stage's static pods on their rendered tags and Ready, and in the Kubelets
-// stage the kubelet on its rendered version.
+// stage's static pods on their rendered tags and Ready, and in a stage that sets
+// the kubelet to the target (Kubelets) the kubelet on its rendered version.
 func (r *kubeRun) expect(s stages.KubernetesStage, sn *stageNode, res *render.Result) kube.NodeExpect {
 	images := render.Images(res.Config)
 	e := kube.NodeExpect{Node: sn.Name, StaticPods: map[discovery.Component]string{}}
 
-	if _, kubelets := s.(stages.Kubelets); kubelets {
+	if s.AtTarget(discovery.Kubelet) {
 		e.KubeletVersion = render.TagOf(images[discovery.Kubelet])
 	}
 
