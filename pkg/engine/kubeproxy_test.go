@@ -138,3 +138,85 @@ func TestEngineRolloutBlockedByHeldNotReadyNode(t *testing.T) {
 	assert.Contains(t, pause.Action, "kubectl delete node worker-2")
 	assert.Less(t, time.Since(start), 30*time.Second, "paused on the cause, not at the verify bound")
 }
+
+// The bootstrap manifests never overwrite what another field manager changed: such an
+// object is skipped and said, unless forced by name; an object the runner may not write
+// pauses before anything is applied, naming it.
+func TestEngineManifestSync(t *testing.T) {
+	t.Run("an object changed by another manager is skipped", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.manifestOwners = map[string]string{"ServiceAccount kube-system/kube-proxy": "helm"}
+
+		rec := &recorder{}
+		e := f.engine("v1.36.3")
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		assert.NotContains(t, strings.Join(f.applied, "\n"), "ServiceAccount")
+		assert.Contains(t, f.applied, "talos false DaemonSet kube-system/kube-proxy")
+		assert.NotEmpty(t, rec.with("KubeProxy cp-1", "skipped ServiceAccount kube-system/kube-proxy", `conflict with "helm"`,
+			`--manifests-force "ServiceAccount kube-system/kube-proxy"`))
+		assert.NotEmpty(t, rec.with("KubeProxy", "skipped 1 changed by another field manager: ServiceAccount kube-system/kube-proxy"))
+	})
+
+	t.Run("forced by name, it is taken over", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.manifestOwners = map[string]string{"ServiceAccount kube-system/kube-proxy": "helm"}
+
+		require.NoError(t, f.engine("v1.36.3", func(o *Options) {
+			o.ManifestsForce = []string{"ServiceAccount kube-system/kube-proxy"}
+		}).Run(context.Background()))
+		assert.Contains(t, f.applied, "talos true ServiceAccount kube-system/kube-proxy")
+		assert.Contains(t, f.applied, "talos false DaemonSet kube-system/kube-proxy")
+	})
+
+	t.Run("an object the runner may not write pauses before anything is applied", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.manifestForbidden = map[string]bool{"ClusterRoleBinding /kube-proxy": true}
+
+		err := f.engine("v1.36.3").Run(context.Background())
+		requirePause(t, err, "KubeProxy", "cp-1", "sync bootstrap manifests (0 of 3 applied, nothing after)",
+			"dry-run apply ClusterRoleBinding kube-proxy", "forbidden")
+		assert.Empty(t, f.applied, "the dry run found it before anything was applied")
+	})
+}
+
+// Talos re-renders the bootstrap manifests asynchronously after an apply: the sync waits
+// until they carry kube-proxy at the target, and pauses when they never do.
+func TestEngineManifestsWaitForTheRerender(t *testing.T) {
+	t.Run("late", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.staleManifests, f.staleImage = 2, "registry.k8s.io/kube-proxy:v1.35.4"
+
+		require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+		assert.Contains(t, f.applied, "talos false DaemonSet kube-system/kube-proxy")
+
+		ds, err := f.cs.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, "registry.k8s.io/kube-proxy:v1.36.3", ds.Spec.Template.Spec.Containers[0].Image, "never synced the old render")
+	})
+
+	t.Run("never", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.staleManifests, f.staleImage = -1, "registry.k8s.io/kube-proxy:v1.35.4"
+
+		err := f.engine("v1.36.3", func(o *Options) { o.RenderTimeout = 1500 * time.Millisecond }).Run(context.Background())
+		requirePause(t, err, "KubeProxy", "cp-1", "Talos has not re-rendered the bootstrap manifests for v1.36.3 after 1.5s (kube-proxy image registry.k8s.io/kube-proxy:v1.35.4)")
+		assert.Empty(t, f.applied, "the old render is not applied")
+	})
+}
+
+func TestEngineKubeProxyDisabled(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 2, workers: 1, kubernetes: "v1.35.4", proxyDisabled: true})
+
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+
+	require.NoError(t, e.Run(context.Background()))
+	assert.NotEmpty(t, rec.with("KubeProxy [skipped] kube-proxy is disabled"))
+	assert.Empty(t, f.applied, "no bootstrap manifests synced")
+	assert.Equal(t, fullOrder([]string{"cp-1", "cp-2"}, []string{"worker-1"})[:4], appliedSteps(t, f, "v1.35.4", "v1.36.3")[:4])
+	assert.Len(t, f.realApplies(), 2+2+2+1)
+	requireFinished(t, f, "v1.36.3")
+}

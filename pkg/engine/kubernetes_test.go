@@ -253,3 +253,53 @@ func TestEngineOrder(t *testing.T) {
 	assert.Equal(t, "v1.35.4", render.TagOf(render.Images(f.machine("worker-3").active)[discovery.Kubelet]), "a held node is not touched")
 	assert.Empty(t, f.invariantHistory())
 }
+
+func TestEnginePrePull(t *testing.T) {
+	t.Run("a failing pull pauses before the stage's first apply", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, kubernetes: "v1.35.4"})
+		f.machine("cp-3").faults.pullFails = true
+
+		err := f.engine("v1.36.3").Run(context.Background())
+		requirePause(t, err, "APIServers", "", "pre-pull", `node "cp-3": pull registry.k8s.io/kube-apiserver:v1.36.3`, "not found")
+		assert.Empty(t, f.realApplies())
+	})
+
+	t.Run("a node that cannot pre-pull is skipped", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.35.4"})
+		f.machine("worker-1").faults.pullUnsup = true
+
+		rec := &recorder{}
+		e := f.engine("v1.36.3")
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		assert.NotEmpty(t, rec.with("Kubelets [pre-pull]", "1 node(s) cannot pre-pull: skipped"))
+		requireFinished(t, f, "v1.36.3")
+	})
+}
+
+func TestEngineOptions(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4"})
+
+	for _, tc := range []struct {
+		name string
+		e    *Engine
+		err  string
+	}{
+		{"bad target", f.engine("1.36"), `malformed version "1.36"`},
+		{"unknown kind", func() *Engine { e := f.engine("v1.36.3"); e.Options.Kind = "os"; return e }(), `unknown upgrade kind "os"`},
+		{"no dynamic client", func() *Engine { e := f.engine("v1.36.3"); e.Dynamic = nil; return e }(), "needs Kube, Dynamic and Talos"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorContains(t, tc.e.Run(context.Background()), tc.err)
+			assert.Empty(t, f.realApplies())
+		})
+	}
+
+	assert.Equal(t, Options{
+		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
+		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
+		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
+		Concurrency: DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
+	}, Options{}.withDefaults())
+}

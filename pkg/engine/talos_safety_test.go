@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -353,4 +354,64 @@ func TestTalosRaftLagUnderLoad(t *testing.T) {
 		requirePause(t, err, "TalosOS", "cp-1", "member cp-2 raft index 5000 is", "it does not keep up")
 		assert.Empty(t, o.upgradeNodes())
 	})
+}
+
+// TestTalosEtcdQuorum: before a control plane is cordoned, every etcd
+// member must answer healthy and quorum must survive its reboot.
+func TestTalosEtcdQuorum(t *testing.T) {
+	t.Run("a stopped member on cp-3 pauses before cp-1 is cordoned, naming cp-3; cleared, it finishes", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-3", func(f *osFaults) { f.etcdStopped = true })
+
+		memo := newMemo()
+		err := o.engine("v1.13.9", memo).Run(context.Background())
+		p := requirePause(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-3 does not answer etcd status", "cp-1 is not rebooted while it is")
+		assert.Contains(t, p.Action, "talosctl -n 10.0.0.13 etcd status")
+		assert.Empty(t, o.upgradeNodes())
+		assert.Empty(t, o.f.cordonedByIchor())
+
+		o.setFaults("cp-3", func(f *osFaults) { f.etcdStopped = false })
+		require.NoError(t, o.engine("v1.13.9", memo).Run(context.Background()))
+		requireTalosFinished(t, o, "v1.13.9")
+	})
+
+	t.Run("an alarm names its member", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-2", func(f *osFaults) { f.etcdAlarm = "NOSPACE" })
+
+		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
+		p := requirePause(t, err, "TalosOS", "cp-1", "member cp-2 alarm NOSPACE")
+		assert.NotContains(t, p.Reason, "member cp-3")
+		assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 etcd status")
+		assert.Empty(t, o.f.cordonedByIchor())
+	})
+
+	t.Run("a member far behind the leader pauses", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-2", func(f *osFaults) { f.etcdLag = 4000 })
+
+		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
+		requirePause(t, err, "TalosOS", "cp-1", "member cp-2 raft index 1000 is 4000 behind the leader's 5000")
+		assert.Empty(t, o.upgradeNodes())
+	})
+
+	for _, cps := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d member(s): refused without --allow-etcd-outage, done with it", cps), func(t *testing.T) {
+			o := newFakeOS(t, clusterSpec{controlPlanes: cps, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
+
+			err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.AllowEtcdOutage = false }).Run(context.Background())
+			p := requirePause(t, err, "TalosOS", "cp-1", fmt.Sprintf("checks: etcd has %d voting member(s), quorum %d: rebooting cp-1 leaves %d", cps, cps/2+1, cps-1),
+				"etcd and the Kubernetes API stop until it is back")
+			assert.Contains(t, p.Action, "--allow-etcd-outage")
+			assert.Empty(t, o.upgradeNodes())
+			assert.Empty(t, o.f.cordonedByIchor())
+
+			rec := &recorder{}
+			e := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.AllowEtcdOutage = true })
+			e.Progress = rec
+			require.NoError(t, e.Run(context.Background()))
+			assert.NotEmpty(t, rec.with("TalosOS cp-1 Pending", "accepted (--allow-etcd-outage)"))
+			requireTalosFinished(t, o, "v1.13.9")
+		})
+	}
 }
