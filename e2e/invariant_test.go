@@ -24,9 +24,9 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // TestJobPreExistingSkew gives a worker a kubelet newer than the apiservers before the
@@ -240,7 +240,7 @@ func TestJobHoldRemovedMidRun(t *testing.T) {
 		released <- releaseWhen(ctx, c, "cp-3", "the APIServers stage with cp-3 held", func(op *api.Operation) bool {
 			n := op.Status.Node("cp-3")
 
-			return op.Status.Stage == "APIServers" && n != nil && n.Stage == "APIServers" && n.Phase == string(stages.PhaseHeld)
+			return op.Status.Stage == "APIServers" && n != nil && n.Stage == "APIServers" && n.Phase == string(engine.PhaseHeld)
 		})
 	}()
 

@@ -30,9 +30,9 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 const jobNamespace = "ichor-system"
@@ -571,7 +571,7 @@ func TestJobPauseAndResume(t *testing.T) {
 	require.GreaterOrEqual(t, len(final.Status.Runners), 2)
 	assert.NotNil(t, final.Status.Runners[0].Ended, "the paused runner's end")
 	assert.True(t, final.Status.Runners[1].AfterPause, "the runner after the resume")
-	rollout := final.Status.StepOf("KubeProxy", stages.StepRollout)
+	rollout := final.Status.StepOf("KubeProxy", engine.StepRollout)
 	require.NotNil(t, rollout, "the kube-proxy rollout is timed")
 	assert.NotNil(t, rollout.Done)
 	assert.Positive(t, rollout.Pods)

@@ -21,8 +21,8 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -88,7 +88,7 @@ func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 
 	// 1. The state refuses updates once cp-1 is done.
 	eventually(t, 5*time.Minute, "cp-1 done", func(context.Context) error {
-		if n := c.operation(t).Status.Node("cp-1"); n != nil && n.Phase == string(stages.PhaseDone) {
+		if n := c.operation(t).Status.Node("cp-1"); n != nil && n.Phase == string(engine.PhaseDone) {
 			return nil
 		}
 

@@ -19,8 +19,8 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -274,10 +274,10 @@ func TestTalosSlowLogAndInstallBound(t *testing.T) {
 }
 
 // requireEnginePause requires err to be the engine's pause on node.
-func requireEnginePause(t *testing.T, err error, node string) *stages.PauseError {
+func requireEnginePause(t *testing.T, err error, node string) *engine.PauseError {
 	t.Helper()
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	require.ErrorAs(t, err, &pause, "want a pause, got %v", err)
 	assert.Equal(t, node, pause.Node, "paused on %s: %s", pause.Node, pause.Reason)
 

@@ -26,9 +26,9 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 const (
@@ -83,7 +83,7 @@ func (m *memoMap) all() map[string]string {
 // bounds fit for the simulator. A cluster of fewer than 3 control planes
 // accepts the etcd outage of each control plane's reboot
 // (--allow-etcd-outage): TestTalosEtcdGateAndRecordon shows the gate.
-func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *stages.Engine {
+func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *engine.Engine {
 	t.Helper()
 
 	controlPlanes := 0
@@ -94,11 +94,11 @@ func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, 
 		}
 	}
 
-	return &stages.Engine{
+	return &engine.Engine{
 		Kube:  c.Client,
 		Talos: tc,
-		Options: stages.EngineOptions{
-			Kind: stages.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
+		Options: engine.Options{
+			Kind: engine.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 			VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, UpgradeTimeout: 2 * time.Minute, RebootTimeout: 2 * time.Minute,
 		},
 		Progress: progress,
@@ -287,7 +287,7 @@ func TestTalosEngineFaults(t *testing.T) {
 	t.Run("an A/B fallback pauses", func(t *testing.T) {
 		err := talosEngineFor(t, c, tc, talosTo, memo, &lines{}).Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused: %v", err)
 		assert.Equal(t, "TalosOS", pause.Stage)
@@ -319,7 +319,7 @@ func TestTalosEngineFaults(t *testing.T) {
 		start := time.Now()
 		err := e.Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused after %s: %v", time.Since(start).Round(time.Millisecond), err)
 		assert.Equal(t, "worker-2", pause.Node)
@@ -385,7 +385,7 @@ func TestTalosEngineMachineJoinsMidUpgrade(t *testing.T) {
 	err = talosEngineFor(t, c, tc, talosTo, memo, progress).Run(ctx)
 	require.NoError(t, joinErr)
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	require.ErrorAs(t, err, &pause, "the run does not succeed with worker-2 behind: %v", err)
 	t.Logf("paused: %v", err)
 	assert.Equal(t, "TalosOS", pause.Stage)
@@ -496,7 +496,7 @@ func TestTalosJobUpgrade(t *testing.T) {
 			return fmt.Errorf("operation %s", op.Status.Phase)
 		}
 
-		if n := op.Status.Node(held); n != nil && n.Phase == string(stages.PhaseUpgrading) && strings.HasPrefix(n.Message, "rebooting") {
+		if n := op.Status.Node(held); n != nil && n.Phase == string(engine.PhaseUpgrading) && strings.HasPrefix(n.Message, "rebooting") {
 			return nil
 		}
 

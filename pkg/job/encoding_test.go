@@ -13,13 +13,13 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 func TestStateRoundTrip(t *testing.T) {
 	op := testOperation("kubernetes-v1-36-3-abcde", api.PhaseRunning)
-	SetNode(&op.Status, "APIServers", "cp-1", stages.PhaseApplying, "applying", t0)
-	SetNode(&op.Status, "APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(time.Minute))
+	SetNode(&op.Status, "APIServers", "cp-1", engine.PhaseApplying, "applying", t0)
+	SetNode(&op.Status, "APIServers", "cp-1", engine.PhaseDone, "done", t0.Add(time.Minute))
 	op.Status.Memo = map[string]string{"boot/cp-1": "abc"}
 
 	cm := stateObject(t, op)

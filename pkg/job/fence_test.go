@@ -15,7 +15,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // TestRunnerFencesMemoOnTheLease: another runner holds the Lease (taken over while this
@@ -63,7 +63,7 @@ func TestRunnerMemoSetHasADeadline(t *testing.T) {
 	f := newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
 
-		return &stages.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
+		return &engine.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
 	})
 
 	refusing := false

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 func ended(id string) Record {
@@ -102,8 +102,8 @@ func bigRecord(t testing.TB, id string, nodes int) Record {
 		for i := range visited {
 			name := fmt.Sprintf("worker-%04d", i)
 			at := t0.Add(time.Duration(i) * 7 * time.Second)
-			SetNode(&op.Status, stage, name, stages.PhaseApplying, "applying", at)
-			SetNode(&op.Status, stage, name, stages.PhaseDone, "drained 12 pod(s), node Ready, kubelet v1.36.3, uncordoned", at.Add(31*time.Second))
+			SetNode(&op.Status, stage, name, engine.PhaseApplying, "applying", at)
+			SetNode(&op.Status, stage, name, engine.PhaseDone, "drained 12 pod(s), node Ready, kubelet v1.36.3, uncordoned", at.Add(31*time.Second))
 			st.Nodes = append(st.Nodes, api.NodeStep{Node: name, Role: api.RoleWorker, Batch: i + 1, ConfigLayout: api.LayoutV1Alpha1, Changes: []api.Change{{
 				Component: "kubelet", From: "ghcr.io/siderolabs/kubelet:v1.35.4", To: "ghcr.io/siderolabs/kubelet:v1.36.3", Path: "machine.kubelet.image",
 			}}})

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // reporter is the engine's Progress and Memo, backed by the state ConfigMap. It keeps
@@ -50,10 +50,10 @@ type reporter struct {
 }
 
 var (
-	_ stages.Progress     = (*reporter)(nil)
-	_ stages.Memo         = (*reporter)(nil)
-	_ stages.StepProgress = (*reporter)(nil)
-	_ stages.StepTimer    = (*reporter)(nil)
+	_ engine.Progress     = (*reporter)(nil)
+	_ engine.Memo         = (*reporter)(nil)
+	_ engine.StepProgress = (*reporter)(nil)
+	_ engine.StepTimer    = (*reporter)(nil)
 )
 
 func newReporter(store *Store, op *api.Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
@@ -65,7 +65,7 @@ func newReporter(store *Store, op *api.Operation, events *eventRecorder, now fun
 	}
 }
 
-// Stage implements stages.Progress.
+// Stage implements engine.Progress.
 func (r *reporter) Stage(index, total int, name string) {
 	r.change(func(s *api.OperationStatus) {
 		s.Stage, s.StageIndex, s.StageCount, s.Step = name, index, total, ""
@@ -73,10 +73,10 @@ func (r *reporter) Stage(index, total int, name string) {
 	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
 }
 
-// Node implements stages.Progress. A step (a node entering a phase) is also a Kubernetes
+// Node implements engine.Progress. A step (a node entering a phase) is also a Kubernetes
 // event; the messages of the same phase that follow (a pod evicted, what verification
 // still waits for) are only in the state and the log.
-func (r *reporter) Node(stage, node string, phase stages.NodePhase, message string) {
+func (r *reporter) Node(stage, node string, phase engine.NodePhase, message string) {
 	now := r.now()
 
 	var step bool
@@ -88,25 +88,25 @@ func (r *reporter) Node(stage, node string, phase stages.NodePhase, message stri
 	})
 
 	if step {
-		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == stages.PhaseFailed)
+		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == engine.PhaseFailed)
 	}
 }
 
-// Step implements stages.StepProgress.
+// Step implements engine.StepProgress.
 func (r *reporter) Step(stage, step, message string) {
 	r.change(func(s *api.OperationStatus) {
 		s.Step = step + ": " + message
-		if step == stages.StepManifests {
+		if step == engine.StepManifests {
 			s.Manifests = message
 		}
 	})
 	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
 }
 
-// StepTime implements stages.StepTimer. It asks for no write of its own:
+// StepTime implements engine.StepTimer. It asks for no write of its own:
 // the engine reports the step's message right after (Step), and that write
 // carries both.
-func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
+func (r *reporter) StepTime(stage, step string, t engine.StepTiming) {
 	now := r.now()
 
 	r.mu.Lock()
@@ -118,7 +118,7 @@ func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
 
 // SetNode records a node's step (a change of phase or message) in s, and in the
 // node's timeline when the step begins its apply or ends it.
-func SetNode(s *api.OperationStatus, stage, name string, phase stages.NodePhase, message string, now time.Time) {
+func SetNode(s *api.OperationStatus, stage, name string, phase engine.NodePhase, message string, now time.Time) {
 	n := s.Node(name)
 	if n == nil {
 		s.Nodes = append(s.Nodes, api.NodeStatus{Name: name})
@@ -131,7 +131,7 @@ func SetNode(s *api.OperationStatus, stage, name string, phase stages.NodePhase,
 
 	n.Stage, n.Phase, n.Message = stage, string(phase), message
 
-	if phase != stages.PhaseApplying && phase != stages.PhaseDone {
+	if phase != engine.PhaseApplying && phase != engine.PhaseDone {
 		return
 	}
 
@@ -144,15 +144,15 @@ func SetNode(s *api.OperationStatus, stage, name string, phase stages.NodePhase,
 	at := metav1.NewMicroTime(now.UTC())
 
 	switch t := &n.Timeline[i]; {
-	case phase == stages.PhaseApplying && t.ApplyStarted == nil:
+	case phase == engine.PhaseApplying && t.ApplyStarted == nil:
 		t.ApplyStarted = &at
-	case phase == stages.PhaseDone && t.Done == nil:
+	case phase == engine.PhaseDone && t.Done == nil:
 		t.Done = &at
 	}
 }
 
 // SetStep records in s how far a stage's step has come.
-func SetStep(s *api.OperationStatus, stage, step string, t stages.StepTiming, now time.Time) {
+func SetStep(s *api.OperationStatus, stage, step string, t engine.StepTiming, now time.Time) {
 	at := metav1.NewMicroTime(now.UTC())
 
 	r := s.StepOf(stage, step)
@@ -170,7 +170,7 @@ func SetStep(s *api.OperationStatus, stage, step string, t stages.StepTiming, no
 	}
 }
 
-// Get implements stages.Memo.
+// Get implements engine.Memo.
 func (r *reporter) Get(key string) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -184,7 +184,7 @@ func (r *reporter) Get(key string) (string, bool) {
 // (and pauses with why) rather than wait for ever.
 const stateWriteTimeout = 30 * time.Second
 
-// Set implements stages.Memo: it returns once the value is in the state ConfigMap, or
+// Set implements engine.Memo: it returns once the value is in the state ConfigMap, or
 // with why it is not after a deadline (a write refused by an admission webhook or
 // policy, the ConfigMap deleted, its size limit, the lock lost).
 func (r *reporter) Set(ctx context.Context, key, value string) error {

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 func TestSetNodeTimeline(t *testing.T) {
@@ -21,14 +21,14 @@ func TestSetNodeTimeline(t *testing.T) {
 		return &mt
 	}
 
-	SetNode(&s, "APIServers", "cp-1", stages.PhasePending, "to apply", t0)
-	SetNode(&s, "APIServers", "cp-1", stages.PhaseApplying, "dry run", t0.Add(1500*time.Microsecond))
-	SetNode(&s, "APIServers", "cp-1", stages.PhaseApplying, "applying", t0.Add(time.Second))
-	SetNode(&s, "APIServers", "cp-1", stages.PhaseVerifying, "waiting", t0.Add(2*time.Second))
-	SetNode(&s, "APIServers", "cp-1", stages.PhaseDone, "done", t0.Add(3*time.Second))
+	SetNode(&s, "APIServers", "cp-1", engine.PhasePending, "to apply", t0)
+	SetNode(&s, "APIServers", "cp-1", engine.PhaseApplying, "dry run", t0.Add(1500*time.Microsecond))
+	SetNode(&s, "APIServers", "cp-1", engine.PhaseApplying, "applying", t0.Add(time.Second))
+	SetNode(&s, "APIServers", "cp-1", engine.PhaseVerifying, "waiting", t0.Add(2*time.Second))
+	SetNode(&s, "APIServers", "cp-1", engine.PhaseDone, "done", t0.Add(3*time.Second))
 	// A runner that takes over verifies the node again: the first times stay.
-	SetNode(&s, "APIServers", "cp-1", stages.PhaseDone, "already applied", t0.Add(time.Minute))
-	SetNode(&s, "ControlPlaneComponents", "cp-1", stages.PhaseDone, "already applied", t0.Add(2*time.Minute))
+	SetNode(&s, "APIServers", "cp-1", engine.PhaseDone, "already applied", t0.Add(time.Minute))
+	SetNode(&s, "ControlPlaneComponents", "cp-1", engine.PhaseDone, "already applied", t0.Add(2*time.Minute))
 
 	require.Len(t, s.Nodes, 1)
 	assert.Equal(t, []api.NodeStageTimes{
@@ -48,23 +48,23 @@ func TestSetNodeTimeline(t *testing.T) {
 func TestStepRecords(t *testing.T) {
 	var s api.OperationStatus
 
-	SetStep(&s, "KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0)
-	SetStep(&s, "KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, t0.Add(2*time.Second))
-	SetStep(&s, "KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 5, Updated: 1, MaxUnavailable: 1}, t0.Add(3*time.Second))
-	SetStep(&s, "KubeProxy", stages.StepRollout, stages.StepTiming{}, t0.Add(4*time.Second))
-	SetStep(&s, "KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 5, Updated: 5, MaxUnavailable: 1}, t0.Add(9*time.Second))
+	SetStep(&s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, t0)
+	SetStep(&s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, t0.Add(2*time.Second))
+	SetStep(&s, "KubeProxy", engine.StepRollout, engine.StepTiming{Pods: 5, Updated: 1, MaxUnavailable: 1}, t0.Add(3*time.Second))
+	SetStep(&s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, t0.Add(4*time.Second))
+	SetStep(&s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 5, Updated: 5, MaxUnavailable: 1}, t0.Add(9*time.Second))
 
 	require.Len(t, s.Steps, 2, "one record per stage and step")
 
-	m := s.StepOf("KubeProxy", stages.StepManifests)
+	m := s.StepOf("KubeProxy", engine.StepManifests)
 	require.NotNil(t, m)
 	assert.Equal(t, t0, m.Started.Time, "the first start")
 	assert.Equal(t, t0.Add(2*time.Second), m.Done.Time, "the last done: once per control plane")
 
-	r := s.StepOf("KubeProxy", stages.StepRollout)
+	r := s.StepOf("KubeProxy", engine.StepRollout)
 	require.NotNil(t, r)
 	assert.Equal(t, t0.Add(3*time.Second), r.Started.Time)
 	assert.Equal(t, 5, r.Updated)
 	assert.Equal(t, t0.Add(9*time.Second), r.Observed.Time)
-	assert.Nil(t, s.StepOf("Kubelets", stages.StepRollout))
+	assert.Nil(t, s.StepOf("Kubelets", engine.StepRollout))
 }

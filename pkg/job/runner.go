@@ -16,12 +16,13 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// Engine runs one upgrade to its end, or stops with a *stages.PauseError, or with its
-// context's error; *stages.Engine satisfies it.
+// Engine runs one upgrade to its end, or stops with a *engine.PauseError, or with its
+// context's error; *engine.Engine satisfies it.
 type Engine interface {
 	Run(ctx context.Context) error
 }
@@ -32,10 +33,10 @@ type EngineConfig struct {
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
 	// Options come from the operation's spec; Self is the runner's node.
-	Options stages.EngineOptions
+	Options engine.Options
 	// Progress and Memo are backed by the state ConfigMap.
-	Progress stages.Progress
-	Memo     stages.Memo
+	Progress engine.Progress
+	Memo     engine.Memo
 	// Out receives the engine's progress lines (the pod's log).
 	Out io.Writer
 	// Talos says how to reach the Talos API; the zero value finds the talosconfig
@@ -45,7 +46,7 @@ type EngineConfig struct {
 
 // EngineFactory builds the engine of one run, opening what else it needs (the Talos
 // API); close releases that, and may be nil.
-type EngineFactory func(ctx context.Context, cfg EngineConfig) (engine Engine, close func(), err error)
+type EngineFactory func(ctx context.Context, cfg EngineConfig) (eng Engine, close func(), err error)
 
 // ExitError is how the runner ends other than by succeeding: Code is the process's exit
 // code, which the Job's podFailurePolicy reads (ExitPaused, ExitFinal; any other code is
@@ -402,18 +403,18 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	opts.SelfPod = r.Namespace + "/" + r.Identity
 	opts.StayOnNode = r.StayOnNode
 
-	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
+	eng, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
 		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
 		Talos: r.Talos,
 	})
 	if err == nil {
-		err = engine.Run(engCtx)
+		err = eng.Run(engCtx)
 
 		if closeEngine != nil {
 			closeEngine()
 		}
 	} else {
-		err = &stages.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
+		err = &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
 	}
 
 	return r.finish(ctx, engCtx, rep, events, err)
@@ -494,9 +495,9 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		return &ExitError{Code: ExitStopped, Err: fmt.Errorf("stopped: %w", context.Cause(ctx))}
 	}
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	if !errors.As(err, &pause) {
-		pause = &stages.PauseError{
+		pause = &engine.PauseError{
 			Reason: err.Error(),
 			Action: "read the runner's log (kubectl ichor logs" + nsFlag(r.Namespace) + "), fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace),
 			Err:    err,
@@ -538,9 +539,9 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 }
 
 // engineOptions are the engine's options for an operation, run from node.
-func engineOptions(spec api.OperationSpec, node string) stages.EngineOptions {
-	return stages.EngineOptions{
-		Kind:            stages.Kind(spec.Upgrade),
+func engineOptions(spec api.OperationSpec, node string) engine.Options {
+	return engine.Options{
+		Kind:            engine.Kind(spec.Upgrade),
 		Target:          spec.Target,
 		Installers:      stages.InstallerFlags(spec.Installers),
 		MaxUnavailable:  spec.MaxUnavailable,

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // engineFunc is an Engine made of a function.
@@ -123,7 +123,7 @@ func TestRunnerSucceeds(t *testing.T) {
 
 	f = newRunner(t, op, func(ctx context.Context, cfg EngineConfig) error {
 		cfg.Progress.Stage(1, 4, "APIServers")
-		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseApplying, "apply kube-apiserver v1.36.3")
+		cfg.Progress.Node("APIServers", "cp-1", engine.PhaseApplying, "apply kube-apiserver v1.36.3")
 
 		if err := cfg.Memo.Set(ctx, "boot/cp-1", "b-1"); err != nil {
 			return err
@@ -136,10 +136,10 @@ func TestRunnerSucceeds(t *testing.T) {
 		assert.True(t, found)
 		assert.Equal(t, "b-1", v)
 
-		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready")
-		cfg.Progress.(stages.StepTimer).StepTime("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true})
-		cfg.Progress.(stages.StepProgress).Step("KubeProxy", stages.StepManifests, "applied 10 objects")
-		cfg.Progress.(stages.StepProgress).Step("KubeProxy", "rollout", "kube-proxy rolled out")
+		cfg.Progress.Node("APIServers", "cp-1", engine.PhaseDone, "kube-apiserver v1.36.3 Ready")
+		cfg.Progress.(engine.StepTimer).StepTime("KubeProxy", engine.StepManifests, engine.StepTiming{Done: true})
+		cfg.Progress.(engine.StepProgress).Step("KubeProxy", engine.StepManifests, "applied 10 objects")
+		cfg.Progress.(engine.StepProgress).Step("KubeProxy", "rollout", "kube-proxy rolled out")
 		cfg.Progress.Stage(4, 4, "Kubelets")
 
 		return nil
@@ -163,8 +163,8 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.Contains(t, f.out.String(), "deleted clusterrole ichor-runner:ichor-system")
 
 	assert.True(t, memoDurable)
-	assert.Equal(t, stages.EngineOptions{
-		Kind: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
+	assert.Equal(t, engine.Options{
+		Kind: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
 		PullTimeout: 3 * time.Minute, PullConcurrency: 8,
 	}, f.cfg.Options, "the runner's own pod is evicted last on its node")
 
@@ -176,8 +176,8 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.Equal(t, 4, s.StageCount)
 	assert.Empty(t, s.Step, "a stage's steps end with it")
 	assert.Equal(t, "applied 10 objects", s.Manifests, "what the manifest sync did stays")
-	require.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests), "the step's times are in the state")
-	assert.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests).Done)
+	require.NotNil(t, s.StepOf("KubeProxy", engine.StepManifests), "the step's times are in the state")
+	assert.NotNil(t, s.StepOf("KubeProxy", engine.StepManifests).Done)
 	require.Len(t, s.Runners, 1)
 	assert.Equal(t, "runner-pod-1", s.Runners[0].Pod)
 	assert.Equal(t, "cp-2", s.Runners[0].Node)
@@ -185,7 +185,7 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.NotNil(t, s.StartedAt)
 	assert.NotNil(t, s.FinishedAt)
 	require.Len(t, s.Nodes, 1)
-	assert.Equal(t, string(stages.PhaseDone), s.Nodes[0].Phase)
+	assert.Equal(t, string(engine.PhaseDone), s.Nodes[0].Phase)
 	assert.Equal(t, "kube-apiserver v1.36.3 Ready", s.Nodes[0].Message)
 
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released")
@@ -232,7 +232,7 @@ func TestRunnerPauses(t *testing.T) {
 	}{
 		{
 			name:   "pause error",
-			err:    &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "node NotReady after 20m0s", Action: "look at worker-1's kubelet, then kubectl ichor resume"},
+			err:    &engine.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "node NotReady after 20m0s", Action: "look at worker-1's kubelet, then kubectl ichor resume"},
 			reason: "node NotReady after 20m0s", action: "look at worker-1's kubelet, then kubectl ichor resume", pausedNode: "worker-1",
 		},
 		{
@@ -272,7 +272,7 @@ func TestRunnerStopsWhenAborted(t *testing.T) {
 		require.NoError(t, err)
 
 		// ...and the next write stops the engine.
-		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting 3 pods")
+		cfg.Progress.Node("Kubelets", "cp-1", engine.PhaseDraining, "evicting 3 pods")
 
 		<-ctx.Done()
 
@@ -290,7 +290,7 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	defer cancel()
 
 	f := newRunner(t, testOperation("op-1", api.PhasePending), func(ectx context.Context, cfg EngineConfig) error {
-		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting")
+		cfg.Progress.Node("Kubelets", "cp-1", engine.PhaseDraining, "evicting")
 		cancel() // the pod is evicted
 
 		<-ectx.Done()
@@ -304,7 +304,7 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	s := f.state(t).Status
 	assert.Equal(t, api.PhaseRunning, s.Phase, "the next runner continues")
 	require.Len(t, s.Nodes, 1, "the last progress is written")
-	assert.Equal(t, string(stages.PhaseDraining), s.Nodes[0].Phase)
+	assert.Equal(t, string(engine.PhaseDraining), s.Nodes[0].Phase)
 	require.Len(t, s.Runners, 1)
 	assert.NotNil(t, s.Runners[0].Ended, "the runner's end is written: the next one measures its wait from it")
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released for the next pod")
@@ -324,7 +324,7 @@ func TestRunnerLosesTheLock(t *testing.T) {
 		<-ctx.Done()
 
 		// Nothing the engine reports from now on may be written.
-		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseApplying, "too late")
+		cfg.Progress.Node("Kubelets", "cp-1", engine.PhaseApplying, "too late")
 
 		return ctx.Err()
 	})

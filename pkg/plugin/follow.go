@@ -13,9 +13,9 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // view renders an operation for a person: a header, the current stage with a bar, one
@@ -49,7 +49,7 @@ func (v view) frame() []string {
 		done := 0
 
 		for _, r := range rows {
-			if r.phase == stages.PhaseDone || r.phase == stages.PhaseHeld {
+			if r.phase == engine.PhaseDone || r.phase == engine.PhaseHeld {
 				done++
 			}
 		}
@@ -143,7 +143,7 @@ func (v view) runner() string {
 
 type row struct {
 	node    string
-	phase   stages.NodePhase
+	phase   engine.NodePhase
 	message string
 	since   time.Time
 }
@@ -180,10 +180,10 @@ func (v view) rows() []row {
 	rows := make([]row, 0, len(names))
 
 	for _, name := range names {
-		r := row{node: name, phase: stages.PhasePending}
+		r := row{node: name, phase: engine.PhasePending}
 
 		if n := s.Node(name); n != nil && n.Stage == s.Stage {
-			r.phase, r.message, r.since = stages.NodePhase(n.Phase), n.Message, n.Since.Time
+			r.phase, r.message, r.since = engine.NodePhase(n.Phase), n.Message, n.Since.Time
 		}
 
 		rows = append(rows, r)
@@ -193,9 +193,9 @@ func (v view) rows() []row {
 }
 
 // inProgress reports whether a node is in the middle of a step (its time in it is shown).
-func inProgress(p stages.NodePhase) bool {
+func inProgress(p engine.NodePhase) bool {
 	switch p {
-	case stages.PhaseCordoned, stages.PhaseDraining, stages.PhaseApplying, stages.PhaseUpgrading, stages.PhaseVerifying:
+	case engine.PhaseCordoned, engine.PhaseDraining, engine.PhaseApplying, engine.PhaseUpgrading, engine.PhaseVerifying:
 		return true
 	}
 

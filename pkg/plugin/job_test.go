@@ -28,9 +28,9 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
 )
 
@@ -136,11 +136,11 @@ func kubeletsStage(op *api.Operation) *api.Operation {
 	s.Stage, s.StageIndex, s.StageCount = "Kubelets", 4, 4
 
 	for i, n := range []string{"cp-1", "cp-3", "cp-2"} {
-		job.SetNode(s, "Kubelets", n, stages.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
+		job.SetNode(s, "Kubelets", n, engine.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
 	}
 
-	job.SetNode(s, "Kubelets", "worker-2", stages.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
-	job.SetNode(s, "KubeProxy", "worker-1", stages.PhaseDone, "", now0)
+	job.SetNode(s, "Kubelets", "worker-2", engine.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
+	job.SetNode(s, "KubeProxy", "worker-1", engine.PhaseDone, "", now0)
 
 	return op
 }
@@ -151,7 +151,7 @@ func TestViewFrames(t *testing.T) {
 
 	paused := kubeletsStage(operation(api.PhaseRunning))
 	paused.Status.Phase = api.PhasePaused
-	job.SetNode(&paused.Status, "Kubelets", "worker-2", stages.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
+	job.SetNode(&paused.Status, "Kubelets", "worker-2", engine.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
 	paused.Status.PausedNode = "worker-2"
 	paused.Status.Reason = "drain: pod default/web-0 not evicted after 5m0s (PodDisruptionBudget default/web)"
 	paused.Status.Action = "let default/web allow a disruption, then kubectl ichor resume"
@@ -184,10 +184,10 @@ func TestPlainFollowLines(t *testing.T) {
 		func(s *api.OperationStatus) {
 			s.Phase, s.Runner, s.Runs = api.PhaseRunning, "pod-1", 1
 			s.Stage, s.StageIndex, s.StageCount = "APIServers", 1, 4
-			job.SetNode(s, "APIServers", "cp-1", stages.PhaseApplying, "kube-apiserver v1.36.3", now0)
+			job.SetNode(s, "APIServers", "cp-1", engine.PhaseApplying, "kube-apiserver v1.36.3", now0)
 		},
 		func(s *api.OperationStatus) {
-			job.SetNode(s, "APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
+			job.SetNode(s, "APIServers", "cp-1", engine.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
 		},
 		func(s *api.OperationStatus) {
 			s.Runner, s.Runs = "pod-2", 2 // evicted, a new pod continues
@@ -494,7 +494,7 @@ func TestRunVerb(t *testing.T) {
 		{
 			name: "pauses", code: ExitPaused, phase: api.PhasePaused,
 			engine: func(context.Context) error {
-				return &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
+				return &engine.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
 			},
 		},
 	}
@@ -683,7 +683,7 @@ func TestUpgradePullFlags(t *testing.T) {
 		concurrency int
 	}{
 		{"kubernetes, set", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--pull-timeout", "90s", "--pull-concurrency", "4"}, 90 * time.Second, 4},
-		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, stages.DefaultPullTimeout, stages.DefaultPullConcurrency},
+		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, engine.DefaultPullTimeout, engine.DefaultPullConcurrency},
 		{"talos, set", talos113, []string{"upgrade", "talos", "--to", "v1.13.9", "--pull-timeout", "15m", "--pull-concurrency", "100"}, 15 * time.Minute, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

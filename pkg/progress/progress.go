@@ -9,6 +9,7 @@ import (
 	"time"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -182,7 +183,7 @@ func newModel(op *api.Operation, plan *api.Plan, now time.Time) *model {
 	}
 
 	for _, r := range s.Steps {
-		if r.Step == stages.StepRollout {
+		if r.Step == engine.StepRollout {
 			end := now
 			if r.Done != nil {
 				end = r.Done.Time
@@ -301,7 +302,7 @@ func (m *model) stage(st *api.Stage) Stage {
 	}
 
 	if r := m.rolloutOf(st); r != nil {
-		rec := s.StepOf(st.Name, stages.StepRollout)
+		rec := s.StepOf(st.Name, engine.StepRollout)
 		if rec == nil || rec.Done == nil {
 			it := item{kind: itemRollout, stage: st.Name, rollout: *r, rec: rec}
 			if rec != nil && rec.Observed != nil {
@@ -441,7 +442,7 @@ func (m *model) rolloutLeft(it item) time.Duration {
 		// DaemonSet (the control planes' syncs overlap it), else when its
 		// wait began.
 		began := r.Started.Time
-		if ms := m.op.Status.StepOf(it.stage, stages.StepManifests); ms != nil && ms.Started.Time.Before(began) {
+		if ms := m.op.Status.StepOf(it.stage, engine.StepManifests); ms != nil && ms.Started.Time.Before(began) {
 			began = ms.Started.Time
 		}
 

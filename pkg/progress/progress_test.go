@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -36,8 +37,8 @@ func running(stage string, done ...time.Duration) *api.Operation {
 	names := []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"}
 
 	for i, d := range done {
-		job.SetNode(&op.Status, stage, names[i], stages.PhaseApplying, "", t0.Add(d-10*time.Second))
-		job.SetNode(&op.Status, stage, names[i], stages.PhaseDone, "", t0.Add(d))
+		job.SetNode(&op.Status, stage, names[i], engine.PhaseApplying, "", t0.Add(d-10*time.Second))
+		job.SetNode(&op.Status, stage, names[i], engine.PhaseDone, "", t0.Add(d))
 	}
 
 	return op
@@ -160,8 +161,8 @@ func newTimeline(node string) *timeline {
 // done marks the nodes done in stage at s seconds.
 func (tl *timeline) done(stage string, s float64, nodes ...string) *timeline {
 	for _, n := range nodes {
-		job.SetNode(&tl.op.Status, stage, n, stages.PhaseApplying, "", at(s-0.5))
-		job.SetNode(&tl.op.Status, stage, n, stages.PhaseDone, "", at(s))
+		job.SetNode(&tl.op.Status, stage, n, engine.PhaseApplying, "", at(s-0.5))
+		job.SetNode(&tl.op.Status, stage, n, engine.PhaseDone, "", at(s))
 	}
 
 	return tl
@@ -199,9 +200,9 @@ func TestRolloutUnderWayTakesItsOwnPace(t *testing.T) {
 	tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
 		done("KubeProxy", 29, "cp-1").done("KubeProxy", 30, "cp-2").done("KubeProxy", 31, "cp-3")
 	s := &tl.op.Status
-	job.SetStep(s, "KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(29))
-	job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 7, Updated: 1, MaxUnavailable: 1}, at(31))
-	job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 7, Updated: 4, MaxUnavailable: 1}, at(37))
+	job.SetStep(s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, at(29))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Pods: 7, Updated: 1, MaxUnavailable: 1}, at(31))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Pods: 7, Updated: 4, MaxUnavailable: 1}, at(37))
 
 	p := progress.Of(tl.op, kubePlan(), at(38))
 
@@ -220,9 +221,9 @@ func TestTheRolloutIsInNoBatch(t *testing.T) {
 		done("KubeProxy", 29, "cp-1").done("KubeProxy", 30, "cp-2").done("KubeProxy", 31, "cp-3").
 		done("Kubelets", 64, "cp-1")
 	s := &tl.op.Status
-	job.SetStep(s, "KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(29))
-	job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{}, at(31))
-	job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(61))
+	job.SetStep(s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, at(29))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(31))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(61))
 
 	p := progress.Of(tl.op, kubePlan(), at(64))
 
@@ -239,8 +240,8 @@ func TestRunnerReplacement(t *testing.T) {
 		tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
 			controlPlanes("KubeProxy", 20).controlPlanes("Kubelets", 37).done("Kubelets", 49, "worker-1", "worker-2")
 		s := &tl.op.Status
-		job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{}, at(29))
-		job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+		job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(29))
+		job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
 
 		return tl
 	}
@@ -253,7 +254,7 @@ func TestRunnerReplacement(t *testing.T) {
 
 	t.Run("under way: the time without a runner counts", func(t *testing.T) {
 		tl := base()
-		job.SetNode(&tl.op.Status, "Kubelets", "worker-3", stages.PhaseDraining, "", at(50))
+		job.SetNode(&tl.op.Status, "Kubelets", "worker-3", engine.PhaseDraining, "", at(50))
 		tl.op.Status.EndRunner(at(51))
 
 		p := progress.Of(tl.op, kubePlan(), at(55))
@@ -315,9 +316,9 @@ func TestResumedOperationKeepsWhatItMeasured(t *testing.T) {
 		done("KubeProxy", 21, "cp-1").done("KubeProxy", 22, "cp-2").done("KubeProxy", 23, "cp-3").
 		done("Kubelets", 40, "cp-1", "cp-2")
 	s := &tl.op.Status
-	job.SetStep(s, "KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(21))
-	job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{}, at(23))
-	job.SetStep(s, "KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+	job.SetStep(s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, at(21))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(23))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
 	s.EndRunner(at(41))
 	s.AddPause("Kubelets", "cp-3", "drain: a budget", at(41))
 	s.StartRunner("runner-2", "worker-1", true, t0, at(3641))
