@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
@@ -39,7 +40,7 @@ func TestJobAbortWithoutState(t *testing.T) {
 	r.requireOneLineError(t, "paused: Kubelets worker-")
 
 	op := c.operation(t)
-	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
 	require.NotEmpty(t, operationJobs(t, c, op.Spec.ID))
 
 	worker, err := c.Client.CoreV1().Nodes().Get(ctx, op.Status.PausedNode, metav1.GetOptions{})

@@ -109,7 +109,7 @@ func TestJobBornOnTalos112(t *testing.T) {
 	r.requireExit(t, 0)
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
 	require.Contains(t, r.stdout, "skipped 1 changed by another field manager: ConfigMap kube-system/coredns")
-	assert.Equal(t, job.PhaseSucceeded, c.operation(t).Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, c.operation(t).Status.Phase)
 
 	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)
@@ -204,7 +204,7 @@ func TestJobKubeProxyRolloutHeldNotReadyNode(t *testing.T) {
 	require.Contains(t, r.stderr, "paused: KubeProxy")
 
 	op := c.operation(t)
-	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
 	assert.Equal(t, "KubeProxy", op.Status.Stage)
 	assert.Contains(t, op.Status.Reason, "kube-proxy rollout cannot progress")
 	assert.Contains(t, op.Status.Reason, "worker-2 is NotReady")

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -68,7 +69,7 @@ func (l *lines) Stage(index, total int, name string) {
 	l.add(fmt.Sprintf("stage %d/%d %s", index, total, name))
 }
 
-func (l *lines) Node(stage, node string, phase stages.NodePhase, message string) {
+func (l *lines) Node(stage, node string, phase engine.NodePhase, message string) {
 	l.add(fmt.Sprintf("%s %s %s: %s", stage, node, phase, message))
 }
 
@@ -89,7 +90,7 @@ func (l *lines) add(line string) {
 
 // engine returns an Engine for c driving it to target through the admin
 // kubeconfig and talosconfig, with bounds fit for the simulator.
-func engineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, progress *lines) *stages.Engine {
+func engineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, progress *lines) *engine.Engine {
 	t.Helper()
 
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -97,12 +98,12 @@ func engineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, progr
 
 	cfg.QPS, cfg.Burst = 100, 200
 
-	return &stages.Engine{
+	return &engine.Engine{
 		Kube:    c.Client,
 		Dynamic: dynamic.NewForConfigOrDie(cfg),
 		Talos:   tc,
-		Options: stages.EngineOptions{
-			Kind: stages.KindKubernetes, Target: target, MaxUnavailable: 1,
+		Options: engine.Options{
+			Kind: engine.KindKubernetes, Target: target, MaxUnavailable: 1,
 			ApplyTimeout: 2 * time.Minute, VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, PullTimeout: time.Minute,
 		},
 		Progress: progress,

@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 var (
@@ -100,7 +100,7 @@ func TestEngineResumes(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, context.Canceled, "stopped at %q", stopAt)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.False(t, errors.As(err, &pause), "a stop is not a pause")
 		t.Logf("stopped at %q: %v", stopAt, err)
 	}
@@ -151,7 +151,7 @@ func TestEngineFaults(t *testing.T) {
 
 		err := e.Run(context.Background())
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused: %v", err)
 		assert.Equal(t, "APIServers", pause.Stage)
@@ -173,7 +173,7 @@ func TestEngineFaults(t *testing.T) {
 
 		err := e.Run(context.Background())
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused: %v", err)
 		assert.Equal(t, "ControlPlaneComponents", pause.Stage)

@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // TestTalosEtcdGateAndRecordon upgrades Talos on a 3+2 cluster, from v1.12.4
@@ -68,7 +68,7 @@ func testEtcdGateAndRecordon(t *testing.T, from, to string) {
 	t.Run("the upgrade pauses before cp-1 is cordoned, naming cp-3", func(t *testing.T) {
 		err := talosEngineFor(t, c, tc, to, memo, &lines{}).Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused: %v", err)
 		assert.Equal(t, "cp-1", pause.Node)

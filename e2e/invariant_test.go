@@ -24,9 +24,9 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // TestJobPreExistingSkew gives a worker a kubelet newer than the apiservers before the
@@ -199,7 +199,7 @@ func TestJobHoldRemovedMidUpgrade(t *testing.T) {
 	released := make(chan error, 1)
 
 	go func() {
-		released <- releaseWhen(ctx, c, "worker-1", "the Kubelets stage", func(op *job.Operation) bool {
+		released <- releaseWhen(ctx, c, "worker-1", "the Kubelets stage", func(op *api.Operation) bool {
 			return op.Status.Stage == "Kubelets"
 		})
 	}()
@@ -237,10 +237,10 @@ func TestJobHoldRemovedMidRun(t *testing.T) {
 	released := make(chan error, 1)
 
 	go func() {
-		released <- releaseWhen(ctx, c, "cp-3", "the APIServers stage with cp-3 held", func(op *job.Operation) bool {
+		released <- releaseWhen(ctx, c, "cp-3", "the APIServers stage with cp-3 held", func(op *api.Operation) bool {
 			n := op.Status.Node("cp-3")
 
-			return op.Status.Stage == "APIServers" && n != nil && n.Stage == "APIServers" && n.Phase == stages.PhaseHeld
+			return op.Status.Stage == "APIServers" && n != nil && n.Stage == "APIServers" && n.Phase == string(engine.PhaseHeld)
 		})
 	}()
 
@@ -308,7 +308,7 @@ func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
 	joined := make(chan error, 1)
 
 	go func() {
-		joined <- powerOnWhen(ctx, c, faults, "the ControlPlaneComponents stage", func(op *job.Operation) bool {
+		joined <- powerOnWhen(ctx, c, faults, "the ControlPlaneComponents stage", func(op *api.Operation) bool {
 			return op.Status.Stage == "ControlPlaneComponents"
 		})
 	}()
@@ -398,13 +398,13 @@ func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
 // powerOnWhen clears every fault (cp-4's poweredOff) once the operation runs and
 // cond holds, and checks that it still did after. It runs beside the test, so it
 // returns what went wrong rather than failing the test.
-func powerOnWhen(ctx context.Context, c *Cluster, faults, what string, cond func(*job.Operation) bool) error {
+func powerOnWhen(ctx context.Context, c *Cluster, faults, what string, cond func(*api.Operation) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 
 	for {
 		op, err := c.control().Get(ctx)
-		if err == nil && op != nil && op.Status.Phase == job.PhaseRunning && cond(op) {
+		if err == nil && op != nil && op.Status.Phase == api.PhaseRunning && cond(op) {
 			if err := os.WriteFile(faults, []byte("nodes: {}\n"), 0o644); err != nil {
 				return err
 			}
@@ -413,7 +413,7 @@ func powerOnWhen(ctx context.Context, c *Cluster, faults, what string, cond func
 				return err
 			}
 
-			if op.Status.Phase != job.PhaseRunning || !cond(op) {
+			if op.Status.Phase != api.PhaseRunning || !cond(op) {
 				return fmt.Errorf("powered on once the operation was %s in %s, not in %s", op.Status.Phase, op.Status.Stage, what)
 			}
 
@@ -496,13 +496,13 @@ func setHold(ctx context.Context, c *Cluster, node, reason string) error {
 // releaseWhen removes node's hold once the operation runs and cond holds, and checks
 // that it still did after. It runs beside the test, so it returns what went wrong
 // rather than failing the test.
-func releaseWhen(ctx context.Context, c *Cluster, node, what string, cond func(*job.Operation) bool) error {
+func releaseWhen(ctx context.Context, c *Cluster, node, what string, cond func(*api.Operation) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 
 	for {
 		op, err := c.control().Get(ctx)
-		if err == nil && op != nil && op.Status.Phase == job.PhaseRunning && cond(op) {
+		if err == nil && op != nil && op.Status.Phase == api.PhaseRunning && cond(op) {
 			if err := setHold(ctx, c, node, ""); err != nil {
 				return err
 			}
@@ -511,7 +511,7 @@ func releaseWhen(ctx context.Context, c *Cluster, node, what string, cond func(*
 				return err
 			}
 
-			if op.Status.Phase != job.PhaseRunning || !cond(op) {
+			if op.Status.Phase != api.PhaseRunning || !cond(op) {
 				return fmt.Errorf("%s released once the operation was %s in %s, not in %s", node, op.Status.Phase, op.Status.Stage, what)
 			}
 

@@ -28,10 +28,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 const jobNamespace = "ichor-system"
@@ -120,7 +121,7 @@ func (c *Cluster) control() *job.Control {
 	return &job.Control{Kube: c.Client, Namespace: jobNamespace}
 }
 
-func (c *Cluster) operation(t *testing.T) *job.Operation {
+func (c *Cluster) operation(t *testing.T) *api.Operation {
 	t.Helper()
 
 	op, err := c.control().Get(context.Background())
@@ -130,13 +131,13 @@ func (c *Cluster) operation(t *testing.T) *job.Operation {
 }
 
 // statusDocument reads the operation as `kubectl ichor status -o json` prints it.
-func (c *Cluster) statusDocument(t *testing.T) (job.Operation, map[string]any) {
+func (c *Cluster) statusDocument(t *testing.T) (api.Operation, map[string]any) {
 	t.Helper()
 
 	r := c.ichor(t, time.Minute, "status", "-o", "json")
 	r.requireExit(t, 0)
 
-	var op job.Operation
+	var op api.Operation
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &op))
 
 	var raw map[string]any
@@ -274,7 +275,7 @@ func TestJobUpgrade(t *testing.T) {
 	assert.EqualValues(t, 14, prog["total"], "3 + 3 + 3 + 5 node steps")
 	assert.EqualValues(t, 14, prog["done"])
 	assert.Nil(t, prog["remainingSeconds"], "no estimate once ended")
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the drain of the runner's own node evicted it; another pod finished")
 	assert.Equal(t, 4, op.Status.StageIndex)
 	assert.NotNil(t, op.Status.FinishedAt)
@@ -334,7 +335,7 @@ func TestJobUpgrade(t *testing.T) {
 	assert.Contains(t, reasons, "Succeeded")
 
 	// Its credentials are gone (TestJobLeastPrivilege checks what they allowed).
-	requireNoCredentialLeft(t, c, job.PhaseSucceeded)
+	requireNoCredentialLeft(t, c, api.PhaseSucceeded)
 
 	// The state holds the operation and its plan gzipped; status reads both (the
 	// plan says what changed on each node).
@@ -409,7 +410,7 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 
 	// Running: the status document, and a third upgrade refused naming the holder.
 	eventually(t, 2*time.Minute, "the operation Running", func(ctx context.Context) error {
-		if op := c.operation(t); op.Status.Phase != job.PhaseRunning {
+		if op := c.operation(t); op.Status.Phase != api.PhaseRunning {
 			return fmt.Errorf("phase %s", op.Status.Phase)
 		}
 
@@ -456,7 +457,7 @@ func TestJobLockAbortAndTakeOver(t *testing.T) {
 	assert.Empty(t, operationJobs(t, c, first.Spec.ID), "the Job is stopped")
 
 	op, _ = c.statusDocument(t)
-	assert.Equal(t, job.PhaseAborted, op.Status.Phase)
+	assert.Equal(t, api.PhaseAborted, op.Status.Phase)
 	assert.Equal(t, first.Spec.ID, op.Spec.ID, "the state is kept for the record")
 	assert.Empty(t, invariantBreaks(c.Events(t)), "an abort breaks no invariant")
 
@@ -561,7 +562,7 @@ func TestJobPauseAndResume(t *testing.T) {
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
 
 	final := c.operation(t)
-	assert.Equal(t, job.PhaseSucceeded, final.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, final.Status.Phase)
 	assert.Equal(t, 2, final.Status.Attempt)
 
 	// The state keeps what the estimate of the time left is made of: each
@@ -570,7 +571,7 @@ func TestJobPauseAndResume(t *testing.T) {
 	require.GreaterOrEqual(t, len(final.Status.Runners), 2)
 	assert.NotNil(t, final.Status.Runners[0].Ended, "the paused runner's end")
 	assert.True(t, final.Status.Runners[1].AfterPause, "the runner after the resume")
-	rollout := final.Status.StepOf("KubeProxy", stages.StepRollout)
+	rollout := final.Status.StepOf("KubeProxy", engine.StepRollout)
 	require.NotNil(t, rollout, "the kube-proxy rollout is timed")
 	assert.NotNil(t, rollout.Done)
 	assert.Positive(t, rollout.Pods)
@@ -617,7 +618,7 @@ func TestJobRunnerKilled(t *testing.T) {
 		// The second half of the kills lands in the Kubelets stage, where nodes are
 		// cordoned and drained.
 		if killed >= kills/2 {
-			for op := c.operation(t); op.Status.Stage != "Kubelets" && op.Status.Phase == job.PhaseRunning; op = c.operation(t) {
+			for op := c.operation(t); op.Status.Stage != "Kubelets" && op.Status.Phase == api.PhaseRunning; op = c.operation(t) {
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
@@ -627,7 +628,7 @@ func TestJobRunnerKilled(t *testing.T) {
 		time.Sleep(time.Duration(200+rng.IntN(1600)) * time.Millisecond)
 
 		op := c.operation(t)
-		if op.Status.Phase == job.PhaseSucceeded {
+		if op.Status.Phase == api.PhaseSucceeded {
 			break
 		}
 
@@ -671,7 +672,7 @@ func TestJobRunnerKilled(t *testing.T) {
 	r.requireExit(t, 0)
 
 	op := c.operation(t)
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 	t.Logf("%d runner pods in %d Jobs took the lock", op.Status.Runs, op.Status.Attempt)
 
 	requireUpgraded(t, c, tc, before, "v1.36.3")
@@ -706,13 +707,13 @@ func waitForRunner(t *testing.T, c *Cluster) string {
 		op := c.operation(t)
 
 		switch op.Status.Phase {
-		case job.PhaseSucceeded:
+		case api.PhaseSucceeded:
 			return ""
-		case job.PhasePaused, job.PhaseAborted:
+		case api.PhasePaused, api.PhaseAborted:
 			t.Fatalf("operation %s %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
 		}
 
-		if holder := lockHolderPod(t, c); holder != "" && holder == op.Status.Runner && op.Status.Phase == job.PhaseRunning {
+		if holder := lockHolderPod(t, c); holder != "" && holder == op.Status.Runner && op.Status.Phase == api.PhaseRunning {
 			if p, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, holder, metav1.GetOptions{}); err == nil && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
 				return holder
 			}
@@ -736,7 +737,7 @@ func waitForRunner(t *testing.T, c *Cluster) string {
 }
 
 // lastNode is the node whose step changed last.
-func lastNode(op *job.Operation) string {
+func lastNode(op *api.Operation) string {
 	var (
 		name string
 		at   time.Time
@@ -769,7 +770,7 @@ func TestJobLocalCredentials(t *testing.T) {
 	require.Regexp(t, `(?m)^talos access for job\s+WARN`, r.stdout, "the plan said so first")
 
 	op := c.operation(t)
-	assert.Equal(t, job.PhaseAborted, op.Status.Phase, "a failed launch blocks no later one")
+	assert.Equal(t, api.PhaseAborted, op.Status.Phase, "a failed launch blocks no later one")
 	assert.Contains(t, op.Status.Reason, "launch failed: the cluster does not serve talos.dev ServiceAccounts")
 	assert.Empty(t, operationJobs(t, c, op.Spec.ID), "no Job without credentials")
 
@@ -779,8 +780,8 @@ func TestJobLocalCredentials(t *testing.T) {
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
 
 	op = c.operation(t)
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
-	assert.Equal(t, job.CredentialsLocal, op.Spec.Credentials)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.CredentialsLocal, op.Spec.Credentials)
 
 	_, err := c.Client.CoreV1().Secrets(jobNamespace).Get(ctx, job.LocalTalosconfigName, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "the copied talosconfig is deleted once the operation ends: %v", err)
@@ -835,7 +836,7 @@ func TestJobOneOperationPerCluster(t *testing.T) {
 
 	op, err := (&job.Control{Kube: c.Client, Namespace: "upgrades"}).Get(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
 
 	requireUpgraded(t, c, tc, before, "v1.36.3")

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
@@ -153,7 +154,7 @@ func runnerCredentials(ctx context.Context, t *testing.T, c *Cluster) ([]string,
 // requireNoCredentialLeft waits (bounded: the garbage collector deletes what the runner's
 // ClusterRole owned) until nothing of the runner's credentials is left, and checks that the
 // state stays and status reads it.
-func requireNoCredentialLeft(t *testing.T, c *Cluster, phase job.Phase) {
+func requireNoCredentialLeft(t *testing.T, c *Cluster, phase api.Phase) {
 	t.Helper()
 
 	eventually(t, time.Minute, "no credential of the runner left", func(ctx context.Context) error {
@@ -327,7 +328,7 @@ func TestJobLeastPrivilege(t *testing.T) {
 	r = c.ichor(t, 5*time.Minute, "abort")
 	r.requireExit(t, 0)
 	assert.Contains(t, r.stdout, "removed the Job's credentials:")
-	requireNoCredentialLeft(t, c, job.PhaseAborted)
+	requireNoCredentialLeft(t, c, api.PhaseAborted)
 	requireNothingCordoned(t, c)
 
 	// Again, to the end: through the KubeProxy stage's bootstrap manifests, with the
@@ -338,7 +339,7 @@ func TestJobLeastPrivilege(t *testing.T) {
 
 	second := c.operation(t)
 	require.NotEqual(t, first.Spec.ID, second.Spec.ID)
-	assert.Equal(t, job.PhaseSucceeded, second.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, second.Status.Phase)
 
 	logs := c.ichor(t, time.Minute, "logs")
 	logs.requireExit(t, 0)
@@ -349,7 +350,7 @@ func TestJobLeastPrivilege(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, strings.HasSuffix(ds.Spec.Template.Spec.Containers[0].Image, ":v1.36.3"), "kube-proxy DaemonSet: %s", ds.Spec.Template.Spec.Containers[0].Image)
 
-	requireNoCredentialLeft(t, c, job.PhaseSucceeded)
+	requireNoCredentialLeft(t, c, api.PhaseSucceeded)
 	requireNothingCordoned(t, c)
 
 	// Nothing of the tries above was created or changed.
@@ -383,5 +384,5 @@ func TestJobLeastPrivilege(t *testing.T) {
 	r = c.ichor(t, time.Minute, "abort")
 	r.requireExit(t, 0)
 	assert.Contains(t, r.stdout, "stays Succeeded")
-	assert.Equal(t, job.PhaseSucceeded, c.operation(t).Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, c.operation(t).Status.Phase)
 }

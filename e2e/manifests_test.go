@@ -60,7 +60,7 @@ func TestJobManifestsKeepAnotherManagersChange(t *testing.T) {
 	require.Contains(t, r.stdout, "skipped 1 changed by another field manager: ConfigMap kube-system/coredns")
 
 	op := c.operation(t)
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 
 	cm, err = cms.Get(ctx, "coredns", metav1.GetOptions{})
 	require.NoError(t, err)
@@ -202,7 +202,7 @@ func TestJobInlineManifestKeepsHelmsUpgrade(t *testing.T) {
 	require.Regexp(t, `(?m)^Succeeded in \d`, r.stdout)
 	require.Contains(t, r.stdout, "skipped 1 changed by another field manager: "+object)
 	assert.Contains(t, strings.Join(stepEvents(t, c), "\n"), "skipped 1 changed by another field manager: "+object, "the operation's events keep it")
-	assert.Equal(t, job.PhaseSucceeded, c.operation(t).Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, c.operation(t).Status.Phase)
 
 	r = c.ichor(t, time.Minute, "status")
 	r.requireExit(t, 0)
@@ -301,7 +301,7 @@ func TestJobManifestKindNotServedPausesThenResumes(t *testing.T) {
 	require.Contains(t, r.stderr, "paused: KubeProxy ")
 
 	op := c.operation(t)
-	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
 	assert.Equal(t, "KubeProxy", op.Status.Stage)
 	assert.Contains(t, op.Status.Reason, "sync bootstrap manifests (0 of ")
 	assert.Contains(t, op.Status.Reason, "dry-run apply "+object)
@@ -371,7 +371,7 @@ func TestJobManifestRoleTheJobMayNotCreate(t *testing.T) {
 	require.Contains(t, r.stderr, "paused: KubeProxy ")
 
 	op := c.operation(t)
-	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
 	assert.Equal(t, "KubeProxy", op.Status.Stage)
 	assert.Contains(t, op.Status.Reason, "sync bootstrap manifests (0 of ")
 	assert.Contains(t, op.Status.Reason, "dry-run apply "+object)

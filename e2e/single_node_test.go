@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // upgradeSmallCluster upgrades a cluster of cps control planes and no worker
@@ -38,7 +38,7 @@ func upgradeSmallCluster(t *testing.T, cps int, upgrade, to, note string, args .
 	}
 
 	op, _ := c.statusDocument(t)
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 
 	eventually(t, time.Minute, "the Job Complete", func(context.Context) error {
 		jobs := operationJobs(t, c, op.Spec.ID)

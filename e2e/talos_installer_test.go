@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
@@ -101,7 +102,7 @@ func TestTalosUnpublishedInstallerPausesBeforeCordon(t *testing.T) {
 	r.requireExit(t, job.ExitPaused)
 
 	op := c.operation(t)
-	assert.Equal(t, job.PhasePaused, op.Status.Phase)
+	assert.Equal(t, api.PhasePaused, op.Status.Phase)
 	require.NotEmpty(t, op.Status.PausedNode)
 	assert.Contains(t, op.Status.Reason, "pre-pull: node \""+op.Status.PausedNode+"\": pull its installer "+factory114)
 	assert.Contains(t, op.Status.Reason, "not found")

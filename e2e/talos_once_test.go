@@ -20,8 +20,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -87,7 +88,7 @@ func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 
 	// 1. The state refuses updates once cp-1 is done.
 	eventually(t, 5*time.Minute, "cp-1 done", func(context.Context) error {
-		if n := c.operation(t).Status.Node("cp-1"); n != nil && n.Phase == stages.PhaseDone {
+		if n := c.operation(t).Status.Node("cp-1"); n != nil && n.Phase == string(engine.PhaseDone) {
 			return nil
 		}
 
@@ -131,7 +132,7 @@ func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 	t.Logf("%s: the state ConfigMap takes updates again", time.Now().Format("15:04:05.000"))
 
 	// The Job's next pod carries on; if the Job gave up meanwhile, the operator resumes.
-	if op := c.operation(t); op.Status.Phase != job.PhaseRunning {
+	if op := c.operation(t); op.Status.Phase != api.PhaseRunning {
 		c.ichor(t, 3*time.Minute, "resume", "--detach").requireExit(t, 0)
 	}
 
@@ -183,7 +184,7 @@ func testTalosUpgradeOnce(t *testing.T, kube, from, to string) {
 	t.Logf("upgraded Talos 3+2 from %s to %s through the Job, with the faults, in %s", from, to, time.Since(start).Round(time.Millisecond))
 
 	op := c.operation(t)
-	assert.Equal(t, job.PhaseSucceeded, op.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the killed runner had a successor")
 
 	requireTalosAt(t, c, tc, to)

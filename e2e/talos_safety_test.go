@@ -18,8 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -115,7 +116,7 @@ func TestTalosEtcdGateAtTheReboot(t *testing.T) {
 	r.requireExit(t, job.ExitPaused)
 
 	op := c.operation(t)
-	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
 	t.Logf("paused: %s\naction: %s", op.Status.Reason, op.Status.Action)
 	assert.Equal(t, "cp-1", op.Status.PausedNode)
 	assert.Contains(t, op.Status.Reason, "etcd is not healthy right before its reboot: member cp-3 does not answer etcd status")
@@ -178,7 +179,7 @@ func TestTalosStagedInstallNotBooted(t *testing.T) {
 	r.requireExit(t, job.ExitPaused)
 
 	op := c.operation(t)
-	require.Equal(t, job.PhasePaused, op.Status.Phase)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
 	t.Logf("paused: %s\naction: %s", op.Status.Reason, op.Status.Action)
 	assert.Equal(t, "cp-1", op.Status.PausedNode)
 	assert.Contains(t, op.Status.Reason, "Talos v1.14.1 from "+wrong+" (the target, from another installer than the chosen one")
@@ -273,10 +274,10 @@ func TestTalosSlowLogAndInstallBound(t *testing.T) {
 }
 
 // requireEnginePause requires err to be the engine's pause on node.
-func requireEnginePause(t *testing.T, err error, node string) *stages.PauseError {
+func requireEnginePause(t *testing.T, err error, node string) *engine.PauseError {
 	t.Helper()
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	require.ErrorAs(t, err, &pause, "want a pause, got %v", err)
 	assert.Equal(t, node, pause.Node, "paused on %s: %s", pause.Node, pause.Reason)
 

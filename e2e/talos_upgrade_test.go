@@ -25,9 +25,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 const (
@@ -82,7 +83,7 @@ func (m *memoMap) all() map[string]string {
 // bounds fit for the simulator. A cluster of fewer than 3 control planes
 // accepts the etcd outage of each control plane's reboot
 // (--allow-etcd-outage): TestTalosEtcdGateAndRecordon shows the gate.
-func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *stages.Engine {
+func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, memo *memoMap, progress *lines) *engine.Engine {
 	t.Helper()
 
 	controlPlanes := 0
@@ -93,11 +94,11 @@ func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, 
 		}
 	}
 
-	return &stages.Engine{
+	return &engine.Engine{
 		Kube:  c.Client,
 		Talos: tc,
-		Options: stages.EngineOptions{
-			Kind: stages.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
+		Options: engine.Options{
+			Kind: engine.KindTalos, Target: target, MaxUnavailable: 1, AllowEtcdOutage: controlPlanes < 3,
 			VerifyTimeout: 2 * time.Minute, DrainTimeout: 2 * time.Minute, UpgradeTimeout: 2 * time.Minute, RebootTimeout: 2 * time.Minute,
 		},
 		Progress: progress,
@@ -286,7 +287,7 @@ func TestTalosEngineFaults(t *testing.T) {
 	t.Run("an A/B fallback pauses", func(t *testing.T) {
 		err := talosEngineFor(t, c, tc, talosTo, memo, &lines{}).Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused: %v", err)
 		assert.Equal(t, "TalosOS", pause.Stage)
@@ -318,7 +319,7 @@ func TestTalosEngineFaults(t *testing.T) {
 		start := time.Now()
 		err := e.Run(ctx)
 
-		var pause *stages.PauseError
+		var pause *engine.PauseError
 		require.ErrorAs(t, err, &pause)
 		t.Logf("paused after %s: %v", time.Since(start).Round(time.Millisecond), err)
 		assert.Equal(t, "worker-2", pause.Node)
@@ -384,7 +385,7 @@ func TestTalosEngineMachineJoinsMidUpgrade(t *testing.T) {
 	err = talosEngineFor(t, c, tc, talosTo, memo, progress).Run(ctx)
 	require.NoError(t, joinErr)
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	require.ErrorAs(t, err, &pause, "the run does not succeed with worker-2 behind: %v", err)
 	t.Logf("paused: %v", err)
 	assert.Equal(t, "TalosOS", pause.Stage)
@@ -491,11 +492,11 @@ func TestTalosJobUpgrade(t *testing.T) {
 
 	eventually(t, 5*time.Minute, held+" rebooting", func(context.Context) error {
 		op := c.operation(t)
-		if op.Status.Phase != job.PhaseRunning {
+		if op.Status.Phase != api.PhaseRunning {
 			return fmt.Errorf("operation %s", op.Status.Phase)
 		}
 
-		if n := op.Status.Node(held); n != nil && n.Phase == stages.PhaseUpgrading && strings.HasPrefix(n.Message, "rebooting") {
+		if n := op.Status.Node(held); n != nil && n.Phase == string(engine.PhaseUpgrading) && strings.HasPrefix(n.Message, "rebooting") {
 			return nil
 		}
 

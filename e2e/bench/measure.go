@@ -39,7 +39,7 @@ func measureUpgrade(ctx context.Context, dir string, client kubernetes.Interface
 		return Timeline{}, err
 	}
 
-	if op.Status.Phase != job.PhaseSucceeded {
+	if op.Status.Phase != api.PhaseSucceeded {
 		return Timeline{}, fmt.Errorf("operation %s is %s: %s", op.Spec.ID, op.Status.Phase, op.Status.Reason)
 	}
 
@@ -145,7 +145,7 @@ type nodeTimes struct {
 // stageTimelines are the state's timelines by stage and node.
 type stageTimelines map[string]map[string]nodeTimes
 
-func timelines(op *job.Operation) stageTimelines {
+func timelines(op *api.Operation) stageTimelines {
 	out := stageTimelines{}
 
 	for _, n := range op.Status.Nodes {

@@ -107,7 +107,7 @@ func drainedNodes(plan *api.Plan) []string {
 	seen := map[string]bool{}
 
 	for _, s := range plan.Stages {
-		if s.Skipped || (s.Name != (stages.Kubelets{}).Name() && s.Name != (stages.TalosOS{}).Name()) {
+		if s.Skipped || !stages.StageWork(s.Name).Drains() {
 			continue
 		}
 

@@ -66,7 +66,7 @@ func (KernelArgs) Run(_ context.Context, in *Input) api.Check {
 
 	return warn(strings.Join(parts, "; "),
 		"keep them in the schematic: add them to its customization.extraKernelArgs in Image Factory and upgrade with that schematic's installer "+
-			"(--image <factory>/<platform>-installer/<schematic>:"+in.Target.String()+"); or upgrade these nodes with talosctl upgrade --legacy (until Talos 1.18)")
+			"(--installer-image <factory>/<platform>-installer/<schematic>:"+in.Target.String()+"); or upgrade these nodes with talosctl upgrade --legacy (until Talos 1.18)")
 }
 
 // droppedKernelArgs are node n's machine.install.extraKernelArgs that the upgrade would

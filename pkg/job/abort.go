@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
@@ -24,7 +25,7 @@ type AbortResult struct {
 	Operation string
 	// Was is its phase before ("" when the state could not say; Succeeded when the
 	// state is missing and the operation's last Job completed).
-	Was Phase
+	Was api.Phase
 	// Jobs are the Jobs deleted.
 	Jobs []string
 	// Uncordoned are the nodes uncordoned.
@@ -91,13 +92,13 @@ func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 
 		if succeeded {
 			// Its runner ended it: nothing to stop, and its Jobs stay for the record.
-			res.Was = PhaseSucceeded
+			res.Was = api.PhaseSucceeded
 
 			return c.cleanUpSucceeded(ctx, res)
 		}
 	case err != nil:
 		return nil, err
-	case op.Status.Phase == PhaseSucceeded:
+	case op.Status.Phase == api.PhaseSucceeded:
 		// Nothing to stop: abort cleans up what the end may have left (the runner removes
 		// its credentials itself, but it may have failed to), and the phase stays.
 		res.Operation, res.Was = op.Spec.ID, op.Status.Phase
@@ -156,17 +157,17 @@ func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 }
 
 // markAborted marks op Aborted in the state: its runner stops at its next write.
-func (c *Control) markAborted(ctx context.Context, op *Operation) error {
-	if op.Status.Phase == PhaseAborted {
+func (c *Control) markAborted(ctx context.Context, op *api.Operation) error {
+	if op.Status.Phase == api.PhaseAborted {
 		return nil
 	}
 
-	_, err := c.Store().Update(ctx, func(o *Operation) error {
+	_, err := c.Store().Update(ctx, func(o *api.Operation) error {
 		if o.Spec.ID != op.Spec.ID {
 			return errReplaced
 		}
 
-		o.Status.Phase = PhaseAborted
+		o.Status.Phase = api.PhaseAborted
 		o.Status.Reason = "aborted with kubectl ichor abort"
 		o.Status.Action = ""
 		o.Status.FinishedAt = ptrTime(c.now())

@@ -13,14 +13,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
 func TestAbort(t *testing.T) {
 	ctx := context.Background()
-	op := testOperation("op-1", PhaseRunning)
-	op.Spec.Credentials = CredentialsLocal
+	op := testOperation("op-1", api.PhaseRunning)
+	op.Spec.Credentials = api.CredentialsLocal
 
 	cordoned := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "worker-1", Annotations: map[string]string{kube.CordonedAnnotation: "2026-11-29T12:00:00Z"}},
@@ -38,14 +39,14 @@ func TestAbort(t *testing.T) {
 	res, err := f.ctl.Abort(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, &AbortResult{
-		Operation: "op-1", Was: PhaseRunning, Jobs: []string{"ichor-op-1-1"}, Uncordoned: []string{"worker-1"}, Released: true,
+		Operation: "op-1", Was: api.PhaseRunning, Jobs: []string{"ichor-op-1-1"}, Uncordoned: []string{"worker-1"}, Released: true,
 		Removed: removedRunner,
 	}, res)
 	requireNoCredentials(t, f)
 
 	state, err := f.ctl.Get(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, PhaseAborted, state.Status.Phase, "the state stays, for the record")
+	assert.Equal(t, api.PhaseAborted, state.Status.Phase, "the state stays, for the record")
 	assert.NotNil(t, state.Status.FinishedAt)
 
 	n, err := f.kube.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
@@ -70,7 +71,7 @@ func TestAbort(t *testing.T) {
 	// Again: nothing left to do, still fine.
 	res, err = f.ctl.Abort(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, PhaseAborted, res.Was)
+	assert.Equal(t, api.PhaseAborted, res.Was)
 	assert.Empty(t, res.Uncordoned)
 }
 
@@ -153,8 +154,8 @@ func requireCredentialsGone(t *testing.T, f *controlFixture) {
 // (credentials the runner could not delete, a node left cordoned); the phase stays.
 func TestAbortSucceeded(t *testing.T) {
 	ctx := context.Background()
-	op := testOperation("op-1", PhaseSucceeded)
-	op.Spec.Credentials = CredentialsLocal
+	op := testOperation("op-1", api.PhaseSucceeded)
+	op.Spec.Credentials = api.CredentialsLocal
 
 	cordoned := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "worker-1", Annotations: map[string]string{kube.CordonedAnnotation: "2026-11-29T12:00:00Z"}},
@@ -167,12 +168,12 @@ func TestAbortSucceeded(t *testing.T) {
 
 	res, err := f.ctl.Abort(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, &AbortResult{Operation: "op-1", Was: PhaseSucceeded, Uncordoned: []string{"worker-1"}, Removed: removedRunner}, res)
+	assert.Equal(t, &AbortResult{Operation: "op-1", Was: api.PhaseSucceeded, Uncordoned: []string{"worker-1"}, Removed: removedRunner}, res)
 	requireNoCredentials(t, f)
 
 	state, err := f.ctl.Get(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, PhaseSucceeded, state.Status.Phase, "a succeeded operation stays Succeeded")
+	assert.Equal(t, api.PhaseSucceeded, state.Status.Phase, "a succeeded operation stays Succeeded")
 
 	// Again: nothing left.
 	res, err = f.ctl.Abort(ctx)
@@ -236,7 +237,7 @@ func TestAbortStateMissing(t *testing.T) {
 	_, err := f.dyn.Resource(TalosAccountResource).Namespace("ichor-system").Create(ctx, TalosAccount("ichor-system"), metav1.CreateOptions{})
 	require.NoError(t, err)
 	// op-0 ended before op-1 was launched: the launch put it in the history.
-	require.NoError(t, f.ctl.Store().Archive(ctx, Record{Operation: testOperation("op-0", PhaseSucceeded)}))
+	require.NoError(t, f.ctl.Store().Archive(ctx, Record{Operation: testOperation("op-0", api.PhaseSucceeded)}))
 
 	res, err := f.ctl.Abort(ctx)
 	require.NoError(t, err)
@@ -284,7 +285,7 @@ func TestAbortStateMissingAfterSuccess(t *testing.T) {
 	res, err := f.ctl.Abort(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, &AbortResult{
-		Operation: "op-1", Was: PhaseSucceeded, StateMissing: true, Uncordoned: []string{"worker-1"}, KeptHeld: []string{"worker-2"},
+		Operation: "op-1", Was: api.PhaseSucceeded, StateMissing: true, Uncordoned: []string{"worker-1"}, KeptHeld: []string{"worker-2"},
 		Removed: []string{"secret ichor-system/ichor-talos"},
 	}, res)
 	requireCordon(t, f, "worker-2", true)
@@ -296,7 +297,7 @@ func TestAbortStateMissingAfterSuccess(t *testing.T) {
 // TestAbortStateMissingRefusesWhileAnotherNamespaceRuns: without a state, the nodes ichor
 // cordoned may be an operation's of another namespace: abort uncordons nothing and names it.
 func TestAbortStateMissingRefusesWhileAnotherNamespaceRuns(t *testing.T) {
-	elsewhere, err := EncodeState("upgrades", testOperation("op-9", PhasePaused), nil)
+	elsewhere, err := EncodeState("upgrades", testOperation("op-9", api.PhasePaused), nil)
 	require.NoError(t, err)
 
 	f := newControl(t, t0.Add(time.Minute), elsewhere, ichorCordoned("worker-1", false), talosSecret())
@@ -317,12 +318,12 @@ func TestAbortStateMissingRefusesWhileAnotherNamespaceRuns(t *testing.T) {
 // with every node ichor cordoned uncordoned, held ones included.
 func TestAbortHeldNodes(t *testing.T) {
 	for _, tc := range []struct {
-		phase    Phase
+		phase    api.Phase
 		uncordon []string
 		kept     []string
 	}{
-		{PhaseSucceeded, []string{"worker-1"}, []string{"worker-2"}},
-		{PhasePaused, []string{"worker-1", "worker-2"}, nil},
+		{api.PhaseSucceeded, []string{"worker-1"}, []string{"worker-2"}},
+		{api.PhasePaused, []string{"worker-1", "worker-2"}, nil},
 	} {
 		t.Run(string(tc.phase), func(t *testing.T) {
 			schedulable := ichorCordoned("worker-3", true)
@@ -334,14 +335,14 @@ func TestAbortHeldNodes(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.phase, res.Was)
 
-			if tc.phase == PhasePaused {
+			if tc.phase == api.PhasePaused {
 				tc.uncordon = append(tc.uncordon, "worker-3")
 			}
 
 			assert.Equal(t, tc.uncordon, res.Uncordoned)
 			assert.Equal(t, tc.kept, res.KeptHeld)
 			requireCordon(t, f, "worker-1", false)
-			requireCordon(t, f, "worker-2", tc.phase == PhaseSucceeded)
+			requireCordon(t, f, "worker-2", tc.phase == api.PhaseSucceeded)
 		})
 	}
 }

@@ -74,9 +74,7 @@ func (c *Control) RemoveCredentials(ctx context.Context) ([]string, error) {
 		what string
 		del  func() error
 	}{
-		// Unlabelled ones of an older kubectl-ichor, by name.
-		{describe("rolebinding", ns, RunnerName), func() error { return rbac.RoleBindings(ns).Delete(ctx, RunnerName, metav1.DeleteOptions{}) }},
-		{describe("role", ns, RunnerName), func() error { return rbac.Roles(ns).Delete(ctx, RunnerName, metav1.DeleteOptions{}) }},
+		// The runner's cluster-scoped objects and its ServiceAccount, by name.
 		{describe("clusterrolebinding", "", BindingName(ns)), func() error {
 			return rbac.ClusterRoleBindings().Delete(ctx, BindingName(ns), metav1.DeleteOptions{})
 		}},

@@ -3,11 +3,11 @@ package job
 import (
 	"context"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// NewStagesEngine is the EngineFactory of the product: the engine of pkg/stages, with
+// NewStagesEngine is the EngineFactory of the product: the engine of pkg/engine, with
 // the Talos API reached as cfg.Talos says; by default through the talosconfig mounted in
 // the Job's pod (/var/run/secrets/talos.dev/config, found by Talos' default search).
 func NewStagesEngine(ctx context.Context, cfg EngineConfig) (Engine, func(), error) {
@@ -16,7 +16,7 @@ func NewStagesEngine(ctx context.Context, cfg EngineConfig) (Engine, func(), err
 		return nil, nil, err
 	}
 
-	engine := &stages.Engine{
+	eng := &engine.Engine{
 		Kube:     cfg.Kube,
 		Dynamic:  cfg.Dynamic,
 		Talos:    tc,
@@ -26,5 +26,5 @@ func NewStagesEngine(ctx context.Context, cfg EngineConfig) (Engine, func(), err
 		Out:      cfg.Out,
 	}
 
-	return engine, func() { _ = tc.Close() }, nil
+	return eng, func() { _ = tc.Close() }, nil
 }

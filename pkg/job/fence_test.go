@@ -14,7 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // TestRunnerFencesMemoOnTheLease: another runner holds the Lease (taken over while this
@@ -26,7 +27,7 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 		setErr error
 	)
 
-	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+	f = newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		l := f.lease(t)
 		other, now := HolderIdentity("ichor-system", "other-pod"), metav1.NewMicroTime(time.Now().Add(time.Hour))
 		l.Spec.HolderIdentity, l.Spec.RenewTime = &other, &now
@@ -59,10 +60,10 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 func TestRunnerMemoSetHasADeadline(t *testing.T) {
 	var setErr error
 
-	f := newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+	f := newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
 
-		return &stages.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
+		return &engine.PauseError{Stage: "TalosOS", Node: "cp-1", Reason: "record the install step: " + setErr.Error(), Action: "fix it, then resume", Err: setErr}
 	})
 
 	refusing := false

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // The history of a namespace's ended operations: the ConfigMap HistoryName
@@ -32,7 +34,7 @@ const (
 // confirmed with (what each stage changed on each node).
 type Record struct {
 	// Operation is the operation's last state.
-	Operation *Operation `json:"operation"`
+	Operation *api.Operation `json:"operation"`
 	// Plan is the Plan document it ran, as the state held it.
 	Plan json.RawMessage `json:"plan,omitempty"`
 }

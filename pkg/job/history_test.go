@@ -14,11 +14,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 func ended(id string) Record {
-	op := testOperation(id, PhaseSucceeded)
+	op := testOperation(id, api.PhaseSucceeded)
 	op.Status.FinishedAt = ptrTime(t0.Add(time.Hour))
 
 	return Record{Operation: op, Plan: json.RawMessage(`{"kind":"Plan"}`)}
@@ -49,17 +49,17 @@ func TestHistoryKeepsTheLastFew(t *testing.T) {
 
 func TestFindTheCurrentOrAnEndedOperation(t *testing.T) {
 	ctx := context.Background()
-	store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-2", PhaseRunning))).CoreV1(), Namespace: "ichor-system"}
+	store := &Store{Client: fake.NewClientset(stateObject(t, testOperation("op-2", api.PhaseRunning))).CoreV1(), Namespace: "ichor-system"}
 	require.NoError(t, store.Archive(ctx, ended("op-1")))
 
 	rec, err := store.Find(ctx, "op-2")
 	require.NoError(t, err)
-	assert.Equal(t, PhaseRunning, rec.Operation.Status.Phase)
+	assert.Equal(t, api.PhaseRunning, rec.Operation.Status.Phase)
 	assert.JSONEq(t, `{"kind":"Plan"}`, string(rec.Plan))
 
 	rec, err = store.Find(ctx, "op-1")
 	require.NoError(t, err)
-	assert.Equal(t, PhaseSucceeded, rec.Operation.Status.Phase)
+	assert.Equal(t, api.PhaseSucceeded, rec.Operation.Status.Phase)
 
 	_, err = store.Find(ctx, "op-0")
 	require.ErrorIs(t, err, ErrNotInHistory)
@@ -68,11 +68,11 @@ func TestFindTheCurrentOrAnEndedOperation(t *testing.T) {
 
 func TestReplacingAnEndedOperationArchivesIt(t *testing.T) {
 	ctx := context.Background()
-	old := testOperation("op-1", PhaseSucceeded)
+	old := testOperation("op-1", api.PhaseSucceeded)
 	old.Status.AddPause("Kubelets", "worker-1", "drain: budget default/web", t0)
 
 	store := &Store{Client: fake.NewClientset(stateObject(t, old)).CoreV1(), Namespace: "ichor-system"}
-	require.NoError(t, store.Create(ctx, testOperation("op-2", PhasePending), nil, func(*Operation) error { return nil }))
+	require.NoError(t, store.Create(ctx, testOperation("op-2", api.PhasePending), nil, func(*api.Operation) error { return nil }))
 
 	rec, err := store.Find(ctx, "op-1")
 	require.NoError(t, err)
@@ -87,7 +87,7 @@ func TestReplacingAnEndedOperationArchivesIt(t *testing.T) {
 func bigRecord(t testing.TB, id string, nodes int) Record {
 	t.Helper()
 
-	op := testOperation(id, PhaseSucceeded)
+	op := testOperation(id, api.PhaseSucceeded)
 	plan := api.Plan{APIVersion: api.APIVersion, Kind: api.KindPlan, Upgrade: api.UpgradeKubernetes, Target: "v1.36.3"}
 	names := []string{"APIServers", "ControlPlaneComponents", "KubeProxy", "Kubelets"}
 
@@ -102,8 +102,8 @@ func bigRecord(t testing.TB, id string, nodes int) Record {
 		for i := range visited {
 			name := fmt.Sprintf("worker-%04d", i)
 			at := t0.Add(time.Duration(i) * 7 * time.Second)
-			op.Status.SetNode(stage, name, stages.PhaseApplying, "applying", at)
-			op.Status.SetNode(stage, name, stages.PhaseDone, "drained 12 pod(s), node Ready, kubelet v1.36.3, uncordoned", at.Add(31*time.Second))
+			SetNode(&op.Status, stage, name, engine.PhaseApplying, "applying", at)
+			SetNode(&op.Status, stage, name, engine.PhaseDone, "drained 12 pod(s), node Ready, kubelet v1.36.3, uncordoned", at.Add(31*time.Second))
 			st.Nodes = append(st.Nodes, api.NodeStep{Node: name, Role: api.RoleWorker, Batch: i + 1, ConfigLayout: api.LayoutV1Alpha1, Changes: []api.Change{{
 				Component: "kubelet", From: "ghcr.io/siderolabs/kubelet:v1.35.4", To: "ghcr.io/siderolabs/kubelet:v1.36.3", Path: "machine.kubelet.image",
 			}}})
@@ -116,7 +116,7 @@ func bigRecord(t testing.TB, id string, nodes int) Record {
 		plan.Stages = append(plan.Stages, st)
 	}
 
-	for i := range MaxPauses {
+	for i := range api.MaxPauses {
 		op.Status.AddPause("Kubelets", fmt.Sprintf("worker-%04d", i), "drain: pod default/web-0 not evicted after 5m0s (PodDisruptionBudget default/web)", t0)
 	}
 

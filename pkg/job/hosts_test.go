@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
@@ -69,7 +70,7 @@ func TestJobStayOnNode(t *testing.T) {
 		return ""
 	}
 
-	p := JobParams{Namespace: "ichor-system", Operation: "op", Attempt: 1, Image: "img", Credentials: CredentialsServiceAccount}
+	p := JobParams{Namespace: "ichor-system", Operation: "op", Attempt: 1, Image: "img", Credentials: api.CredentialsServiceAccount}
 	moves := Job(p).Spec.Template.Spec
 	assert.False(t, tolerates(&moves), "a runner that can move does not tolerate the cordon")
 	assert.Empty(t, env(&moves))

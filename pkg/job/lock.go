@@ -219,58 +219,6 @@ func releaseLock(ctx context.Context, client kubernetes.Interface, lock *Lock) e
 
 var errLockChanged = errors.New("another runner took it meanwhile")
 
-// BusyError refuses to start an operation while another one is in progress.
-type BusyError struct {
-	// Namespace is the product's namespace.
-	Namespace string
-	// Operation is the operation in progress, Phase its phase, Age how long ago it was
-	// launched.
-	Operation string
-	Phase     Phase
-	Age       time.Duration
-	// Holder is the runner pod holding the lock, "<namespace>/<pod>" ("" when none does).
-	Holder string
-	// Job is the operation's current Job.
-	Job string
-	// Reason is why a Paused operation paused.
-	Reason string
-	// Elsewhere is true when the operation is in another namespace than the one asked
-	// about.
-	Elsewhere bool
-}
-
-// Error implements error, on one line, saying what to do.
-func (e *BusyError) Error() string {
-	n := nsFlag(e.Namespace)
-	what := fmt.Sprintf("operation %s (%s, launched %s ago)", e.Operation, e.Phase, e.Age)
-
-	if e.Elsewhere {
-		what = fmt.Sprintf("operation %s in namespace %s (%s, launched %s ago)", e.Operation, e.Namespace, e.Phase, e.Age)
-	}
-
-	if e.Operation == "" {
-		what = "an operation in namespace " + e.Namespace
-	}
-
-	switch {
-	case e.Holder != "":
-		return fmt.Sprintf("%s holds the lock %s (holder: pod %s): one operation per cluster; follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
-			what, describe("lease", LockNamespace, LockName), e.Holder, n, n)
-	case e.Phase == PhasePaused:
-		reason := ""
-		if e.Reason != "" {
-			reason = ": " + strings.TrimSuffix(e.Reason, ".")
-		}
-
-		return fmt.Sprintf("%s is paused%s: continue it with kubectl ichor resume%s, or stop it with kubectl ichor abort%s", what, reason, n, n)
-	case e.Job != "":
-		return fmt.Sprintf("%s is starting in job %s/%s: follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s",
-			what, e.Namespace, e.Job, n, n)
-	}
-
-	return fmt.Sprintf("%s is being launched: follow it with kubectl ichor status --watch%s, or stop it with kubectl ichor abort%s", what, n, n)
-}
-
 // nsFlag is the -n flag that names namespace in a suggested command, "" for the default.
 func nsFlag(namespace string) string {
 	if namespace == DefaultNamespace || namespace == "" {

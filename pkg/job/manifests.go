@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // ManifestFile is one file of manifests/.
@@ -34,9 +34,9 @@ func Manifests(namespace, image string) ([]ManifestFile, error) {
 	runner = append(runner, RunnerObjects(namespace, ManifestAccess{}, nil)...)
 	runner = append(runner, TalosAccount(namespace))
 
-	op := NewOperation(OperationSpec{
-		ID: GitOpsOperation, Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
-		Image: image, Credentials: CredentialsServiceAccount,
+	op := api.NewOperation(api.OperationSpec{
+		ID: GitOpsOperation, Upgrade: api.UpgradeKubernetes, Target: "v1.36.3", MaxUnavailable: 1,
+		Image: image, Credentials: api.CredentialsServiceAccount,
 		CreatedAt: metav1.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 	})
 	op.Status.Attempt = 1
@@ -70,7 +70,7 @@ func Manifests(namespace, image string) ([]ManifestFile, error) {
 				"follow it with kubectl ichor status --watch. The image is the plugin's release image.",
 			},
 			Objects: []runtime.Object{state, Job(JobParams{
-				Namespace: namespace, Operation: GitOpsOperation, Attempt: 1, Image: image, Credentials: CredentialsServiceAccount,
+				Namespace: namespace, Operation: GitOpsOperation, Attempt: 1, Image: image, Credentials: api.CredentialsServiceAccount,
 			})},
 		},
 	}, nil

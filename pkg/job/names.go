@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // Names of the objects kubectl-ichor creates. Namespaced ones live in the
@@ -51,22 +53,9 @@ const (
 	AppName = "kubectl-ichor"
 )
 
-// Credentials say where the Job's Talos credentials come from.
-type Credentials string
-
-// The kinds of Talos credentials.
-const (
-	// CredentialsServiceAccount is a talos.dev/v1alpha1 ServiceAccount with role os:admin:
-	// Talos writes its talosconfig into a Secret of the same name.
-	CredentialsServiceAccount Credentials = "serviceaccount"
-	// CredentialsLocal is a copy of the operator's talosconfig in a Secret, deleted when
-	// the operation ends.
-	CredentialsLocal Credentials = "local"
-)
-
-// SecretName is the Secret that holds the Talos credentials of this kind.
-func (c Credentials) SecretName() string {
-	if c == CredentialsLocal {
+// credentialsSecret is the Secret that holds the Talos credentials of kind c.
+func credentialsSecret(c api.Credentials) string {
+	if c == api.CredentialsLocal {
 		return LocalTalosconfigName
 	}
 

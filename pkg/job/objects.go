@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
 // Exit codes of the runner, as the Job's podFailurePolicy reads them.
@@ -249,7 +251,7 @@ type JobParams struct {
 	// Image is the runner's image (the release image of the plugin's version).
 	Image string
 	// Credentials say which Secret holds the Talos credentials.
-	Credentials Credentials
+	Credentials api.Credentials
 	// StayOnNode makes the pod tolerate the cordon and tells the runner to
 	// keep its own pod through its node's drain: no other node can host it
 	// (RunnerHosts), so an evicted runner's replacement would stay Pending.
@@ -339,7 +341,7 @@ func Job(p JobParams) *batchv1.Job {
 					}},
 					// The runner writes no file: the read-only root needs no scratch volume.
 					Volumes: []corev1.Volume{
-						{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: p.Credentials.SecretName()}}},
+						{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: credentialsSecret(p.Credentials)}}},
 					},
 				},
 			},

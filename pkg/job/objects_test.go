@@ -18,13 +18,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
 )
 
 var update = flag.Bool("update", false, "rewrite manifests/ and testdata, then fail so a re-record cannot pass silently")
 
 func TestJobSpec(t *testing.T) {
-	j := Job(JobParams{Namespace: "ichor-system", Operation: "kubernetes-v1-36-3-abcde", Attempt: 2, Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: CredentialsLocal})
+	j := Job(JobParams{Namespace: "ichor-system", Operation: "kubernetes-v1-36-3-abcde", Attempt: 2, Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: api.CredentialsLocal})
 
 	assert.Equal(t, "ichor-kubernetes-v1-36-3-abcde-2", j.Name)
 	assert.Equal(t, "kubernetes-v1-36-3-abcde", j.Labels[LabelOperation])
@@ -66,7 +67,7 @@ func TestJobSpec(t *testing.T) {
 	assert.Equal(t, TalosconfigDir, c.VolumeMounts[0].MountPath)
 	assert.Equal(t, LocalTalosconfigName, pod.Volumes[0].Secret.SecretName, "local credentials mount the copied talosconfig")
 
-	j = Job(JobParams{Namespace: "ns", Operation: "x", Attempt: 1, Image: "i", Credentials: CredentialsServiceAccount})
+	j = Job(JobParams{Namespace: "ns", Operation: "x", Attempt: 1, Image: "i", Credentials: api.CredentialsServiceAccount})
 	assert.Equal(t, TalosAccountName, j.Spec.Template.Spec.Volumes[0].Secret.SecretName)
 }
 

@@ -9,7 +9,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // reporter is the engine's Progress and Memo, backed by the state ConfigMap. It keeps
@@ -37,7 +40,7 @@ type reporter struct {
 	writeMu sync.Mutex // one write at a time
 
 	mu      sync.Mutex
-	op      Operation
+	op      api.Operation
 	version uint64 // bumped on every change
 	written uint64 // the last version written
 	failed  error  // the operation was aborted or replaced, or the lock lost: nothing more is written
@@ -47,13 +50,13 @@ type reporter struct {
 }
 
 var (
-	_ stages.Progress     = (*reporter)(nil)
-	_ stages.Memo         = (*reporter)(nil)
-	_ stages.StepProgress = (*reporter)(nil)
-	_ stages.StepTimer    = (*reporter)(nil)
+	_ engine.Progress     = (*reporter)(nil)
+	_ engine.Memo         = (*reporter)(nil)
+	_ engine.StepProgress = (*reporter)(nil)
+	_ engine.StepTimer    = (*reporter)(nil)
 )
 
-func newReporter(store *Store, op *Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
+func newReporter(store *Store, op *api.Operation, events *eventRecorder, now func() time.Time, logf func(string, ...any), aborted func()) *reporter {
 	return &reporter{
 		store: store, events: events, now: now, logf: logf, aborted: aborted,
 		op:     *op,
@@ -62,58 +65,112 @@ func newReporter(store *Store, op *Operation, events *eventRecorder, now func() 
 	}
 }
 
-// Stage implements stages.Progress.
+// Stage implements engine.Progress.
 func (r *reporter) Stage(index, total int, name string) {
-	r.change(func(s *OperationStatus) {
+	r.change(func(s *api.OperationStatus) {
 		s.Stage, s.StageIndex, s.StageCount, s.Step = name, index, total, ""
 	})
 	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
 }
 
-// Node implements stages.Progress. A step (a node entering a phase) is also a Kubernetes
+// Node implements engine.Progress. A step (a node entering a phase) is also a Kubernetes
 // event; the messages of the same phase that follow (a pod evicted, what verification
 // still waits for) are only in the state and the log.
-func (r *reporter) Node(stage, node string, phase stages.NodePhase, message string) {
+func (r *reporter) Node(stage, node string, phase engine.NodePhase, message string) {
 	now := r.now()
 
 	var step bool
 
-	r.change(func(s *OperationStatus) {
+	r.change(func(s *api.OperationStatus) {
 		prev := s.Node(node)
-		step = prev == nil || prev.Stage != stage || prev.Phase != phase
-		s.SetNode(stage, node, phase, message, now)
+		step = prev == nil || prev.Stage != stage || prev.Phase != string(phase)
+		SetNode(s, stage, node, phase, message, now)
 	})
 
 	if step {
-		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == stages.PhaseFailed)
+		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == engine.PhaseFailed)
 	}
 }
 
-// Step implements stages.StepProgress.
+// Step implements engine.StepProgress.
 func (r *reporter) Step(stage, step, message string) {
-	r.change(func(s *OperationStatus) {
+	r.change(func(s *api.OperationStatus) {
 		s.Step = step + ": " + message
-		if step == stages.StepManifests {
+		if step == engine.StepManifests {
 			s.Manifests = message
 		}
 	})
 	r.events.operation(context.Background(), "Step", fmt.Sprintf("%s %s: %s", stage, step, message), false)
 }
 
-// StepTime implements stages.StepTimer. It asks for no write of its own:
+// StepTime implements engine.StepTimer. It asks for no write of its own:
 // the engine reports the step's message right after (Step), and that write
 // carries both.
-func (r *reporter) StepTime(stage, step string, t stages.StepTiming) {
+func (r *reporter) StepTime(stage, step string, t engine.StepTiming) {
 	now := r.now()
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	r.op.Status.SetStep(stage, step, t, now)
+	SetStep(&r.op.Status, stage, step, t, now)
 	r.version++
 }
 
-// Get implements stages.Memo.
+// SetNode records a node's step (a change of phase or message) in s, and in the
+// node's timeline when the step begins its apply or ends it.
+func SetNode(s *api.OperationStatus, stage, name string, phase engine.NodePhase, message string, now time.Time) {
+	n := s.Node(name)
+	if n == nil {
+		s.Nodes = append(s.Nodes, api.NodeStatus{Name: name})
+		n = &s.Nodes[len(s.Nodes)-1]
+	}
+
+	if n.Stage != stage || n.Phase != string(phase) || n.Since.IsZero() {
+		n.Since = metav1.NewTime(now.UTC().Truncate(time.Second))
+	}
+
+	n.Stage, n.Phase, n.Message = stage, string(phase), message
+
+	if phase != engine.PhaseApplying && phase != engine.PhaseDone {
+		return
+	}
+
+	i := slices.IndexFunc(n.Timeline, func(t api.NodeStageTimes) bool { return t.Stage == stage })
+	if i < 0 {
+		n.Timeline = append(n.Timeline, api.NodeStageTimes{Stage: stage})
+		i = len(n.Timeline) - 1
+	}
+
+	at := metav1.NewMicroTime(now.UTC())
+
+	switch t := &n.Timeline[i]; {
+	case phase == engine.PhaseApplying && t.ApplyStarted == nil:
+		t.ApplyStarted = &at
+	case phase == engine.PhaseDone && t.Done == nil:
+		t.Done = &at
+	}
+}
+
+// SetStep records in s how far a stage's step has come.
+func SetStep(s *api.OperationStatus, stage, step string, t engine.StepTiming, now time.Time) {
+	at := metav1.NewMicroTime(now.UTC())
+
+	r := s.StepOf(stage, step)
+	if r == nil {
+		s.Steps = append(s.Steps, api.StepRecord{Stage: stage, Step: step, Started: at})
+		r = &s.Steps[len(s.Steps)-1]
+	}
+
+	if t.Pods > 0 {
+		r.Pods, r.Updated, r.MaxUnavailable, r.Observed = t.Pods, t.Updated, t.MaxUnavailable, &at
+	}
+
+	if t.Done {
+		r.Done = &at
+	}
+}
+
+// Get implements engine.Memo.
 func (r *reporter) Get(key string) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -127,11 +184,11 @@ func (r *reporter) Get(key string) (string, bool) {
 // (and pauses with why) rather than wait for ever.
 const stateWriteTimeout = 30 * time.Second
 
-// Set implements stages.Memo: it returns once the value is in the state ConfigMap, or
+// Set implements engine.Memo: it returns once the value is in the state ConfigMap, or
 // with why it is not after a deadline (a write refused by an admission webhook or
 // policy, the ConfigMap deleted, its size limit, the lock lost).
 func (r *reporter) Set(ctx context.Context, key, value string) error {
-	v := r.change(func(s *OperationStatus) {
+	v := r.change(func(s *api.OperationStatus) {
 		if s.Memo == nil {
 			s.Memo = map[string]string{}
 		}
@@ -163,7 +220,7 @@ func (r *reporter) Set(ctx context.Context, key, value string) error {
 	return err
 }
 
-func (r *reporter) spec() OperationSpec {
+func (r *reporter) spec() api.OperationSpec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
@@ -171,7 +228,7 @@ func (r *reporter) spec() OperationSpec {
 }
 
 // change applies mutate to the status and asks the writer to write it.
-func (r *reporter) change(mutate func(s *OperationStatus)) uint64 {
+func (r *reporter) change(mutate func(s *api.OperationStatus)) uint64 {
 	r.mu.Lock()
 	mutate(&r.op.Status)
 	r.version++
@@ -255,7 +312,7 @@ func (r *reporter) write(ctx context.Context) error {
 	}
 
 	id := r.op.Spec.ID
-	status := r.op.Status.clone()
+	status := cloneStatus(r.op.Status)
 	r.mu.Unlock()
 
 	wctx := ctx
@@ -290,12 +347,12 @@ func (r *reporter) write(ctx context.Context) error {
 		}
 	}
 
-	_, err := r.store.Update(wctx, func(o *Operation) error {
+	_, err := r.store.Update(wctx, func(o *api.Operation) error {
 		if o.Spec.ID != id {
 			return fmt.Errorf("%w: operation %s was replaced by %s", errAborted, id, o.Spec.ID)
 		}
 
-		if o.Status.Phase == PhaseAborted {
+		if o.Status.Phase == api.PhaseAborted {
 			return errAborted
 		}
 
@@ -348,7 +405,7 @@ func (r *reporter) flush(ctx context.Context) error {
 }
 
 // finish applies the runner's last change and writes it.
-func (r *reporter) finish(ctx context.Context, mutate func(s *OperationStatus)) error {
+func (r *reporter) finish(ctx context.Context, mutate func(s *api.OperationStatus)) error {
 	r.change(mutate)
 
 	if err := r.flush(ctx); err != nil {
@@ -362,8 +419,8 @@ func (r *reporter) finish(ctx context.Context, mutate func(s *OperationStatus)) 
 	return nil
 }
 
-// clone is a deep copy of the status.
-func (s OperationStatus) clone() OperationStatus {
+// cloneStatus is a deep copy of the status.
+func cloneStatus(s api.OperationStatus) api.OperationStatus {
 	s.Nodes = slices.Clone(s.Nodes)
 	for i := range s.Nodes {
 		s.Nodes[i].Timeline = slices.Clone(s.Nodes[i].Timeline)

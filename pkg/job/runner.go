@@ -15,12 +15,14 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
-// Engine runs one upgrade to its end, or stops with a *stages.PauseError, or with its
-// context's error; *stages.Engine satisfies it.
+// Engine runs one upgrade to its end, or stops with a *engine.PauseError, or with its
+// context's error; *engine.Engine satisfies it.
 type Engine interface {
 	Run(ctx context.Context) error
 }
@@ -31,10 +33,10 @@ type EngineConfig struct {
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
 	// Options come from the operation's spec; Self is the runner's node.
-	Options stages.EngineOptions
+	Options engine.Options
 	// Progress and Memo are backed by the state ConfigMap.
-	Progress stages.Progress
-	Memo     stages.Memo
+	Progress engine.Progress
+	Memo     engine.Memo
 	// Out receives the engine's progress lines (the pod's log).
 	Out io.Writer
 	// Talos says how to reach the Talos API; the zero value finds the talosconfig
@@ -44,7 +46,7 @@ type EngineConfig struct {
 
 // EngineFactory builds the engine of one run, opening what else it needs (the Talos
 // API); close releases that, and may be nil.
-type EngineFactory func(ctx context.Context, cfg EngineConfig) (engine Engine, close func(), err error)
+type EngineFactory func(ctx context.Context, cfg EngineConfig) (eng Engine, close func(), err error)
 
 // ExitError is how the runner ends other than by succeeding: Code is the process's exit
 // code, which the Job's podFailurePolicy reads (ExitPaused, ExitFinal; any other code is
@@ -297,15 +299,15 @@ func (r *Runner) releaseOwnLock(ctx context.Context) {
 
 // wanted returns nil when op is the runner's operation and wants a runner, else the
 // *ExitError to end with.
-func (r *Runner) wanted(op *Operation) error {
+func (r *Runner) wanted(op *api.Operation) error {
 	switch {
 	case op.Spec.ID != r.Operation:
 		return &ExitError{Code: ExitFinal, Err: fmt.Errorf("operation %s was replaced by %s: this runner stops", r.Operation, op.Spec.ID)}
-	case op.Status.Phase == PhaseSucceeded:
+	case op.Status.Phase == api.PhaseSucceeded:
 		return &ExitError{Code: 0, Err: fmt.Errorf("operation %s already succeeded", op.Spec.ID)}
-	case op.Status.Phase == PhaseAborted:
+	case op.Status.Phase == api.PhaseAborted:
 		return &ExitError{Code: ExitFinal, Err: fmt.Errorf("operation %s was aborted: this runner stops", op.Spec.ID)}
-	case op.Status.Phase == PhasePaused:
+	case op.Status.Phase == api.PhasePaused:
 		return &ExitError{Code: ExitPaused, Err: fmt.Errorf("operation %s is paused (%s): continue it with kubectl ichor resume", op.Spec.ID, op.Status.Reason)}
 	}
 
@@ -358,15 +360,15 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 
 	now := r.now()
 
-	op, err := r.store().Update(engCtx, func(o *Operation) error {
+	op, err := r.store().Update(engCtx, func(o *api.Operation) error {
 		if err := r.wanted(o); err != nil {
 			return err
 		}
 
 		// A Pending operation that had runners was paused, then resumed.
-		o.Status.StartRunner(r.Identity, r.Node, o.Status.Phase == PhasePending && o.Status.Runs > 0, o.Spec.CreatedAt.Time, now)
+		o.Status.StartRunner(r.Identity, r.Node, o.Status.Phase == api.PhasePending && o.Status.Runs > 0, o.Spec.CreatedAt.Time, now)
 		o.Status.Runners[len(o.Status.Runners)-1].StaysOnNode = r.StayOnNode
-		o.Status.Phase = PhaseRunning
+		o.Status.Phase = api.PhaseRunning
 		o.Status.Runner = r.Identity
 		o.Status.Runs++
 		o.Status.Reason, o.Status.Action, o.Status.PausedNode = "", "", ""
@@ -401,18 +403,18 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	opts.SelfPod = r.Namespace + "/" + r.Identity
 	opts.StayOnNode = r.StayOnNode
 
-	engine, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
+	eng, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
 		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
 		Talos: r.Talos,
 	})
 	if err == nil {
-		err = engine.Run(engCtx)
+		err = eng.Run(engCtx)
 
 		if closeEngine != nil {
 			closeEngine()
 		}
 	} else {
-		err = &stages.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
+		err = &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
 	}
 
 	return r.finish(ctx, engCtx, rep, events, err)
@@ -467,8 +469,8 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 
 		return &ExitError{Code: ExitFinal, Err: errAborted}
 	case err == nil:
-		ferr := rep.finish(wctx, func(s *OperationStatus) {
-			s.Phase = PhaseSucceeded
+		ferr := rep.finish(wctx, func(s *api.OperationStatus) {
+			s.Phase = api.PhaseSucceeded
 			s.FinishedAt = ptrTime(r.now())
 			s.EndRunner(r.now())
 		})
@@ -481,7 +483,7 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 
 		return nil
 	case ctx.Err() != nil:
-		rep.change(func(s *OperationStatus) { s.EndRunner(r.now()) })
+		rep.change(func(s *api.OperationStatus) { s.EndRunner(r.now()) })
 
 		if ferr := rep.flush(wctx); ferr != nil {
 			r.logf("last progress not written: %v", ferr)
@@ -493,17 +495,17 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		return &ExitError{Code: ExitStopped, Err: fmt.Errorf("stopped: %w", context.Cause(ctx))}
 	}
 
-	var pause *stages.PauseError
+	var pause *engine.PauseError
 	if !errors.As(err, &pause) {
-		pause = &stages.PauseError{
+		pause = &engine.PauseError{
 			Reason: err.Error(),
 			Action: "read the runner's log (kubectl ichor logs" + nsFlag(r.Namespace) + "), fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace),
 			Err:    err,
 		}
 	}
 
-	ferr := rep.finish(wctx, func(s *OperationStatus) {
-		s.Phase = PhasePaused
+	ferr := rep.finish(wctx, func(s *api.OperationStatus) {
+		s.Phase = api.PhasePaused
 		s.Reason, s.Action, s.PausedNode = pause.Reason, pause.Action, pause.Node
 
 		if pause.Stage != "" {
@@ -537,21 +539,21 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 }
 
 // engineOptions are the engine's options for an operation, run from node.
-func engineOptions(spec OperationSpec, node string) stages.EngineOptions {
-	return stages.EngineOptions{
-		Kind:            spec.Upgrade,
+func engineOptions(spec api.OperationSpec, node string) engine.Options {
+	return engine.Options{
+		Kind:            engine.Kind(spec.Upgrade),
 		Target:          spec.Target,
-		Installers:      spec.Installers,
+		Installers:      stages.InstallerFlags(spec.Installers),
 		MaxUnavailable:  spec.MaxUnavailable,
 		ManifestsForce:  spec.ManifestsForce,
 		Self:            node,
 		AllowEtcdOutage: spec.AllowEtcdOutage,
-		ApplyTimeout:    Timeout(spec.Timeouts.Apply),
-		VerifyTimeout:   Timeout(spec.Timeouts.Verify),
-		DrainTimeout:    Timeout(spec.Timeouts.Drain),
-		UpgradeTimeout:  Timeout(spec.Timeouts.Upgrade),
-		RebootTimeout:   Timeout(spec.Timeouts.Reboot),
-		PullTimeout:     Timeout(spec.Timeouts.Pull),
+		ApplyTimeout:    api.Timeout(spec.Timeouts.Apply),
+		VerifyTimeout:   api.Timeout(spec.Timeouts.Verify),
+		DrainTimeout:    api.Timeout(spec.Timeouts.Drain),
+		UpgradeTimeout:  api.Timeout(spec.Timeouts.Upgrade),
+		RebootTimeout:   api.Timeout(spec.Timeouts.Reboot),
+		PullTimeout:     api.Timeout(spec.Timeouts.Pull),
 		PullConcurrency: spec.PullConcurrency,
 	}
 }

@@ -17,7 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
 // engineFunc is an Engine made of a function.
@@ -54,7 +55,7 @@ type runnerFixture struct {
 
 // newRunner is a runner of op against a fake cluster, with short lock timings, whose
 // engine is run.
-func newRunner(t *testing.T, op *Operation, run func(ctx context.Context, cfg EngineConfig) error, objs ...runtime.Object) *runnerFixture {
+func newRunner(t *testing.T, op *api.Operation, run func(ctx context.Context, cfg EngineConfig) error, objs ...runtime.Object) *runnerFixture {
 	t.Helper()
 
 	objs = append(objs,
@@ -79,7 +80,7 @@ func newRunner(t *testing.T, op *Operation, run func(ctx context.Context, cfg En
 	return f
 }
 
-func (f *runnerFixture) state(t *testing.T) *Operation {
+func (f *runnerFixture) state(t *testing.T) *api.Operation {
 	t.Helper()
 
 	op, _, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Get(context.Background())
@@ -111,9 +112,9 @@ func exitCode(err error) int {
 }
 
 func TestRunnerSucceeds(t *testing.T) {
-	op := testOperation("op-1", PhasePending)
-	op.Spec.Timeouts.Drain = NewTimeout(7 * time.Minute)
-	op.Spec.Timeouts.Pull = NewTimeout(3 * time.Minute)
+	op := testOperation("op-1", api.PhasePending)
+	op.Spec.Timeouts.Drain = api.NewTimeout(7 * time.Minute)
+	op.Spec.Timeouts.Pull = api.NewTimeout(3 * time.Minute)
 	op.Spec.PullConcurrency = 8
 
 	var memoDurable bool
@@ -122,7 +123,7 @@ func TestRunnerSucceeds(t *testing.T) {
 
 	f = newRunner(t, op, func(ctx context.Context, cfg EngineConfig) error {
 		cfg.Progress.Stage(1, 4, "APIServers")
-		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseApplying, "apply kube-apiserver v1.36.3")
+		cfg.Progress.Node("APIServers", "cp-1", engine.PhaseApplying, "apply kube-apiserver v1.36.3")
 
 		if err := cfg.Memo.Set(ctx, "boot/cp-1", "b-1"); err != nil {
 			return err
@@ -135,10 +136,10 @@ func TestRunnerSucceeds(t *testing.T) {
 		assert.True(t, found)
 		assert.Equal(t, "b-1", v)
 
-		cfg.Progress.Node("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready")
-		cfg.Progress.(stages.StepTimer).StepTime("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true})
-		cfg.Progress.(stages.StepProgress).Step("KubeProxy", stages.StepManifests, "applied 10 objects")
-		cfg.Progress.(stages.StepProgress).Step("KubeProxy", "rollout", "kube-proxy rolled out")
+		cfg.Progress.Node("APIServers", "cp-1", engine.PhaseDone, "kube-apiserver v1.36.3 Ready")
+		cfg.Progress.(engine.StepTimer).StepTime("KubeProxy", engine.StepManifests, engine.StepTiming{Done: true})
+		cfg.Progress.(engine.StepProgress).Step("KubeProxy", engine.StepManifests, "applied 10 objects")
+		cfg.Progress.(engine.StepProgress).Step("KubeProxy", "rollout", "kube-proxy rolled out")
 		cfg.Progress.Stage(4, 4, "Kubelets")
 
 		return nil
@@ -162,21 +163,21 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.Contains(t, f.out.String(), "deleted clusterrole ichor-runner:ichor-system")
 
 	assert.True(t, memoDurable)
-	assert.Equal(t, stages.EngineOptions{
-		Kind: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
+	assert.Equal(t, engine.Options{
+		Kind: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
 		PullTimeout: 3 * time.Minute, PullConcurrency: 8,
 	}, f.cfg.Options, "the runner's own pod is evicted last on its node")
 
 	s := f.state(t).Status
-	assert.Equal(t, PhaseSucceeded, s.Phase)
+	assert.Equal(t, api.PhaseSucceeded, s.Phase)
 	assert.Equal(t, "runner-pod-1", s.Runner)
 	assert.Equal(t, 1, s.Runs)
 	assert.Equal(t, "Kubelets", s.Stage)
 	assert.Equal(t, 4, s.StageCount)
 	assert.Empty(t, s.Step, "a stage's steps end with it")
 	assert.Equal(t, "applied 10 objects", s.Manifests, "what the manifest sync did stays")
-	require.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests), "the step's times are in the state")
-	assert.NotNil(t, s.StepOf("KubeProxy", stages.StepManifests).Done)
+	require.NotNil(t, s.StepOf("KubeProxy", engine.StepManifests), "the step's times are in the state")
+	assert.NotNil(t, s.StepOf("KubeProxy", engine.StepManifests).Done)
 	require.Len(t, s.Runners, 1)
 	assert.Equal(t, "runner-pod-1", s.Runners[0].Pod)
 	assert.Equal(t, "cp-2", s.Runners[0].Node)
@@ -184,7 +185,7 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.NotNil(t, s.StartedAt)
 	assert.NotNil(t, s.FinishedAt)
 	require.Len(t, s.Nodes, 1)
-	assert.Equal(t, stages.PhaseDone, s.Nodes[0].Phase)
+	assert.Equal(t, string(engine.PhaseDone), s.Nodes[0].Phase)
 	assert.Equal(t, "kube-apiserver v1.36.3 Ready", s.Nodes[0].Message)
 
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released")
@@ -231,7 +232,7 @@ func TestRunnerPauses(t *testing.T) {
 	}{
 		{
 			name:   "pause error",
-			err:    &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "node NotReady after 20m0s", Action: "look at worker-1's kubelet, then kubectl ichor resume"},
+			err:    &engine.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "node NotReady after 20m0s", Action: "look at worker-1's kubelet, then kubectl ichor resume"},
 			reason: "node NotReady after 20m0s", action: "look at worker-1's kubelet, then kubectl ichor resume", pausedNode: "worker-1",
 		},
 		{
@@ -242,13 +243,13 @@ func TestRunnerPauses(t *testing.T) {
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newRunner(t, testOperation("op-1", PhasePending), func(context.Context, EngineConfig) error { return tt.err })
+			f := newRunner(t, testOperation("op-1", api.PhasePending), func(context.Context, EngineConfig) error { return tt.err })
 
 			err := f.runner.Run(context.Background())
 			assert.Equal(t, ExitPaused, exitCode(err), "%v", err)
 
 			s := f.state(t).Status
-			assert.Equal(t, PhasePaused, s.Phase)
+			assert.Equal(t, api.PhasePaused, s.Phase)
 			assert.Equal(t, tt.reason, s.Reason)
 			assert.Equal(t, tt.action, s.Action)
 			assert.Equal(t, tt.pausedNode, s.PausedNode)
@@ -261,17 +262,17 @@ func TestRunnerPauses(t *testing.T) {
 func TestRunnerStopsWhenAborted(t *testing.T) {
 	var f *runnerFixture
 
-	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+	f = newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		// kubectl ichor abort marks the operation while the engine works...
-		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(ctx, func(o *Operation) error {
-			o.Status.Phase = PhaseAborted
+		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(ctx, func(o *api.Operation) error {
+			o.Status.Phase = api.PhaseAborted
 
 			return nil
 		})
 		require.NoError(t, err)
 
 		// ...and the next write stops the engine.
-		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting 3 pods")
+		cfg.Progress.Node("Kubelets", "cp-1", engine.PhaseDraining, "evicting 3 pods")
 
 		<-ctx.Done()
 
@@ -280,7 +281,7 @@ func TestRunnerStopsWhenAborted(t *testing.T) {
 
 	err := f.runner.Run(context.Background())
 	assert.Equal(t, ExitFinal, exitCode(err), "%v", err)
-	assert.Equal(t, PhaseAborted, f.state(t).Status.Phase, "the abort is kept")
+	assert.Equal(t, api.PhaseAborted, f.state(t).Status.Phase, "the abort is kept")
 	assert.Empty(t, f.state(t).Status.Nodes, "nothing is written after the abort")
 }
 
@@ -288,8 +289,8 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	f := newRunner(t, testOperation("op-1", PhasePending), func(ectx context.Context, cfg EngineConfig) error {
-		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseDraining, "evicting")
+	f := newRunner(t, testOperation("op-1", api.PhasePending), func(ectx context.Context, cfg EngineConfig) error {
+		cfg.Progress.Node("Kubelets", "cp-1", engine.PhaseDraining, "evicting")
 		cancel() // the pod is evicted
 
 		<-ectx.Done()
@@ -301,9 +302,9 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 	assert.Equal(t, ExitStopped, exitCode(err), "%v", err)
 
 	s := f.state(t).Status
-	assert.Equal(t, PhaseRunning, s.Phase, "the next runner continues")
+	assert.Equal(t, api.PhaseRunning, s.Phase, "the next runner continues")
 	require.Len(t, s.Nodes, 1, "the last progress is written")
-	assert.Equal(t, stages.PhaseDraining, s.Nodes[0].Phase)
+	assert.Equal(t, string(engine.PhaseDraining), s.Nodes[0].Phase)
 	require.Len(t, s.Runners, 1)
 	assert.NotNil(t, s.Runners[0].Ended, "the runner's end is written: the next one measures its wait from it")
 	assert.Empty(t, leaseHolderOf(f.lease(t)), "the lock is released for the next pod")
@@ -312,7 +313,7 @@ func TestRunnerStoppedBySignal(t *testing.T) {
 func TestRunnerLosesTheLock(t *testing.T) {
 	var f *runnerFixture
 
-	f = newRunner(t, testOperation("op-1", PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+	f = newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
 		// Another holder takes the lease over (a partition ended, a clock jumped).
 		l := f.lease(t)
 		other, now := "other-pod", metav1.NewMicroTime(time.Now().Add(time.Hour))
@@ -323,7 +324,7 @@ func TestRunnerLosesTheLock(t *testing.T) {
 		<-ctx.Done()
 
 		// Nothing the engine reports from now on may be written.
-		cfg.Progress.Node("Kubelets", "cp-1", stages.PhaseApplying, "too late")
+		cfg.Progress.Node("Kubelets", "cp-1", engine.PhaseApplying, "too late")
 
 		return ctx.Err()
 	})
@@ -333,7 +334,7 @@ func TestRunnerLosesTheLock(t *testing.T) {
 	assert.Equal(t, 1, exitCode(err), "%v", err)
 	assert.ErrorIs(t, err, errLostLock)
 	assert.Less(t, time.Since(start), 5*time.Second)
-	assert.Equal(t, PhaseRunning, f.state(t).Status.Phase)
+	assert.Equal(t, api.PhaseRunning, f.state(t).Status.Phase)
 	assert.Empty(t, f.state(t).Status.Nodes)
 	assert.Equal(t, "other-pod", leaseHolderOf(f.lease(t)))
 }
@@ -347,7 +348,7 @@ func TestRunnerTakesOverFromAGoneHolder(t *testing.T) {
 	oldPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "old-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodFailed}}
 
 	ran := false
-	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error { ran = true; return nil }, lease, oldPod)
+	f := newRunner(t, testOperation("op-1", api.PhaseRunning), func(context.Context, EngineConfig) error { ran = true; return nil }, lease, oldPod)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -368,7 +369,7 @@ func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
 	}
 	livePod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "live-pod", Namespace: "upgrades"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 
-	f := newRunner(t, testOperation("op-1", PhaseRunning), func(context.Context, EngineConfig) error {
+	f := newRunner(t, testOperation("op-1", api.PhaseRunning), func(context.Context, EngineConfig) error {
 		t.Error("the engine must not run without the lock")
 
 		return nil
@@ -377,8 +378,8 @@ func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
 	go func() {
 		time.Sleep(500 * time.Millisecond)
 
-		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(context.Background(), func(o *Operation) error {
-			o.Status.Phase = PhaseAborted
+		_, err := (&Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}).Update(context.Background(), func(o *api.Operation) error {
+			o.Status.Phase = api.PhaseAborted
 
 			return nil
 		})
@@ -407,15 +408,15 @@ func TestRunnerRefuses(t *testing.T) {
 		},
 		{
 			name: "replaced", code: ExitFinal, want: "operation op-1 was replaced by op-2",
-			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-2", PhaseRunning)) },
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-2", api.PhaseRunning)) },
 		},
 		{
 			name: "paused", code: ExitPaused, want: "is paused",
-			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", PhasePaused)) },
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", api.PhasePaused)) },
 		},
 		{
 			name: "aborted", code: ExitFinal, want: "was aborted",
-			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", PhaseAborted)) },
+			state: func(t *testing.T) runtime.Object { return stateObject(t, testOperation("op-1", api.PhaseAborted)) },
 		},
 	}
 
@@ -441,7 +442,7 @@ func TestRunnerRefuses(t *testing.T) {
 
 func TestEngineOptionsCarryAllowEtcdOutage(t *testing.T) {
 	for _, allow := range []bool{false, true} {
-		opts := engineOptions(OperationSpec{Upgrade: stages.KindTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}, "cp-1")
+		opts := engineOptions(api.OperationSpec{Upgrade: api.UpgradeTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}, "cp-1")
 		if opts.AllowEtcdOutage != allow {
 			t.Fatalf("spec allowEtcdOutage %v: engine option %v", allow, opts.AllowEtcdOutage)
 		}

@@ -1,5 +1,5 @@
-// Package kube owns the Kubernetes side of an upgrade step, as the engine in
-// pkg/stages uses it:
+// Package kube owns the Kubernetes side of an upgrade step, as the engine
+// (pkg/engine) uses it:
 //
 //   - Cache: informers over Nodes, the control-plane mirror pods and
 //     kube-proxy pods in kube-system, and the kube-proxy DaemonSet, with a
@@ -22,5 +22,5 @@
 //   - Retry of what is temporary (an apiserver restarting) with a bound.
 //
 // Nothing here decides policy (which version a component should run, what
-// order nodes go in); that is pkg/stages.
+// order nodes go in); that is pkg/stages, and running it is pkg/engine.
 package kube

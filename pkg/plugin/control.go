@@ -8,9 +8,9 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // ResumeOptions are the options of `kubectl ichor resume`.
@@ -42,7 +42,7 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	if op.Spec.Upgrade == stages.KindKubernetes {
+	if op.Spec.Upgrade == api.UpgradeKubernetes {
 		// The manifests as they are now (the target's, past the KubeProxy stage); without
 		// them the Job keeps the permissions it was given at launch.
 		if access, err := o.deps.manifestAccess(ctx, o.flags); err == nil {
@@ -56,7 +56,7 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 
 	var talosconfig []byte
 
-	if op.Spec.Credentials == job.CredentialsLocal {
+	if op.Spec.Credentials == api.CredentialsLocal {
 		// A fresh copy when the talosconfig is at hand; else the copy in the cluster.
 		if b, err := localTalosconfig(o.flags.talos); err == nil {
 			talosconfig = b
@@ -147,9 +147,9 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 			"cleaned up what %s left, found by its labels\n", ctl.Namespace, ctl.Namespace, job.StateName, of)
 	case res.StateErr != nil:
 		writef(o.Out, "Stopped the upgrade Jobs of namespace %s (the state could not be read: %v)\n", ctl.Namespace, res.StateErr)
-	case res.Was == job.PhaseAborted:
+	case res.Was == api.PhaseAborted:
 		writef(o.Out, "Operation %s was already aborted; cleaned up again\n", res.Operation)
-	case res.Was == job.PhaseSucceeded:
+	case res.Was == api.PhaseSucceeded:
 		writef(o.Out, "Operation %s succeeded: it stays Succeeded; cleaned up what its end left\n", res.Operation)
 	default:
 		writef(o.Out, "Aborted operation %s (it was %s)\n", res.Operation, res.Was)
@@ -168,7 +168,7 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 
 	if len(res.KeptHeld) > 0 {
 		why := "the upgrade succeeded without it and left it cordoned on purpose"
-		if res.Was != job.PhaseSucceeded {
+		if res.Was != api.PhaseSucceeded {
 			why = "without the state ichor cannot tell whether an upgrade left it cordoned on purpose"
 		}
 

@@ -13,16 +13,16 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // view renders an operation for a person: a header, the current stage with a bar, one
 // line per node of the stage (the plan's order), the stage's own step, and how it ended
 // or what is wrong.
 type view struct {
-	op      *job.Operation
+	op      *api.Operation
 	plan    *api.Plan
 	now     time.Time
 	problem string
@@ -49,7 +49,7 @@ func (v view) frame() []string {
 		done := 0
 
 		for _, r := range rows {
-			if r.phase == stages.PhaseDone || r.phase == stages.PhaseHeld {
+			if r.phase == engine.PhaseDone || r.phase == engine.PhaseHeld {
 				done++
 			}
 		}
@@ -67,7 +67,7 @@ func (v view) frame() []string {
 				line += "  " + r.message
 			}
 
-			if !r.since.IsZero() && inProgress(r.phase) && s.Phase == job.PhaseRunning {
+			if !r.since.IsZero() && inProgress(r.phase) && s.Phase == api.PhaseRunning {
 				line += "  (" + duration(v.now.Sub(r.since)) + ")"
 			}
 
@@ -84,14 +84,14 @@ func (v view) frame() []string {
 	}
 
 	switch s.Phase {
-	case job.PhasePaused:
+	case api.PhasePaused:
 		lines = append(lines, "Paused: "+pauseWhere(op)+s.Reason)
 		if s.Action != "" {
 			lines = append(lines, "  what to do: "+s.Action)
 		}
-	case job.PhaseAborted:
+	case api.PhaseAborted:
 		lines = append(lines, "Aborted: "+s.Reason)
-	case job.PhaseSucceeded:
+	case api.PhaseSucceeded:
 		if s.Manifests != "" {
 			lines = append(lines, "  bootstrap manifests: "+s.Manifests)
 		}
@@ -121,7 +121,7 @@ func (v view) progressLine() string {
 	left := "estimating the time left (after the first nodes)"
 
 	switch {
-	case v.op.Status.Phase != job.PhaseRunning:
+	case v.op.Status.Phase != api.PhaseRunning:
 		return fmt.Sprintf("Overall %d/%d node steps, %s elapsed", p.Done, p.Total, duration(time.Duration(p.ElapsedSeconds)*time.Second))
 	case p.RemainingSeconds != nil:
 		left = "about " + duration(time.Duration(*p.RemainingSeconds)*time.Second) + " left"
@@ -134,7 +134,7 @@ func (v view) elapsed() time.Duration { return progress.Elapsed(v.op, v.now) }
 
 func (v view) runner() string {
 	s := v.op.Status
-	if s.Runner == "" || s.Phase != job.PhaseRunning {
+	if s.Runner == "" || s.Phase != api.PhaseRunning {
 		return ""
 	}
 
@@ -143,7 +143,7 @@ func (v view) runner() string {
 
 type row struct {
 	node    string
-	phase   stages.NodePhase
+	phase   engine.NodePhase
 	message string
 	since   time.Time
 }
@@ -180,10 +180,10 @@ func (v view) rows() []row {
 	rows := make([]row, 0, len(names))
 
 	for _, name := range names {
-		r := row{node: name, phase: stages.PhasePending}
+		r := row{node: name, phase: engine.PhasePending}
 
 		if n := s.Node(name); n != nil && n.Stage == s.Stage {
-			r.phase, r.message, r.since = n.Phase, n.Message, n.Since.Time
+			r.phase, r.message, r.since = engine.NodePhase(n.Phase), n.Message, n.Since.Time
 		}
 
 		rows = append(rows, r)
@@ -193,16 +193,16 @@ func (v view) rows() []row {
 }
 
 // inProgress reports whether a node is in the middle of a step (its time in it is shown).
-func inProgress(p stages.NodePhase) bool {
+func inProgress(p engine.NodePhase) bool {
 	switch p {
-	case stages.PhaseCordoned, stages.PhaseDraining, stages.PhaseApplying, stages.PhaseUpgrading, stages.PhaseVerifying:
+	case engine.PhaseCordoned, engine.PhaseDraining, engine.PhaseApplying, engine.PhaseUpgrading, engine.PhaseVerifying:
 		return true
 	}
 
 	return false
 }
 
-func pauseWhere(op *job.Operation) string {
+func pauseWhere(op *api.Operation) string {
 	s := op.Status
 
 	where := s.Stage
@@ -227,8 +227,8 @@ func bar(done, total int) string {
 	return "[" + strings.Repeat("#", n) + strings.Repeat("-", barWidth-n) + "]"
 }
 
-func kindTitle(k stages.Kind) string {
-	if k == stages.KindTalos {
+func kindTitle(upgrade string) string {
+	if upgrade == api.UpgradeTalos {
 		return "Talos"
 	}
 
@@ -257,14 +257,14 @@ func viewChanges(prev, cur view) []string {
 
 	p, c := prev.op, cur.op
 
-	active := c.Status.Phase == job.PhasePending || c.Status.Phase == job.PhaseRunning
+	active := c.Status.Phase == api.PhasePending || c.Status.Phase == api.PhaseRunning
 	if active && (p == nil || p.Status.Phase != c.Status.Phase || p.Status.Runner != c.Status.Runner) {
 		line := fmt.Sprintf("operation %s: %s", c.Spec.ID, c.Status.Phase)
 
 		switch {
-		case c.Status.Phase == job.PhaseRunning && c.Status.Runner != "":
+		case c.Status.Phase == api.PhaseRunning && c.Status.Runner != "":
 			line += fmt.Sprintf(" (runner pod %s, run %d)", c.Status.Runner, c.Status.Runs)
-		case c.Status.Phase == job.PhasePending && c.Status.Job != "":
+		case c.Status.Phase == api.PhasePending && c.Status.Job != "":
 			line += fmt.Sprintf(" (job %s)", c.Status.Job)
 		}
 
@@ -282,7 +282,7 @@ func viewChanges(prev, cur view) []string {
 	}
 
 	for _, n := range c.Status.Nodes {
-		var old *job.NodeStatus
+		var old *api.NodeStatus
 		if p != nil {
 			old = p.Status.Node(n.Name)
 		}
@@ -305,14 +305,14 @@ func viewChanges(prev, cur view) []string {
 
 	if p == nil || p.Status.Phase != c.Status.Phase {
 		switch c.Status.Phase {
-		case job.PhasePaused:
+		case api.PhasePaused:
 			out = append(out, "Paused: "+pauseWhere(c)+c.Status.Reason)
 			if c.Status.Action != "" {
 				out = append(out, "  what to do: "+c.Status.Action)
 			}
-		case job.PhaseAborted:
+		case api.PhaseAborted:
 			out = append(out, "Aborted: "+c.Status.Reason)
-		case job.PhaseSucceeded:
+		case api.PhaseSucceeded:
 			out = append(out, fmt.Sprintf("Succeeded in %s", duration(cur.elapsed())))
 		}
 	}
@@ -456,7 +456,7 @@ func (f *follower) showJSON(cur view) {
 	key.ElapsedSeconds, key.RemainingSeconds = 0, nil
 
 	b, err := json.Marshal(struct {
-		*job.Operation
+		*api.Operation
 		Progress progress.Progress `json:"progress"`
 		Problem  string            `json:"problem,omitempty"`
 	}{cur.op, key, cur.problem})
@@ -475,13 +475,13 @@ func (f *follower) showJSON(cur view) {
 }
 
 // outcome says whether op has ended for a follower, and with what.
-func outcome(op *job.Operation, namespace string) (bool, error) {
+func outcome(op *api.Operation, namespace string) (bool, error) {
 	n := nsFlag(namespace)
 
 	switch op.Status.Phase {
-	case job.PhaseSucceeded:
+	case api.PhaseSucceeded:
 		return true, nil
-	case job.PhasePaused:
+	case api.PhasePaused:
 		msg := fmt.Sprintf("operation %s paused: %s%s", op.Spec.ID, pauseWhere(op), op.Status.Reason)
 		if op.Status.Action != "" {
 			msg += ": " + op.Status.Action
@@ -496,7 +496,7 @@ func outcome(op *job.Operation, namespace string) (bool, error) {
 		}
 
 		return true, &exitError{code: ExitPaused, err: errors.New(msg)}
-	case job.PhaseAborted:
+	case api.PhaseAborted:
 		return true, fmt.Errorf("operation %s was aborted (%s)", op.Spec.ID, op.Status.Reason)
 	}
 
@@ -507,8 +507,8 @@ func outcome(op *job.Operation, namespace string) (bool, error) {
 // talosconfig its launch put in the cluster: the runner deletes it as it ends, but
 // a moment after the state says Succeeded, and "deleted when the operation ends" is
 // what the launch promised. A failure is a warning naming what is left.
-func (f *follower) removeCopiedTalosconfig(ctx context.Context, op *job.Operation) {
-	if op.Status.Phase != job.PhaseSucceeded || op.Spec.Credentials != job.CredentialsLocal {
+func (f *follower) removeCopiedTalosconfig(ctx context.Context, op *api.Operation) {
+	if op.Status.Phase != api.PhaseSucceeded || op.Spec.Credentials != api.CredentialsLocal {
 		return
 	}
 
@@ -521,7 +521,7 @@ func (f *follower) removeCopiedTalosconfig(ctx context.Context, op *job.Operatio
 }
 
 // detach says how to follow again and ends with ExitDetached.
-func (f *follower) detach(op *job.Operation) error {
+func (f *follower) detach(op *api.Operation) error {
 	what := "the operation"
 	if op != nil {
 		what = "operation " + op.Spec.ID

@@ -28,9 +28,9 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
 )
 
@@ -92,10 +92,10 @@ func (c *jobCluster) with(d deps) deps {
 	return d
 }
 
-func operation(phase job.Phase) *job.Operation {
-	op := job.NewOperation(job.OperationSpec{
-		ID: "kubernetes-v1-36-3-abcde", Upgrade: stages.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 2,
-		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: job.CredentialsServiceAccount,
+func operation(phase api.Phase) *api.Operation {
+	op := api.NewOperation(api.OperationSpec{
+		ID: "kubernetes-v1-36-3-abcde", Upgrade: api.UpgradeKubernetes, Target: "v1.36.3", MaxUnavailable: 2,
+		Image: "ghcr.io/ichor-dev/kubectl-ichor:v0.1.0", Credentials: api.CredentialsServiceAccount,
 		CreatedAt: metav1.NewTime(now0),
 	})
 	op.Status.Phase = phase
@@ -106,7 +106,7 @@ func operation(phase job.Phase) *job.Operation {
 	return op
 }
 
-func stateOf(t *testing.T, op *job.Operation, plan []byte) *corev1.ConfigMap {
+func stateOf(t *testing.T, op *api.Operation, plan []byte) *corev1.ConfigMap {
 	t.Helper()
 
 	cm, err := job.EncodeState(job.DefaultNamespace, op, plan)
@@ -129,18 +129,18 @@ func goldenPlan(t *testing.T) (*api.Plan, []byte) {
 
 // kubeletsStage is an operation in its last stage: cp-1 to cp-3 done, worker-2 draining,
 // worker-1 verifying.
-func kubeletsStage(op *job.Operation) *job.Operation {
+func kubeletsStage(op *api.Operation) *api.Operation {
 	s := &op.Status
-	s.Phase, s.Runner, s.Runs = job.PhaseRunning, "ichor-kubernetes-v1-36-3-abcde-1-x7k2p", 2
+	s.Phase, s.Runner, s.Runs = api.PhaseRunning, "ichor-kubernetes-v1-36-3-abcde-1-x7k2p", 2
 	s.StartedAt = &metav1.Time{Time: now0.Add(10 * time.Second)}
 	s.Stage, s.StageIndex, s.StageCount = "Kubelets", 4, 4
 
 	for i, n := range []string{"cp-1", "cp-3", "cp-2"} {
-		s.SetNode("Kubelets", n, stages.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
+		job.SetNode(s, "Kubelets", n, engine.PhaseDone, "drained 3 pod(s), node Ready, kubelet v1.36.3, uncordoned", now0.Add(time.Duration(i)*time.Minute))
 	}
 
-	s.SetNode("Kubelets", "worker-2", stages.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
-	s.SetNode("KubeProxy", "worker-1", stages.PhaseDone, "", now0)
+	job.SetNode(s, "Kubelets", "worker-2", engine.PhaseDraining, "evicting 2 pod(s)", now0.Add(4*time.Minute))
+	job.SetNode(s, "KubeProxy", "worker-1", engine.PhaseDone, "", now0)
 
 	return op
 }
@@ -149,23 +149,23 @@ func TestViewFrames(t *testing.T) {
 	plan, _ := goldenPlan(t)
 	now := now0.Add(5 * time.Minute)
 
-	paused := kubeletsStage(operation(job.PhaseRunning))
-	paused.Status.Phase = job.PhasePaused
-	paused.Status.SetNode("Kubelets", "worker-2", stages.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
+	paused := kubeletsStage(operation(api.PhaseRunning))
+	paused.Status.Phase = api.PhasePaused
+	job.SetNode(&paused.Status, "Kubelets", "worker-2", engine.PhaseFailed, "drain: pod default/web-0 not evicted after 5m0s", now)
 	paused.Status.PausedNode = "worker-2"
 	paused.Status.Reason = "drain: pod default/web-0 not evicted after 5m0s (PodDisruptionBudget default/web)"
 	paused.Status.Action = "let default/web allow a disruption, then kubectl ichor resume"
 
-	succeeded := kubeletsStage(operation(job.PhaseRunning))
-	succeeded.Status.Phase = job.PhaseSucceeded
+	succeeded := kubeletsStage(operation(api.PhaseRunning))
+	succeeded.Status.Phase = api.PhaseSucceeded
 	succeeded.Status.FinishedAt = &metav1.Time{Time: now0.Add(12*time.Minute + 4*time.Second)}
 
 	var b strings.Builder
 
 	for _, v := range []view{
-		{op: operation(job.PhasePending), plan: plan, now: now},
-		{op: kubeletsStage(operation(job.PhaseRunning)), plan: plan, now: now},
-		{op: kubeletsStage(operation(job.PhaseRunning)), now: now, problem: "pod x cannot start: ImagePullBackOff: back-off"},
+		{op: operation(api.PhasePending), plan: plan, now: now},
+		{op: kubeletsStage(operation(api.PhaseRunning)), plan: plan, now: now},
+		{op: kubeletsStage(operation(api.PhaseRunning)), now: now, problem: "pod x cannot start: ImagePullBackOff: back-off"},
 		{op: paused, plan: plan, now: now},
 		{op: succeeded, plan: plan, now: now},
 	} {
@@ -179,27 +179,27 @@ func TestViewFrames(t *testing.T) {
 func TestPlainFollowLines(t *testing.T) {
 	plan, _ := goldenPlan(t)
 
-	steps := []func(s *job.OperationStatus){
-		func(*job.OperationStatus) {},
-		func(s *job.OperationStatus) {
-			s.Phase, s.Runner, s.Runs = job.PhaseRunning, "pod-1", 1
+	steps := []func(s *api.OperationStatus){
+		func(*api.OperationStatus) {},
+		func(s *api.OperationStatus) {
+			s.Phase, s.Runner, s.Runs = api.PhaseRunning, "pod-1", 1
 			s.Stage, s.StageIndex, s.StageCount = "APIServers", 1, 4
-			s.SetNode("APIServers", "cp-1", stages.PhaseApplying, "kube-apiserver v1.36.3", now0)
+			job.SetNode(s, "APIServers", "cp-1", engine.PhaseApplying, "kube-apiserver v1.36.3", now0)
 		},
-		func(s *job.OperationStatus) {
-			s.SetNode("APIServers", "cp-1", stages.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
+		func(s *api.OperationStatus) {
+			job.SetNode(s, "APIServers", "cp-1", engine.PhaseDone, "kube-apiserver v1.36.3 Ready", now0)
 		},
-		func(s *job.OperationStatus) {
+		func(s *api.OperationStatus) {
 			s.Runner, s.Runs = "pod-2", 2 // evicted, a new pod continues
 			s.Stage, s.StageIndex = "KubeProxy", 3
 			s.Step = "manifests: applied 10 objects"
 		},
-		func(s *job.OperationStatus) {
-			s.Phase, s.Reason, s.Action, s.PausedNode = job.PhasePaused, "node NotReady after 20m0s", "look at its kubelet, then kubectl ichor resume", "cp-2"
+		func(s *api.OperationStatus) {
+			s.Phase, s.Reason, s.Action, s.PausedNode = api.PhasePaused, "node NotReady after 20m0s", "look at its kubelet, then kubectl ichor resume", "cp-2"
 		},
 	}
 
-	op := operation(job.PhasePending)
+	op := operation(api.PhasePending)
 	prev := view{}
 
 	var lines []string
@@ -210,7 +210,7 @@ func TestPlainFollowLines(t *testing.T) {
 		b, err := json.Marshal(op.Status)
 		require.NoError(t, err)
 
-		next.Status = job.OperationStatus{}
+		next.Status = api.OperationStatus{}
 		require.NoError(t, json.Unmarshal(b, &next.Status))
 		step(&next.Status)
 
@@ -223,7 +223,7 @@ func TestPlainFollowLines(t *testing.T) {
 }
 
 func TestStatusDocument(t *testing.T) {
-	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), nil))
+	c := newJobCluster(stateOf(t, kubeletsStage(operation(api.PhaseRunning)), nil))
 
 	stdout, stderr, code := runWith(t, c.with(deps{}), "status", "-o", "json")
 	require.Equal(t, ExitOK, code, stderr)
@@ -237,20 +237,20 @@ func TestStatusDocument(t *testing.T) {
 	stdout, _, code = runWith(t, c.with(deps{}), "status", "-o", "yaml")
 	require.Equal(t, ExitOK, code)
 
-	var op job.Operation
+	var op api.Operation
 	require.NoError(t, yaml.Unmarshal([]byte(stdout), &op))
 	assert.Equal(t, "Kubelets", op.Status.Stage)
 }
 
 func TestStatusDocumentCarriesProgress(t *testing.T) {
 	_, raw := goldenPlan(t)
-	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), raw))
+	c := newJobCluster(stateOf(t, kubeletsStage(operation(api.PhaseRunning)), raw))
 
 	stdout, stderr, code := runWith(t, c.with(deps{}), "status", "-o", "json")
 	require.Equal(t, ExitOK, code, stderr)
 
 	var doc struct {
-		Status   job.OperationStatus `json:"status"`
+		Status   api.OperationStatus `json:"status"`
 		Progress progress.Progress   `json:"progress"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &doc))
@@ -269,19 +269,19 @@ func TestStatusOfEndedOperations(t *testing.T) {
 	ctx := context.Background()
 
 	// op-1 ended with a pause on its way; op-2 replaced it and succeeded.
-	first := kubeletsStage(operation(job.PhaseRunning))
+	first := kubeletsStage(operation(api.PhaseRunning))
 	first.Spec.ID = "kubernetes-v1-36-3-first"
-	first.Status.Phase = job.PhaseSucceeded
+	first.Status.Phase = api.PhaseSucceeded
 	first.Status.FinishedAt = &metav1.Time{Time: now0.Add(5 * time.Minute)}
 	first.Status.AddPause("Kubelets", "worker-2", "drain: pod default/web-0 not evicted after 5m0s", now0.Add(3*time.Minute))
 
-	second := operation(job.PhaseSucceeded)
+	second := operation(api.PhaseSucceeded)
 	second.Status.FinishedAt = &metav1.Time{Time: now0.Add(time.Hour)}
 	second.Status.Manifests = "applied 9 bootstrap manifest object(s) from cp-1; skipped 1 changed by another field manager: DaemonSet kube-system/kube-flannel"
 
 	c := newJobCluster(stateOf(t, first, raw))
 	store := &job.Store{Client: c.kube.CoreV1(), Namespace: job.DefaultNamespace}
-	require.NoError(t, store.Create(ctx, second, raw, func(*job.Operation) error { return nil }))
+	require.NoError(t, store.Create(ctx, second, raw, func(*api.Operation) error { return nil }))
 
 	stdout, stderr, code := runWith(t, c.with(deps{}), "status")
 	require.Equal(t, ExitOK, code, stderr)
@@ -303,8 +303,8 @@ func TestStatusOfEndedOperations(t *testing.T) {
 
 func TestWatchJSONLines(t *testing.T) {
 	_, raw := goldenPlan(t)
-	op := kubeletsStage(operation(job.PhaseRunning))
-	op.Status.Phase = job.PhaseSucceeded
+	op := kubeletsStage(operation(api.PhaseRunning))
+	op.Status.Phase = api.PhaseSucceeded
 	op.Status.FinishedAt = &metav1.Time{Time: now0.Add(5 * time.Minute)}
 	c := newJobCluster(stateOf(t, op, raw))
 
@@ -326,7 +326,7 @@ func TestWatchJSONLines(t *testing.T) {
 
 func TestOneLineErrors(t *testing.T) {
 	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, BinaryData: map[string][]byte{job.OperationKey: []byte("{")}}
-	corruptPlan := stateOf(t, operation(job.PhaseSucceeded), []byte(`{"kind":"Plan"}`))
+	corruptPlan := stateOf(t, operation(api.PhaseSucceeded), []byte(`{"kind":"Plan"}`))
 	corruptPlan.BinaryData[job.PlanKey] = []byte(`{"kind":"Plan"}`)
 
 	tests := []struct {
@@ -345,8 +345,8 @@ func TestOneLineErrors(t *testing.T) {
 		{name: "bad -o", args: []string{"status", "-o", "wide"}, code: ExitError, stderr: `-o "wide": pass -o json or -o yaml`},
 		{name: "-o yaml and --watch", args: []string{"status", "-o", "yaml", "--watch"}, code: ExitError, stderr: "-o yaml and --watch do not go together: --watch -o json streams"},
 		{
-			name: "paused", objs: []runtime.Object{stateOf(t, func() *job.Operation {
-				op := operation(job.PhasePaused)
+			name: "paused", objs: []runtime.Object{stateOf(t, func() *api.Operation {
+				op := operation(api.PhasePaused)
 				op.Status.Stage, op.Status.PausedNode, op.Status.Reason, op.Status.Action = "Kubelets", "worker-1", "node NotReady after 20m0s", "look at worker-1's kubelet, then kubectl ichor resume"
 
 				return op
@@ -354,7 +354,7 @@ func TestOneLineErrors(t *testing.T) {
 			args: []string{"status", "--watch"}, code: ExitPaused,
 			stderr: "error: operation kubernetes-v1-36-3-abcde paused: Kubelets worker-1: node NotReady after 20m0s: look at worker-1's kubelet, then kubectl ichor resume\n",
 		},
-		{name: "aborted", objs: []runtime.Object{stateOf(t, operation(job.PhaseAborted), nil)}, args: []string{"status", "--watch"}, code: ExitError, stderr: "was aborted"},
+		{name: "aborted", objs: []runtime.Object{stateOf(t, operation(api.PhaseAborted), nil)}, args: []string{"status", "--watch"}, code: ExitError, stderr: "was aborted"},
 		{name: "run without --operation", args: []string{"run"}, code: job.ExitFinal, stderr: "--operation is required"},
 		{name: "bad credentials", args: []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--talos-credentials", "mine"}, code: ExitError, stderr: `--talos-credentials "mine": pass serviceaccount or local`},
 	}
@@ -370,7 +370,7 @@ func TestOneLineErrors(t *testing.T) {
 		})
 	}
 
-	c := newJobCluster(stateOf(t, operation(job.PhaseSucceeded), nil))
+	c := newJobCluster(stateOf(t, operation(api.PhaseSucceeded), nil))
 	_, stderr, code := runWith(t, c.with(deps{}), "status", "--watch")
 	assert.Equal(t, ExitOK, code, stderr)
 }
@@ -436,7 +436,7 @@ func TestUpgradeLaunchesTheJob(t *testing.T) {
 	ctl := &job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}
 	state, err := ctl.Get(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, 9*time.Minute, job.Timeout(state.Spec.Timeouts.Drain))
+	assert.Equal(t, 9*time.Minute, api.Timeout(state.Spec.Timeouts.Drain))
 	assert.Equal(t, "kubectl-ichor "+version.Version, state.Spec.CreatedBy)
 
 	// A second upgrade is refused, naming the operation in progress.
@@ -455,7 +455,7 @@ func TestUpgradeRefusedNamesTheHolder(t *testing.T) {
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod0, Namespace: job.DefaultNamespace}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 
-	c := newJobCluster(stateOf(t, kubeletsStage(operation(job.PhaseRunning)), nil), lease, pod)
+	c := newJobCluster(stateOf(t, kubeletsStage(operation(api.PhaseRunning)), nil), lease, pod)
 
 	stdout, stderr, code := runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	assert.Equal(t, ExitError, code)
@@ -465,7 +465,7 @@ func TestUpgradeRefusedNamesTheHolder(t *testing.T) {
 }
 
 func TestDetach(t *testing.T) {
-	op := kubeletsStage(operation(job.PhaseRunning))
+	op := kubeletsStage(operation(api.PhaseRunning))
 	c := newJobCluster(stateOf(t, op, nil), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace}})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -488,20 +488,20 @@ func TestRunVerb(t *testing.T) {
 		name   string
 		engine func(ctx context.Context) error
 		code   int
-		phase  job.Phase
+		phase  api.Phase
 	}{
-		{name: "succeeds", engine: func(context.Context) error { return nil }, code: ExitOK, phase: job.PhaseSucceeded},
+		{name: "succeeds", engine: func(context.Context) error { return nil }, code: ExitOK, phase: api.PhaseSucceeded},
 		{
-			name: "pauses", code: ExitPaused, phase: job.PhasePaused,
+			name: "pauses", code: ExitPaused, phase: api.PhasePaused,
 			engine: func(context.Context) error {
-				return &stages.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
+				return &engine.PauseError{Stage: "Kubelets", Node: "worker-1", Reason: "r", Action: "a"}
 			},
 		},
 	}
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newJobCluster(stateOf(t, operation(job.PhasePending), nil),
+			c := newJobCluster(stateOf(t, operation(api.PhasePending), nil),
 				&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "runner-pod", Namespace: job.DefaultNamespace}})
 			c.engine = engineFunc(tt.engine)
 
@@ -522,7 +522,7 @@ type engineFunc func(ctx context.Context) error
 func (f engineFunc) Run(ctx context.Context) error { return f(ctx) }
 
 func TestAbortAndResumeCommands(t *testing.T) {
-	op := kubeletsStage(operation(job.PhaseRunning))
+	op := kubeletsStage(operation(api.PhaseRunning))
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z"}},
 		Spec:       corev1.NodeSpec{Unschedulable: true},
@@ -546,7 +546,7 @@ func TestAbortAndResumeCommands(t *testing.T) {
 	assert.Equal(t, "error: operation kubernetes-v1-36-3-abcde was aborted: start a new one with kubectl ichor upgrade\n", stderr)
 
 	// A paused operation resumes with a new Job.
-	paused := operation(job.PhasePaused)
+	paused := operation(api.PhasePaused)
 	c = newJobCluster(stateOf(t, paused, nil), talosSecret())
 
 	stdout, stderr, code = runWith(t, c.with(deps{}), "resume", "--detach")
@@ -604,7 +604,7 @@ func TestAbortCommandAfterSuccessKeepsHeld(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Annotations: map[string]string{"ichor.dev/cordoned": "2026-11-29T12:04:00Z", "ichor.dev/hold": "disk"}},
 		Spec:       corev1.NodeSpec{Unschedulable: true},
 	}
-	c := newJobCluster(stateOf(t, operation(job.PhaseSucceeded), nil), held)
+	c := newJobCluster(stateOf(t, operation(api.PhaseSucceeded), nil), held)
 
 	stdout, stderr, code := runWith(t, c.with(deps{}), "abort")
 	require.Equal(t, ExitOK, code, stderr)
@@ -621,7 +621,7 @@ func TestAbortCommandAfterSuccessKeepsHeld(t *testing.T) {
 }
 
 func TestLogs(t *testing.T) {
-	op := operation(job.PhaseRunning)
+	op := operation(api.PhaseRunning)
 	pod := func(name string, created time.Time) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: job.DefaultNamespace, CreationTimestamp: metav1.NewTime(created), Labels: map[string]string{job.LabelOperation: op.Spec.ID}},
@@ -683,7 +683,7 @@ func TestUpgradePullFlags(t *testing.T) {
 		concurrency int
 	}{
 		{"kubernetes, set", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3", "--pull-timeout", "90s", "--pull-concurrency", "4"}, 90 * time.Second, 4},
-		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, stages.DefaultPullTimeout, stages.DefaultPullConcurrency},
+		{"kubernetes, defaults", fixture, []string{"upgrade", "kubernetes", "--to", "v1.36.3"}, engine.DefaultPullTimeout, engine.DefaultPullConcurrency},
 		{"talos, set", talos113, []string{"upgrade", "talos", "--to", "v1.13.9", "--pull-timeout", "15m", "--pull-concurrency", "100"}, 15 * time.Minute, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -694,7 +694,7 @@ func TestUpgradePullFlags(t *testing.T) {
 
 			state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
 			require.NoError(t, err)
-			assert.Equal(t, tc.timeout, job.Timeout(state.Spec.Timeouts.Pull))
+			assert.Equal(t, tc.timeout, api.Timeout(state.Spec.Timeouts.Pull))
 			assert.Equal(t, tc.concurrency, state.Spec.PullConcurrency)
 		})
 	}
@@ -742,7 +742,7 @@ func TestUpgradeTalosInstallers(t *testing.T) {
 
 	state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, stages.InstallerFlags{
+	assert.Equal(t, api.Installers{
 		Image: "registry.local/talos/installer:v1.13.9", Nodes: map[string]string{"worker-1": "registry.local/talos/gpu-installer:v1.13.9"},
 		DropExtensions: []string{"worker-1"},
 	}, state.Spec.Installers)
@@ -769,9 +769,9 @@ func TestPausedOutcomeSaysResumeOnce(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			op := &job.Operation{}
+			op := &api.Operation{}
 			op.Spec.ID = "op-1"
-			op.Status.Phase = job.PhasePaused
+			op.Status.Phase = api.PhasePaused
 			op.Status.Stage = "APIServers"
 			op.Status.PausedNode = "cp-2"
 			op.Status.Reason = "version unreadable"
@@ -794,16 +794,16 @@ func TestFollowRemovesTheCopiedTalosconfig(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		phase job.Phase
+		phase api.Phase
 		code  int
 		kept  bool
 	}{
-		{job.PhaseSucceeded, ExitOK, false},
-		{job.PhasePaused, ExitPaused, true},
+		{api.PhaseSucceeded, ExitOK, false},
+		{api.PhasePaused, ExitPaused, true},
 	} {
 		t.Run(string(tc.phase), func(t *testing.T) {
 			op := operation(tc.phase)
-			op.Spec.Credentials = job.CredentialsLocal
+			op.Spec.Credentials = api.CredentialsLocal
 			op.Status.Reason = "drain: pod default/web-0 not evicted after 5m0s"
 
 			c := newJobCluster(stateOf(t, op, nil), secret())

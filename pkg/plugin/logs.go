@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
@@ -114,7 +115,7 @@ func (o *LogsOptions) follow(ctx context.Context, ctl *job.Control, id string, p
 			fresh = fresh || !done[p.Name]
 		}
 
-		if !fresh && (op.Status.Phase.Finished() || op.Status.Phase == job.PhasePaused || op.Spec.ID != id) {
+		if !fresh && (op.Status.Phase.Finished() || op.Status.Phase == api.PhasePaused || op.Spec.ID != id) {
 			return nil
 		}
 

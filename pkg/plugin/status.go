@@ -67,7 +67,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	}
 
 	var (
-		op      *job.Operation
+		op      *api.Operation
 		plan    *api.Plan
 		current = o.Operation == ""
 	)
@@ -143,7 +143,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 // document (apiVersion, kind, spec, status) with its progress, computed
 // when asked.
 type statusDocument struct {
-	*job.Operation
+	*api.Operation
 
 	Progress progress.Progress `json:"progress"`
 }

@@ -13,7 +13,7 @@ import (
 // summaryLines say what an ended operation did, node by node: each stage's
 // time from its apply to done (or "verified" when it changed nothing), what
 // the plan changed there, then every pause and its reason.
-func summaryLines(op *job.Operation, plan *api.Plan) []string {
+func summaryLines(op *api.Operation, plan *api.Plan) []string {
 	s := op.Status
 	if len(s.Nodes) == 0 {
 		return nil

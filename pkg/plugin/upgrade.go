@@ -17,6 +17,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
@@ -68,14 +69,14 @@ func (o *upgradeOptions) addFlags(cmd *cobra.Command, example string) {
 	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
 	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "Do not ask for confirmation (required without a terminal)")
 	cmd.Flags().BoolVar(&o.Detach, "detach", false, "Return once the Job is created; follow later with kubectl ichor status --watch")
-	cmd.Flags().StringVar(&o.Credentials, "talos-credentials", string(job.CredentialsServiceAccount),
+	cmd.Flags().StringVar(&o.Credentials, "talos-credentials", string(api.CredentialsServiceAccount),
 		"Talos credentials of the Job: serviceaccount (a talos.dev ServiceAccount with role os:admin, needs kubernetesTalosAPIAccess) "+
 			"or local (a copy of your talosconfig in a Secret, deleted when the operation ends)")
-	cmd.Flags().DurationVar(&o.VerifyTimeout, "verify-timeout", stages.DefaultVerifyTimeout, "How long a node may take to verify after its change")
-	cmd.Flags().DurationVar(&o.DrainTimeout, "drain-timeout", stages.DefaultDrainTimeout, "How long one node's drain may take")
-	cmd.Flags().DurationVar(&o.PullTimeout, "pull-timeout", stages.DefaultPullTimeout,
+	cmd.Flags().DurationVar(&o.VerifyTimeout, "verify-timeout", engine.DefaultVerifyTimeout, "How long a node may take to verify after its change")
+	cmd.Flags().DurationVar(&o.DrainTimeout, "drain-timeout", engine.DefaultDrainTimeout, "How long one node's drain may take")
+	cmd.Flags().DurationVar(&o.PullTimeout, "pull-timeout", engine.DefaultPullTimeout,
 		"How long one node's pre-pull of a stage's images may take (each node its own bound, its images at once)")
-	cmd.Flags().IntVar(&o.PullConcurrency, "pull-concurrency", stages.DefaultPullConcurrency, "How many nodes pre-pull images at once")
+	cmd.Flags().IntVar(&o.PullConcurrency, "pull-concurrency", engine.DefaultPullConcurrency, "How many nodes pre-pull images at once")
 }
 
 func (o *upgradeOptions) validate() error {
@@ -83,8 +84,8 @@ func (o *upgradeOptions) validate() error {
 		return err
 	}
 
-	switch job.Credentials(o.Credentials) {
-	case job.CredentialsServiceAccount, job.CredentialsLocal:
+	switch api.Credentials(o.Credentials) {
+	case api.CredentialsServiceAccount, api.CredentialsLocal:
 	default:
 		return fmt.Errorf("--talos-credentials %q: pass serviceaccount or local", o.Credentials)
 	}
@@ -101,11 +102,11 @@ func (o *upgradeOptions) validate() error {
 
 	// Zero is no bound for a pull, not the default: refused like a negative one.
 	if o.PullTimeout <= 0 {
-		return fmt.Errorf("--pull-timeout %s: pass a positive duration, e.g. %s", o.PullTimeout, stages.DefaultPullTimeout)
+		return fmt.Errorf("--pull-timeout %s: pass a positive duration, e.g. %s", o.PullTimeout, engine.DefaultPullTimeout)
 	}
 
 	if o.PullConcurrency < 1 {
-		return fmt.Errorf("--pull-concurrency %d: pass how many nodes may pull at once, 1 or more (default %d)", o.PullConcurrency, stages.DefaultPullConcurrency)
+		return fmt.Errorf("--pull-concurrency %d: pass how many nodes may pull at once, 1 or more (default %d)", o.PullConcurrency, engine.DefaultPullConcurrency)
 	}
 
 	return nil
@@ -136,10 +137,10 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*
 }
 
 // launch confirms, launches the operation and follows it (unless --detach).
-func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind stages.Kind, installers stages.InstallerFlags) error {
+func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind engine.Kind, installers stages.InstallerFlags) error {
 	access := job.ManifestAccess{}
 
-	if kind == stages.KindKubernetes {
+	if kind == engine.KindKubernetes {
 		var err error
 		if access, err = o.deps.manifestAccess(ctx, o.flags); err != nil {
 			return fmt.Errorf("read the bootstrap manifests through Talos (the Job may re-apply exactly their objects): %w: "+
@@ -165,11 +166,11 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		}
 	}
 
-	creds := job.Credentials(o.Credentials)
+	creds := api.Credentials(o.Credentials)
 
 	var talosconfig []byte
 
-	if creds == job.CredentialsLocal {
+	if creds == api.CredentialsLocal {
 		var err error
 		if talosconfig, err = localTalosconfig(o.flags.talos); err != nil {
 			return err
@@ -189,20 +190,20 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		return fmt.Errorf("encode plan: %w", err)
 	}
 
-	spec := job.OperationSpec{
+	spec := api.OperationSpec{
 		ID:              job.NewOperationID(string(kind), o.target.String()),
-		Upgrade:         kind,
+		Upgrade:         string(kind),
 		Target:          o.target.String(),
-		Installers:      installers,
+		Installers:      api.Installers(installers),
 		MaxUnavailable:  o.MaxUnavailable,
 		PullConcurrency: o.PullConcurrency,
 		AllowEtcdOutage: o.AllowEtcdOutage,
 		ManifestsForce:  o.ManifestsForce,
 		Image:           o.JobImage,
 		Credentials:     creds,
-		Timeouts: job.Timeouts{
-			Apply: job.NewTimeout(o.ApplyTimeout), Verify: job.NewTimeout(o.VerifyTimeout), Drain: job.NewTimeout(o.DrainTimeout),
-			Upgrade: job.NewTimeout(o.UpgradeTimeout), Reboot: job.NewTimeout(o.RebootTimeout), Pull: job.NewTimeout(o.PullTimeout),
+		Timeouts: api.Timeouts{
+			Apply: api.NewTimeout(o.ApplyTimeout), Verify: api.NewTimeout(o.VerifyTimeout), Drain: api.NewTimeout(o.DrainTimeout),
+			Upgrade: api.NewTimeout(o.UpgradeTimeout), Reboot: api.NewTimeout(o.RebootTimeout), Pull: api.NewTimeout(o.PullTimeout),
 		},
 		CreatedBy: "kubectl-ichor " + version.Version,
 	}
@@ -246,7 +247,7 @@ func (o *upgradeOptions) confirm(ctx context.Context, plan *api.Plan, namespace 
 		name = plan.Cluster.Endpoint
 	}
 
-	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(stages.Kind(plan.Upgrade)), name, plan.Target, namespace)
+	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(plan.Upgrade), name, plan.Target, namespace)
 
 	answers := make(chan string, 1)
 
@@ -328,7 +329,7 @@ func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	return o.launch(ctx, ctl, plan, stages.KindKubernetes, stages.InstallerFlags{})
+	return o.launch(ctx, ctl, plan, engine.KindKubernetes, stages.InstallerFlags{})
 }
 
 func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
@@ -357,7 +358,7 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
 	o.addFlags(cmd, "v1.37.2")
 	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
 	o.addManifestsForceFlag(cmd)
-	cmd.Flags().DurationVar(&o.ApplyTimeout, "apply-timeout", stages.DefaultApplyTimeout, "How long one machine config apply may take")
+	cmd.Flags().DurationVar(&o.ApplyTimeout, "apply-timeout", engine.DefaultApplyTimeout, "How long one machine config apply may take")
 
 	return cmd
 }
@@ -447,7 +448,7 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	return o.launch(ctx, ctl, plan, stages.KindTalos, o.installers)
+	return o.launch(ctx, ctl, plan, engine.KindTalos, o.installers)
 }
 
 func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
@@ -475,8 +476,8 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 	o.addFlags(cmd, "v1.14.1")
 	o.addInstallerFlags(cmd.Flags())
 	cmd.Flags().StringVar(&o.JobImage, "image", version.DefaultImage(), "The kubectl-ichor image the Job runs")
-	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", stages.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")
-	cmd.Flags().DurationVar(&o.RebootTimeout, "reboot-timeout", stages.DefaultRebootTimeout, "How long a node may take to come back after its reboot")
+	cmd.Flags().DurationVar(&o.UpgradeTimeout, "upgrade-timeout", engine.DefaultUpgradeTimeout, "How long one node's Talos Upgrade call may take")
+	cmd.Flags().DurationVar(&o.RebootTimeout, "reboot-timeout", engine.DefaultRebootTimeout, "How long a node may take to come back after its reboot")
 	addEtcdFlags(cmd, &o.planOptions)
 	cmd.Flags().StringVar(&o.EtcdSnapshot, "etcd-snapshot", "",
 		"Save an etcd snapshot through Talos to this new FILE before the Job is launched (written whole or not at all; never overwrites)")

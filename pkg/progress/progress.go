@@ -9,7 +9,7 @@ import (
 	"time"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
-	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -73,7 +73,7 @@ type Stage struct {
 //
 // The item under way has been going since the last batch or step done (a
 // rollout: since it was last observed).
-func Of(op *job.Operation, plan *api.Plan, now time.Time) Progress {
+func Of(op *api.Operation, plan *api.Plan, now time.Time) Progress {
 	s := &op.Status
 	p := Progress{ElapsedSeconds: int64(Elapsed(op, now).Seconds())}
 
@@ -119,7 +119,7 @@ func Of(op *job.Operation, plan *api.Plan, now time.Time) Progress {
 
 // model is the operation's measured timeline against the plan.
 type model struct {
-	op   *job.Operation
+	op   *api.Operation
 	plan *api.Plan
 	now  time.Time
 
@@ -151,7 +151,7 @@ type model struct {
 
 type interval struct{ from, to time.Time }
 
-func newModel(op *job.Operation, plan *api.Plan, now time.Time) *model {
+func newModel(op *api.Operation, plan *api.Plan, now time.Time) *model {
 	s := &op.Status
 	m := &model{
 		op: op, plan: plan, now: now,
@@ -183,7 +183,7 @@ func newModel(op *job.Operation, plan *api.Plan, now time.Time) *model {
 	}
 
 	for _, r := range s.Steps {
-		if r.Step == stages.StepRollout {
+		if r.Step == engine.StepRollout {
 			end := now
 			if r.Done != nil {
 				end = r.Done.Time
@@ -302,7 +302,7 @@ func (m *model) stage(st *api.Stage) Stage {
 	}
 
 	if r := m.rolloutOf(st); r != nil {
-		rec := s.StepOf(st.Name, stages.StepRollout)
+		rec := s.StepOf(st.Name, engine.StepRollout)
 		if rec == nil || rec.Done == nil {
 			it := item{kind: itemRollout, stage: st.Name, rollout: *r, rec: rec}
 			if rec != nil && rec.Observed != nil {
@@ -358,7 +358,7 @@ type item struct {
 	work  stages.Work
 	// rollout and rec are the rollout's pods and its record, if any.
 	rollout api.Rollout
-	rec     *job.StepRecord
+	rec     *api.StepRecord
 	// mark is when the item's own measure was taken (a rollout's last
 	// observation); zero: the model's mark.
 	mark time.Time
@@ -410,7 +410,7 @@ func (m *model) cycleFor(stage string, work stages.Work) time.Duration {
 
 // firstRunner reports whether the status still holds the first runner's
 // record (it keeps the last job.MaxRunners).
-func firstRunner(s *job.OperationStatus) bool {
+func firstRunner(s *api.OperationStatus) bool {
 	return len(s.Runners) > 0 && len(s.Runners) >= s.Runs
 }
 
@@ -442,7 +442,7 @@ func (m *model) rolloutLeft(it item) time.Duration {
 		// DaemonSet (the control planes' syncs overlap it), else when its
 		// wait began.
 		began := r.Started.Time
-		if ms := m.op.Status.StepOf(it.stage, stages.StepManifests); ms != nil && ms.Started.Time.Before(began) {
+		if ms := m.op.Status.StepOf(it.stage, engine.StepManifests); ms != nil && ms.Started.Time.Before(began) {
 			began = ms.Started.Time
 		}
 
@@ -525,7 +525,7 @@ func (m *model) basis() string {
 }
 
 // doneAt is when the node was done in stage, from its timeline.
-func doneAt(s *job.OperationStatus, node, stage string) (time.Time, bool) {
+func doneAt(s *api.OperationStatus, node, stage string) (time.Time, bool) {
 	n := s.Node(node)
 	if n == nil {
 		return time.Time{}, false
@@ -542,7 +542,7 @@ func doneAt(s *job.OperationStatus, node, stage string) (time.Time, bool) {
 
 // Elapsed is the operation's time so far: from the first runner's start (or
 // the launch) to its end, or to now while it has not ended.
-func Elapsed(op *job.Operation, now time.Time) time.Duration {
+func Elapsed(op *api.Operation, now time.Time) time.Duration {
 	start := op.Spec.CreatedAt.Time
 	if op.Status.StartedAt != nil {
 		start = op.Status.StartedAt.Time

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -30,14 +31,14 @@ func plan3x2() *api.Plan {
 
 // running is an operation started at t0 whose nodes were done at the given
 // offsets, in plan order.
-func running(stage string, done ...time.Duration) *job.Operation {
+func running(stage string, done ...time.Duration) *api.Operation {
 	started := metav1.NewTime(t0)
-	op := &job.Operation{Status: job.OperationStatus{Phase: job.PhaseRunning, StartedAt: &started}}
+	op := &api.Operation{Status: api.OperationStatus{Phase: api.PhaseRunning, StartedAt: &started}}
 	names := []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"}
 
 	for i, d := range done {
-		op.Status.SetNode(stage, names[i], stages.PhaseApplying, "", t0.Add(d-10*time.Second))
-		op.Status.SetNode(stage, names[i], stages.PhaseDone, "", t0.Add(d))
+		job.SetNode(&op.Status, stage, names[i], engine.PhaseApplying, "", t0.Add(d-10*time.Second))
+		job.SetNode(&op.Status, stage, names[i], engine.PhaseDone, "", t0.Add(d))
 	}
 
 	return op
@@ -81,7 +82,7 @@ func TestAStageNotReachedTakesItsKindsPace(t *testing.T) {
 
 func TestFinishedHasNoEstimate(t *testing.T) {
 	op := running("TalosOS", 1*time.Minute, 2*time.Minute, 3*time.Minute, 4*time.Minute, 5*time.Minute)
-	op.Status.Phase = job.PhaseSucceeded
+	op.Status.Phase = api.PhaseSucceeded
 	end := metav1.NewTime(t0.Add(5 * time.Minute))
 	op.Status.FinishedAt = &end
 
@@ -143,10 +144,10 @@ func kubePlan() *api.Plan {
 // timeline builds an operation launched at t0 (0.2 s in: the spec's time is
 // truncated to the second) whose first runner, on node, took the lock 2 s
 // later (a pod's start of 2 s).
-type timeline struct{ op *job.Operation }
+type timeline struct{ op *api.Operation }
 
 func newTimeline(node string) *timeline {
-	op := &job.Operation{Spec: job.OperationSpec{CreatedAt: metav1.NewTime(t0)}, Status: job.OperationStatus{Phase: job.PhaseRunning}}
+	op := &api.Operation{Spec: api.OperationSpec{CreatedAt: metav1.NewTime(t0)}, Status: api.OperationStatus{Phase: api.PhaseRunning}}
 	launched := metav1.NewMicroTime(at(0.2))
 	op.Status.LaunchedAt = &launched
 	op.Status.StartRunner("runner-1", node, false, t0, at(2.2))
@@ -160,8 +161,8 @@ func newTimeline(node string) *timeline {
 // done marks the nodes done in stage at s seconds.
 func (tl *timeline) done(stage string, s float64, nodes ...string) *timeline {
 	for _, n := range nodes {
-		tl.op.Status.SetNode(stage, n, stages.PhaseApplying, "", at(s-0.5))
-		tl.op.Status.SetNode(stage, n, stages.PhaseDone, "", at(s))
+		job.SetNode(&tl.op.Status, stage, n, engine.PhaseApplying, "", at(s-0.5))
+		job.SetNode(&tl.op.Status, stage, n, engine.PhaseDone, "", at(s))
 	}
 
 	return tl
@@ -199,9 +200,9 @@ func TestRolloutUnderWayTakesItsOwnPace(t *testing.T) {
 	tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
 		done("KubeProxy", 29, "cp-1").done("KubeProxy", 30, "cp-2").done("KubeProxy", 31, "cp-3")
 	s := &tl.op.Status
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(29))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 7, Updated: 1, MaxUnavailable: 1}, at(31))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Pods: 7, Updated: 4, MaxUnavailable: 1}, at(37))
+	job.SetStep(s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, at(29))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Pods: 7, Updated: 1, MaxUnavailable: 1}, at(31))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Pods: 7, Updated: 4, MaxUnavailable: 1}, at(37))
 
 	p := progress.Of(tl.op, kubePlan(), at(38))
 
@@ -220,9 +221,9 @@ func TestTheRolloutIsInNoBatch(t *testing.T) {
 		done("KubeProxy", 29, "cp-1").done("KubeProxy", 30, "cp-2").done("KubeProxy", 31, "cp-3").
 		done("Kubelets", 64, "cp-1")
 	s := &tl.op.Status
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(29))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, at(31))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(61))
+	job.SetStep(s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, at(29))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(31))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(61))
 
 	p := progress.Of(tl.op, kubePlan(), at(64))
 
@@ -239,8 +240,8 @@ func TestRunnerReplacement(t *testing.T) {
 		tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
 			controlPlanes("KubeProxy", 20).controlPlanes("Kubelets", 37).done("Kubelets", 49, "worker-1", "worker-2")
 		s := &tl.op.Status
-		s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, at(29))
-		s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+		job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(29))
+		job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
 
 		return tl
 	}
@@ -253,7 +254,7 @@ func TestRunnerReplacement(t *testing.T) {
 
 	t.Run("under way: the time without a runner counts", func(t *testing.T) {
 		tl := base()
-		tl.op.Status.SetNode("Kubelets", "worker-3", stages.PhaseDraining, "", at(50))
+		job.SetNode(&tl.op.Status, "Kubelets", "worker-3", engine.PhaseDraining, "", at(50))
 		tl.op.Status.EndRunner(at(51))
 
 		p := progress.Of(tl.op, kubePlan(), at(55))
@@ -315,9 +316,9 @@ func TestResumedOperationKeepsWhatItMeasured(t *testing.T) {
 		done("KubeProxy", 21, "cp-1").done("KubeProxy", 22, "cp-2").done("KubeProxy", 23, "cp-3").
 		done("Kubelets", 40, "cp-1", "cp-2")
 	s := &tl.op.Status
-	s.SetStep("KubeProxy", stages.StepManifests, stages.StepTiming{Done: true}, at(21))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{}, at(23))
-	s.SetStep("KubeProxy", stages.StepRollout, stages.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+	job.SetStep(s, "KubeProxy", engine.StepManifests, engine.StepTiming{Done: true}, at(21))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(23))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
 	s.EndRunner(at(41))
 	s.AddPause("Kubelets", "cp-3", "drain: a budget", at(41))
 	s.StartRunner("runner-2", "worker-1", true, t0, at(3641))

@@ -1,41 +1,31 @@
-// Package stages owns the shape of an upgrade: the stages as an ordered list of small
-// types (APIServers, ControlPlaneComponents, KubeProxy, Kubelets for Kubernetes; TalosOS
-// for the OS), the order nodes are visited in, what each stage changes on each node, and
-// the version rules (strict vX.Y.Z, one minor at a time, no downgrade).
+// Package stages owns the shape of an upgrade, as a pure model: what is to happen, never
+// the doing of it (that is pkg/engine, which this package does not import).
 //
-// The plan side is pure: it reads a discovery.Snapshot and returns the plan's stages as
-// the api/v1alpha1 types, so the plan command and the in-cluster engine derive the same
-// answer from the same observed state.
+//   - The stages, an ordered list of small types: APIServers, ControlPlaneComponents,
+//     KubeProxy, Kubelets for Kubernetes (kubernetes.go); TalosOS for the OS (talos.go).
+//     Each says of itself what the run needs to know: which components it sets to the
+//     target (AtTarget; the others are pinned to the node's kubelet version, never
+//     moved back), whether it visits workers, whether it drains its nodes (Drains), what
+//     it rolls out besides the configs (Rollout: the kube-proxy DaemonSet), what its
+//     batches wait for (Work, which paces estimates). The engine asks these, not which
+//     stage it has.
+//   - The order nodes are visited in (order.go): held nodes (discovery.HoldAnnotation)
+//     left out and named, control planes one at a time, workers in batches of
+//     MaxUnavailable, the order label first, the runner's own node last in its group.
+//   - What each stage changes on each node (KubernetesChanges, TalosOS.Changes) and the
+//     config and bootstrap manifests its render gives (render.go: RenderStage,
+//     ManifestsAtTarget), which plan shows and the run applies.
+//   - The version rules (version.go): strict vX.Y.Z, one minor at a time, no downgrade;
+//     an image whose tag says no version moves nothing (ErrNoVersionTag).
+//   - The invariant (invariant.go): no kube-controller-manager, kube-scheduler,
+//     kube-proxy or kubelet newer than any kube-apiserver, judged from what the cluster
+//     runs, with the lines that say what is skewed or unknown.
+//   - etcd's health (etcd.go): read through the EtcdReader a caller passes, judged per
+//     member (voters, quorum, raft progress, alarms) for the checks and the Talos gate.
 //
-// The Engine (engine.go is its contract with the runner; one file per upgrade kind,
-// engine_kubernetes.go for Kubernetes) drives an upgrade against the cluster. It keeps
-// no state of its own: every Run re-reads each node's active machine config and compares
-// it with the render for the current stage; a node that differs is checked, dry-run and
-// applied (NO_REBOOT, under its own deadline), one that is equal is only verified, so a
-// fresh Engine on a half-done cluster finishes it without applying anything twice. After
-// every apply it checks the invariant against what the cluster runs: no
-// kube-controller-manager, kube-scheduler, kube-proxy or kubelet newer than any
-// kube-apiserver. The Kubernetes side of each step (verification by informers, cordon
-// and drain, the bootstrap manifests' server-side apply) is pkg/kube.
-//
-// The Talos OS upgrade (engine_talos.go) visits the nodes in the same order with the
-// same checks' style: upgrade path and Kubernetes pairing (machinery's compatibility
-// tables), node Ready, no staged machine config, etcd all voters on a control plane;
-// then it cordons and drains the node itself (a Reboot after LifecycleService.Upgrade
-// does not drain), records the node's boot ID in Memo before the Upgrade call (under
-// its own deadline), gates the node again right before its Install and its Reboot
-// (etcd, a staged config: engine_talos_etcd.go), and follows the reboot by that boot
-// ID: unreachable is rebooting, the same ID is not yet, a new ID on the old version is
-// an A/B fallback and pauses. What a run does with a node whose upgrade is under way
-// is decide() (engine_talos_once.go), from the node's boot ID, version and machined's
-// log of the installs of that boot: only an install of the installer chosen for the
-// node is rebooted into (engine_talos_foreign.go). The node is done once Ready on the
-// new osImage (and, on a control plane, etcd all voters again), and uncordoned. The
-// boot ID is all it keeps: a new runner resumes a node from it and the node's state.
-//
-// Both upgrades end with a last look at the Nodes (left_behind.go): a node not held and
-// still behind the target joined after the stages read the cluster, and pauses the run,
-// named, rather than be left behind by a run that says it succeeded.
+// The plan side reads a discovery.Snapshot and returns the plan's stages as the
+// api/v1alpha1 types; the engine runs the same functions on what it reads, so the plan
+// command and the in-cluster run derive the same answer from the same observed state.
 //
 // The installer of each node (installer.go) is chosen from what the node runs, not
 // from its config alone: a node moved to an Image Factory schematic usually still
@@ -46,7 +36,6 @@
 // factory installer of the empty schematic), checks an explicit installer
 // (--installer-image) against what the node runs (--drop-extensions, per node, accepts
 // a loss), and refuses, naming the --installer-image to pass, what it cannot derive; the
-// plan and the engine use the same rule. The run (engine_talos_installer.go) pulls every
-// node's installer of a batch before the batch's first cordon, and after each reboot
-// checks the node runs what its installer was to carry.
+// plan and the engine use the same rule, and InstallExpect is what the node must run
+// after its reboot.
 package stages

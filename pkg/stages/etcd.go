@@ -327,11 +327,11 @@ func (v *EtcdView) Judge(node string) EtcdVerdict {
 	var out EtcdVerdict
 
 	if v.ListErr != nil {
-		out.Problems = append(out.Problems, "etcd member list: "+firstLine(v.ListErr))
+		out.Problems = append(out.Problems, "etcd member list: "+FirstLine(v.ListErr))
 	}
 
 	if v.AlarmsErr != nil && v.ListErr == nil {
-		out.Problems = append(out.Problems, "etcd alarm list: "+firstLine(v.AlarmsErr))
+		out.Problems = append(out.Problems, "etcd alarm list: "+FirstLine(v.AlarmsErr))
 	}
 
 	// Each control plane's member: by the ID its status gave, else by name.
@@ -388,7 +388,7 @@ func (v *EtcdView) Judge(node string) EtcdVerdict {
 			if !matched[n.Name] {
 				problem := fmt.Sprintf("control plane %s has no etcd member", n.Name)
 				if err, failed := v.StatusErr[n.Name]; failed {
-					problem += " (its etcd status: " + firstLine(err) + ")"
+					problem += " (its etcd status: " + FirstLine(err) + ")"
 				}
 
 				out.Problems = append(out.Problems, problem)
@@ -438,7 +438,7 @@ func (v *EtcdView) memberProblem(m talos.EtcdMember, n EtcdNode, ok bool, lead u
 			problems = append(problems, "no control-plane Node runs it (a stale member still counts for quorum)")
 		}
 	case !answered:
-		problems = append(problems, "does not answer etcd status: "+firstLine(v.StatusErr[n.Name]))
+		problems = append(problems, "does not answer etcd status: "+FirstLine(v.StatusErr[n.Name]))
 	default:
 		// etcd lists every active alarm of the cluster among each member's
 		// errors; the alarm list names the member that raised it.
@@ -559,3 +559,14 @@ func (v EtcdVerdict) OutageText(node string) string {
 // OutageAction says how to go on with a small etcd.
 const OutageAction = "run 3 or more control planes to keep quorum through each reboot, or accept the outage: " +
 	"launch the upgrade again with --allow-etcd-outage (kubectl ichor abort, then kubectl ichor upgrade talos ... --allow-etcd-outage)"
+
+// FirstLine keeps the first of joined errors, and how many more there were: how an
+// error is said in a verdict, a node line or a pause reason.
+func FirstLine(err error) string {
+	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	if len(lines) == 1 {
+		return lines[0]
+	}
+
+	return fmt.Sprintf("%s (and %d more)", lines[0], len(lines)-1)
+}

@@ -94,6 +94,36 @@ type InstallExpect struct {
 	Extensions []string `json:"extensions,omitempty"`
 }
 
+// Missing lists what of the expectation a node does not run: a schematic
+// other than the one its installer carries, extensions it no longer runs.
+func (x InstallExpect) Missing(runs talos.Installed) []string {
+	var out []string
+
+	if x.Schematic != "" {
+		got := "none"
+		if s, ok := runs.Schematic(); ok {
+			got = shortSchematic(s.Version)
+		}
+
+		if s, ok := runs.Schematic(); !ok || s.Version != x.Schematic {
+			out = append(out, fmt.Sprintf("schematic %s (it runs %s)", shortSchematic(x.Schematic), got))
+		}
+	}
+
+	exts := runs.SystemExtensions()
+
+	for _, e := range x.Extensions {
+		if !slices.Contains(exts, e) {
+			out = append(out, e)
+		}
+	}
+
+	return out
+}
+
+// Empty reports whether there is nothing to check.
+func (x InstallExpect) Empty() bool { return x.Schematic == "" && len(x.Extensions) == 0 }
+
 // Reason says in a few words why this installer, for the plan; "" for the
 // plain case (the configured installer of a node without extensions).
 func (i Installer) Reason() string {
@@ -163,6 +193,15 @@ func parseFactoryInstaller(repository string) (factoryInstaller, bool) {
 	}
 
 	return factoryInstaller{base: strings.Join(parts[:len(parts)-2], "/"), name: name, schematic: schematic}, true
+}
+
+// FactorySchematic returns the schematic an installer image carries and the host (and
+// path) of the Image Factory that serves it, ok false when the image is not a factory
+// installer.
+func FactorySchematic(image string) (schematic, base string, ok bool) {
+	f, ok := parseFactoryInstaller(render.RepositoryOf(image))
+
+	return f.schematic, f.base, ok
 }
 
 // installerName is the name of a factory installer for the node's platform

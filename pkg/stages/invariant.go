@@ -160,9 +160,3 @@ func (inv Invariant) WorseThan(before Invariant) []string {
 
 	return out
 }
-
-// invariantViolations returns one line for every controller-manager, scheduler,
-// kube-proxy or kubelet newer than the oldest apiserver.
-func invariantViolations(running []kube.Running) []string {
-	return JudgeInvariant(running).SkewLines()
-}

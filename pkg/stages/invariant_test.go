@@ -1,14 +1,12 @@
 package stages
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
-	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 )
 
 func TestInvariantWorseThan(t *testing.T) {
@@ -77,14 +75,4 @@ func TestInvariantWorseThan(t *testing.T) {
 	})
 	assert.Equal(t, []string{`kube-apiserver on cp-1: image "registry.k8s.io/kube-apiserver:v1.35.4-custom" has no vMAJOR.MINOR.PATCH tag (pod kube-system/kube-apiserver-cp-1)`},
 		unknown.UnknownLines())
-}
-
-// The engine's node messages (the operation's record) say a dropped digest.
-func TestDescribeChangesSaysADroppedDigest(t *testing.T) {
-	digest := "sha256:" + strings.Repeat("ab", 32)
-
-	assert.Equal(t, "kube-apiserver v1.35.4 -> v1.36.3 (digest "+digest+" dropped), kubelet v1.35.4 -> v1.36.3", describeChanges([]render.Change{
-		{Component: discovery.APIServer, From: "registry.k8s.io/kube-apiserver:v1.35.4@" + digest, To: "registry.k8s.io/kube-apiserver:v1.36.3", DroppedDigest: digest},
-		{Component: discovery.Kubelet, From: "ghcr.io/siderolabs/kubelet:v1.35.4", To: "ghcr.io/siderolabs/kubelet:v1.36.3"},
-	}))
 }

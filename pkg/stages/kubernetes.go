@@ -24,9 +24,28 @@ type KubernetesStage interface {
 	After() string
 	// Work is what one of the stage's batches waits for, which sets its pace.
 	Work() Work
+	// Drains reports whether each node is cordoned and drained before its apply, and
+	// uncordoned once verified.
+	Drains() bool
+	// Rollout is what the stage rolls out across the cluster besides its nodes' configs.
+	Rollout() Rollout
 	// SkipReason says why the stage does not run on this cluster; "" when it runs.
 	SkipReason(snap *discovery.Snapshot) string
 }
+
+// Rollout is what a Kubernetes stage rolls out across the cluster besides its nodes'
+// configs.
+type Rollout string
+
+const (
+	// NoRollout: the stage changes its nodes' configs alone.
+	NoRollout Rollout = ""
+	// RolloutKubeProxy: each control plane's config moves kube-proxy; the run syncs the
+	// bootstrap manifests Talos re-renders from it (the kube-proxy DaemonSet changes)
+	// and waits for the DaemonSet's rollout, which replaces kube-proxy on every node,
+	// workers too.
+	RolloutKubeProxy Rollout = "kube-proxy"
+)
 
 // APIServers moves kube-apiserver on every control plane, one at a time; everything else
 // stays pinned, so no component is ever newer than an apiserver.
@@ -51,6 +70,12 @@ func (APIServers) After() string { return "" }
 
 // Work implements KubernetesStage.
 func (APIServers) Work() Work { return WorkStaticPods }
+
+// Drains implements KubernetesStage.
+func (APIServers) Drains() bool { return false }
+
+// Rollout implements KubernetesStage.
+func (APIServers) Rollout() Rollout { return NoRollout }
 
 // SkipReason implements KubernetesStage.
 func (APIServers) SkipReason(*discovery.Snapshot) string { return "" }
@@ -81,6 +106,12 @@ func (ControlPlaneComponents) After() string { return "" }
 // Work implements KubernetesStage.
 func (ControlPlaneComponents) Work() Work { return WorkStaticPods }
 
+// Drains implements KubernetesStage.
+func (ControlPlaneComponents) Drains() bool { return false }
+
+// Rollout implements KubernetesStage.
+func (ControlPlaneComponents) Rollout() Rollout { return NoRollout }
+
 // SkipReason implements KubernetesStage.
 func (ControlPlaneComponents) SkipReason(*discovery.Snapshot) string { return "" }
 
@@ -107,6 +138,12 @@ func (KubeProxy) After() string { return "bootstrap manifests, kube-proxy rollou
 
 // Work implements KubernetesStage.
 func (KubeProxy) Work() Work { return WorkConfig }
+
+// Drains implements KubernetesStage.
+func (KubeProxy) Drains() bool { return false }
+
+// Rollout implements KubernetesStage.
+func (KubeProxy) Rollout() Rollout { return RolloutKubeProxy }
 
 // SkipReason implements KubernetesStage.
 func (KubeProxy) SkipReason(snap *discovery.Snapshot) string {
@@ -140,6 +177,12 @@ func (Kubelets) After() string { return "" }
 
 // Work implements KubernetesStage.
 func (Kubelets) Work() Work { return WorkDrain }
+
+// Drains implements KubernetesStage.
+func (Kubelets) Drains() bool { return true }
+
+// Rollout implements KubernetesStage.
+func (Kubelets) Rollout() Rollout { return NoRollout }
 
 // SkipReason implements KubernetesStage.
 func (Kubelets) SkipReason(*discovery.Snapshot) string { return "" }

@@ -72,7 +72,7 @@ func PlanKubernetes(snap *discovery.Snapshot, target Version, opts Options) (*ap
 // when some node's config moves kube-proxy (its sync changes the DaemonSet),
 // nil otherwise.
 func rolloutOf(s KubernetesStage, snap *discovery.Snapshot, steps []api.NodeStep) *api.Rollout {
-	if _, proxy := s.(KubeProxy); !proxy || !snap.KubeProxy.Present {
+	if s.Rollout() != RolloutKubeProxy || !snap.KubeProxy.Present {
 		return nil
 	}
 

@@ -1,0 +1,124 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+)
+
+// This file is a node's cordon and drain, as both upgrades do them before a kubelet
+// restart or a reboot: ichor's own cordon (its annotation says who cordoned), checked
+// again after the drain so that a node uncordoned meanwhile is not restarted with pods.
+
+// cordonAndDrain makes sure the node is cordoned (see ensureCordoned) and
+// drains it; a node found schedulable again once drained (uncordoned during
+// the drain) is cordoned and drained again, a bounded number of times. A
+// failed drain uncordons it again. It returns a summary ("drained 3 pods").
+func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string) (string, error) {
+	evicted := 0
+
+	for round := 1; ; round++ {
+		if err := e.ensureCordoned(ctx, stage, name); err != nil {
+			return "", err
+		}
+
+		n, err := e.drain(ctx, opts, stage, name)
+		if err != nil {
+			return "", err
+		}
+
+		evicted += n
+
+		state, err := kube.ReadCordon(ctx, e.Kube, name)
+		if err != nil {
+			return "", e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		if state == kube.CordonedByUs {
+			return fmt.Sprintf("drained %d pod(s)", evicted), nil
+		}
+
+		if round == maxCordonRounds {
+			err := fmt.Errorf("node %q was made schedulable again during each of %d drains", name, round)
+
+			return "", e.pause(ctx, stage, name, err.Error()+"; it is not rebooted while pods can land on it",
+				"find who uncordons it (kubectl get events --field-selector involvedObject.name="+name+"), stop them, then resume", err)
+		}
+
+		e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
+	}
+}
+
+// maxCordonRounds bounds cordonAndDrain's rounds.
+const maxCordonRounds = 3
+
+// ensureCordoned cordons the node unless it is cordoned and carries ichor's
+// mark, reading it from the API server: a node with the mark but schedulable
+// (someone followed a pause message and ran kubectl uncordon) is cordoned
+// again before any drain or reboot.
+func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
+	state, err := kube.ReadCordon(ctx, e.Kube, name)
+	if err != nil {
+		return e.pause(ctx, stage, name, err.Error(), actionResume, err)
+	}
+
+	switch state {
+	case kube.CordonedByUs:
+		return nil
+	case kube.MarkedButSchedulable:
+		if err := kube.Recordon(ctx, e.Kube, name); err != nil {
+			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		e.node(stage, name, PhaseCordoned, "cordoned again: it carried %s but was schedulable (uncordoned by hand)", kube.CordonedAnnotation)
+	default:
+		if err := kube.Cordon(ctx, e.Kube, name, time.Now()); err != nil {
+			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		}
+
+		e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
+	}
+
+	return nil
+}
+
+// drain drains the cordoned node and returns how many pods it evicted. A
+// failed drain uncordons it again.
+func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (int, error) {
+	e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
+
+	last, keep := opts.SelfPod, ""
+	if opts.StayOnNode {
+		last, keep = "", opts.SelfPod
+	}
+
+	evicted, err := kube.Drainer{
+		Client:          e.Kube,
+		Timeout:         opts.DrainTimeout,
+		EvictRetryDelay: e.evictRetryDelay,
+		Last:            last,
+		Keep:            keep,
+		OnEvicted: func(pod string) {
+			e.node(stage, name, PhaseDraining, "evicted %s", pod)
+		},
+	}.Drain(ctx, name)
+	if err != nil {
+		// Cancelled (the runner itself evicted, or stopped): the node stays
+		// cordoned by ichor, and the next run finishes it first.
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
+		}
+
+		if uerr := kube.Uncordon(ctx, e.Kube, name); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+
+		return 0, e.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
+			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
+	}
+
+	return evicted, nil
+}

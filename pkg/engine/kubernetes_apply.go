@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// This file is a node's config apply in a Kubernetes stage: its Node and active config
+// read, a config staged for the next reboot refused, the render dry-run then applied
+// (NO_REBOOT), each call under its own bound.
+
+// getNode reads a Node, retrying what is temporary.
+func (r *kubeRun) getNode(ctx context.Context, name string) (*corev1.Node, error) {
+	var node *corev1.Node
+
+	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		node, err = r.e.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+
+		return err
+	})
+
+	return node, err
+}
+
+// activeConfig reads a node's active config and its hash.
+func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Provider, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+	if err != nil {
+		return nil, "", fmt.Errorf("node %q: read machine config: %w", name, err)
+	}
+
+	hash, err := render.Hash(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("node %q: %w", name, err)
+	}
+
+	return cfg, hash, nil
+}
+
+// refuseStaged refuses a node whose persistent config differs from its
+// active one: a change staged for the next reboot, which an apply would
+// overwrite (render.Staged, as the Talos upgrade refuses it).
+func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider) error {
+	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	persistent, err := r.e.Talos.PersistentMachineConfig(readCtx, ip)
+	if err != nil {
+		err = fmt.Errorf("node %q: read persistent machine config: %w", name, err)
+
+		return r.pause(ctx, stage, name, err.Error(), actionTalosAccess, err)
+	}
+
+	where, err := render.Staged(active, persistent)
+	if err != nil {
+		return r.pause(ctx, stage, name, err.Error(), actionResume, err)
+	}
+
+	if where == "" {
+		return nil
+	}
+
+	err = fmt.Errorf("node %q: a machine config change is staged for the next reboot (%s): applying would overwrite it", name, where)
+
+	return r.pause(ctx, stage, name, err.Error(), render.StagedAction(ip), err)
+}
+
+// apply dry-runs, then applies, the render, each call under its own
+// deadline.
+func (r *kubeRun) apply(ctx context.Context, stage, name, ip string, res *render.Result) error {
+	what := describeChanges(res.Changed)
+
+	r.e.node(stage, name, PhaseApplying, "dry run: %s", what)
+
+	if _, err := r.applyCall(ctx, ip, res.Bytes, true); err != nil {
+		err = fmt.Errorf("node %q: apply (dry run): %w", name, err)
+
+		return r.pause(ctx, stage, name, err.Error(), "nothing was changed on the node: "+actionResume, err)
+	}
+
+	r.e.node(stage, name, PhaseApplying, "applying %s (NO_REBOOT, bound %s)", what, r.opts.ApplyTimeout)
+
+	result, err := r.applyCall(ctx, ip, res.Bytes, false)
+	if err != nil {
+		err = fmt.Errorf("node %q: apply: %w", name, err)
+
+		return r.pause(ctx, stage, name, err.Error(),
+			"the node may or may not have the new config; resuming reads it again and applies or only verifies", err)
+	}
+
+	r.e.node(stage, name, PhaseApplying, "applied %s (%s)", what, result.Mode)
+
+	return nil
+}
+
+// applyCall is one ApplyConfiguration call under its own ApplyTimeout.
+func (r *kubeRun) applyCall(ctx context.Context, ip string, data []byte, dryRun bool) (talos.ApplyResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.ApplyTimeout)
+	defer cancel()
+
+	return r.e.Talos.Apply(ctx, ip, data, dryRun)
+}

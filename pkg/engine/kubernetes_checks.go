@@ -1,0 +1,207 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// This file is what gates a Kubernetes stage's first apply: the checks on the nodes it
+// will change, then the pre-pull of their images.
+
+// checkStage runs the checks that gate a stage's first apply, on the nodes
+// it will change: each Ready, the invariant judged now (every apiserver's
+// version read), each change from a version that can be read, at most one
+// minor forward and never back (judged per node against what it runs), and
+// the target supported by each node's Talos.
+func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pending []*stageNode) error {
+	stage := s.Name()
+
+	var (
+		notReady, unreadable, skew, pairing      []string
+		unreadableNodes, skewNodes, pairingNodes []string
+	)
+
+	for _, n := range pending {
+		if !n.Ready {
+			notReady = append(notReady, n.Name)
+		}
+
+		before, beforeUnreadable := len(skew), len(unreadable)
+
+		for _, ch := range n.changes {
+			from, errFrom := stages.ParseVersion(render.TagOf(ch.From))
+			to, errTo := stages.ParseVersion(render.TagOf(ch.To))
+
+			switch {
+			case errFrom != nil:
+				unreadable = append(unreadable, fmt.Sprintf("%s on %s: image %q has no vMAJOR.MINOR.PATCH tag (its machine config)", ch.Component, n.Name, ch.From))
+			case errTo != nil:
+				skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, errTo))
+			default:
+				if err := stages.CheckStep(from, to); err != nil {
+					skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, err))
+				}
+			}
+		}
+
+		if len(skew) > before {
+			skewNodes = append(skewNodes, n.Name)
+		}
+
+		if len(unreadable) > beforeUnreadable {
+			unreadableNodes = append(unreadableNodes, n.Name)
+		}
+
+		if err := supportedBy(r.target, n.Talos.Version); err != nil {
+			pairing = append(pairing, fmt.Sprintf("%s: %v", n.Name, err))
+			pairingNodes = append(pairingNodes, n.Name)
+		}
+	}
+
+	if len(notReady) > 0 {
+		return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", "),
+			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+	}
+
+	// An apiserver whose version cannot be read is said as the invariant's (with
+	// where to look), before the step checks would call its image a skew.
+	if err := r.checkInvariant(ctx, stage, ""); err != nil {
+		return err
+	}
+
+	switch {
+	case len(unreadable) > 0:
+		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+summarize(unreadable), stages.UnreadableAction(unreadableNodes[0]))
+	case len(skew) > 0:
+		return r.refuse(ctx, stage, skewNodes, "version skew: "+summarize(skew),
+			"choose a target at most one minor above what every node runs, or hold the nodes behind")
+	case len(pairing) > 0:
+		return r.refuse(ctx, stage, pairingNodes, "talos pairing: "+summarize(pairing),
+			"upgrade Talos first (kubectl ichor plan talos --to <a release that supports the target>)")
+	}
+
+	return nil
+}
+
+// refuse pauses a stage before it changes anything, naming the node when
+// there is one.
+func (r *kubeRun) refuse(ctx context.Context, stage string, nodes []string, reason, action string) error {
+	node := ""
+	if len(nodes) == 1 {
+		node = nodes[0]
+	}
+
+	return r.pause(ctx, stage, node, "checks: "+reason, action, errors.New(reason))
+}
+
+// supportedBy reports whether a node's Talos version supports Kubernetes
+// target, per machinery's compatibility tables (a Talos minor they do not
+// know is not supported).
+func supportedBy(target stages.Version, talosVersion string) error {
+	kv, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(target.String(), "v"))
+	if err != nil {
+		return fmt.Errorf("kubernetes %s: %w", target, err)
+	}
+
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: talosVersion})
+	if err != nil {
+		return fmt.Errorf("talos %q: %w", talosVersion, err)
+	}
+
+	if err := kv.SupportedWith(tv); err != nil {
+		return fmt.Errorf("talos %s does not support kubernetes %s: %w", talosVersion, target, err)
+	}
+
+	return nil
+}
+
+// prePull pulls every image the stage changes on the nodes that will take
+// it, PullConcurrency nodes at a time, each node's images at once under that
+// node's own PullTimeout (pullNodes). In the KubeProxy stage the new
+// kube-proxy image is also pulled on the workers, which run it once the
+// DaemonSet rolls. A node that cannot pre-pull is skipped; any other failure
+// pauses before the first apply, naming the node and the image.
+func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
+	stage := s.Name()
+	index := map[string]int{}
+
+	var nodes []nodePulls
+
+	add := func(n discovery.Node, p pull) {
+		i, seen := index[n.Name]
+		if !seen {
+			i = len(nodes)
+			index[n.Name] = i
+			nodes = append(nodes, nodePulls{name: n.Name, ip: n.InternalIP})
+		}
+
+		nodes[i].pulls = append(nodes[i].pulls, p)
+	}
+
+	proxyImage := ""
+
+	for _, n := range pending {
+		for _, ch := range n.changes {
+			ns := talos.NamespaceCRI
+			if ch.Component == discovery.Kubelet {
+				ns = talos.NamespaceSystem
+			}
+
+			add(n.Node, pull{ref: ch.To, ns: ns})
+
+			if ch.Component == discovery.KubeProxy && proxyImage == "" {
+				proxyImage = ch.To
+			}
+		}
+	}
+
+	if s.Rollout() == stages.RolloutKubeProxy && proxyImage != "" {
+		for _, n := range snap.Nodes {
+			if !n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
+				add(n, pull{ref: proxyImage, ns: talos.NamespaceCRI})
+			}
+		}
+	}
+
+	r.e.stepTime(stage, StepPrePull, StepTiming{})
+	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s), %d at a time, each within %s",
+		len(nodes), min(r.opts.PullConcurrency, len(nodes)), r.opts.PullTimeout)
+
+	pulled, unsupported, err := r.e.pullNodes(ctx, nodes, r.opts.PullConcurrency, r.opts.PullTimeout)
+	if err != nil {
+		return r.pause(ctx, stage, "", "pre-pull: "+stages.FirstLine(err), pullAction(err), err)
+	}
+
+	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(nodes))
+	if unsupported > 0 {
+		msg += fmt.Sprintf("; %d node(s) cannot pre-pull: skipped", unsupported)
+	}
+
+	r.e.stepTime(stage, StepPrePull, StepTiming{Done: true})
+	r.e.step(stage, StepPrePull, "%s", msg)
+
+	return nil
+}
+
+// pullAction says what to do about a failed pre-pull: a pull cut by its bound
+// is slow, not missing.
+func pullAction(err error) string {
+	const reachable = "make the images reachable from the nodes (registry, mirrors: talosctl -n <node> image pull <image>)"
+
+	if _, slow := errors.AsType[*PullTimeoutError](err); slow {
+		return "a node's pull took longer than --pull-timeout: " + reachable + ", then resume (what was pulled stays on the nodes); " +
+			"or abort and upgrade again with a longer --pull-timeout"
+	}
+
+	return reachable + ", then resume"
+}

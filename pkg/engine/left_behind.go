@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// A node that registers after a run's stages read the cluster (a worker
+// joining, a machine powered on mid-upgrade) is among no stage's nodes. Each
+// upgrade ends with a last look at the Nodes: one that is not held and still
+// behind the target pauses the run, naming it, rather than a Succeeded that
+// leaves it behind; the next run (a resume) takes it as any node behind.
+
+// behindFunc says of node n, not held, what it runs ("kubelet v1.35.4") and
+// whether that is behind the run's target. A version it cannot read is not
+// behind: that was the stages' to refuse, and is the next run's.
+type behindFunc func(ctx context.Context, n discovery.Node) (runs string, behind bool)
+
+// leftBehind is a run's last look at the cluster: it lists the Nodes and
+// pauses stage naming those not held that behind says are behind target;
+// next says what the next run does with them.
+func (e *Engine) leftBehind(ctx context.Context, stage string, target stages.Version, behind behindFunc, next string) error {
+	var nodes *corev1.NodeList
+
+	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
+		var err error
+
+		nodes, err = e.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+
+		return err
+	})
+	if err != nil {
+		return e.pause(ctx, stage, "", "read the Nodes for the run's last check: "+err.Error(), actionResume, err)
+	}
+
+	type left struct{ name, line string }
+
+	var found []left
+
+	for i := range nodes.Items {
+		n := discovery.NodeFrom(&nodes.Items[i])
+		if n.Held {
+			continue
+		}
+
+		if runs, ok := behind(ctx, n); ok {
+			found = append(found, left{name: n.Name, line: fmt.Sprintf("%s (%s)", n.Name, runs)})
+		}
+	}
+
+	if len(found) == 0 {
+		return nil
+	}
+
+	slices.SortFunc(found, func(a, b left) int { return strings.Compare(a.name, b.name) })
+
+	lines := make([]string, 0, len(found))
+	for _, l := range found {
+		lines = append(lines, l.line)
+	}
+
+	reason := fmt.Sprintf("%s joined after the stages had read the cluster: behind the target %s", summarize(lines), target)
+
+	return e.pause(ctx, stage, found[0].name, reason,
+		"let it finish joining (kubectl get node), then resume (kubectl ichor resume): "+next, errors.New(reason))
+}
+
+// kubeletBehind is the Kubernetes upgrade's behindFunc: the Node's kubelet
+// older than the target.
+func kubeletBehind(target stages.Version) behindFunc {
+	return func(_ context.Context, n discovery.Node) (string, bool) {
+		v, err := stages.ParseVersion(n.KubeletVersion)
+
+		return "kubelet " + n.KubeletVersion, err == nil && v.Compare(target) < 0
+	}
+}
+
+// talosBehind is the Talos upgrade's behindFunc. The Node's osImage names
+// the Talos it booted; when that is older than the target, the node's Talos
+// API decides, as it does for a visit (a node that answers the target is on
+// it, its Node not updated yet). A node whose API does not answer within a
+// short look, or answers what does not parse, is behind by its osImage.
+func (r *talosRun) talosBehind(ctx context.Context, n discovery.Node) (string, bool) {
+	booted, ok := strings.CutPrefix(n.OSImage, "Talos (")
+	if !ok {
+		return "", false // not Talos: the next run refuses it, as the stage did
+	}
+
+	booted = strings.TrimSuffix(booted, ")")
+
+	v, err := stages.ParseVersion(booted)
+	if err != nil || v.Compare(r.target) >= 0 {
+		return "", false
+	}
+
+	runs := "Talos " + booted
+
+	if n.InternalIP == "" {
+		return runs, true
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, talosPollCallTimeout)
+	defer cancel()
+
+	version, err := r.e.Talos.Version(ctx, n.InternalIP)
+	if err != nil {
+		return runs, true
+	}
+
+	if v, err := stages.ParseVersion(version); err == nil {
+		if v.Compare(r.target) >= 0 {
+			return "", false
+		}
+
+		runs = "Talos " + version
+	}
+
+	return runs, true
+}
