@@ -152,7 +152,7 @@ func TestSimulatorFaults(t *testing.T) {
 
 	t.Run("a Talos upgrade drains, reboots into the new version and uncordons", func(t *testing.T) {
 		nctx := client.WithNode(ctx, ip("worker-1"))
-		before := bootID(t, tc, nctx)
+		before := bootID(t, nctx, tc)
 		_, err := tc.MachineClient.Upgrade(nctx, &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.9"})
 		require.NoError(t, err)
 		sawCordon := false
@@ -173,7 +173,7 @@ func TestSimulatorFaults(t *testing.T) {
 		v, err := tc.Version(nctx)
 		require.NoError(t, err)
 		require.Equal(t, "v1.13.9", v.Messages[0].Version.Tag)
-		require.NotEqual(t, before, bootID(t, tc, nctx))
+		require.NotEqual(t, before, bootID(t, nctx, tc))
 		require.True(t, hasEvent(c.Events(t), "worker-1", "talos", "v1.13.9"))
 	})
 
@@ -181,12 +181,12 @@ func TestSimulatorFaults(t *testing.T) {
 		setFaults("nodes:\n  worker-2:\n    abFallback: true\n")
 		defer setFaults("")
 		nctx := client.WithNode(ctx, ip("worker-2"))
-		before := bootID(t, tc, nctx)
+		before := bootID(t, nctx, tc)
 		// Talos v1.12.4 has MachineService.Upgrade only: it installs and reboots by itself.
 		_, err := tc.MachineClient.Upgrade(nctx, &machineapi.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.9"})
 		require.NoError(t, err)
 		eventually(t, 60*time.Second, "worker-2 rebooted", func(ctx context.Context) error {
-			id, err := readBootID(tc, client.WithNode(ctx, ip("worker-2")))
+			id, err := readBootID(client.WithNode(ctx, ip("worker-2")), tc)
 			if err != nil {
 				return err
 			}
@@ -213,7 +213,7 @@ func TestSimulatorFaults(t *testing.T) {
 	})
 }
 
-func readBootID(tc *client.Client, nctx context.Context) (string, error) {
+func readBootID(nctx context.Context, tc *client.Client) (string, error) {
 	stream, err := tc.MachineClient.Read(nctx, &machineapi.ReadRequest{Path: "/proc/sys/kernel/random/boot_id"})
 	if err != nil {
 		return "", err
@@ -232,9 +232,9 @@ func readBootID(tc *client.Client, nctx context.Context) (string, error) {
 	return strings.TrimSpace(b.String()), nil
 }
 
-func bootID(t *testing.T, tc *client.Client, nctx context.Context) string {
+func bootID(t *testing.T, nctx context.Context, tc *client.Client) string {
 	t.Helper()
-	id, err := readBootID(tc, nctx)
+	id, err := readBootID(nctx, tc)
 	require.NoError(t, err)
 	require.NotEmpty(t, id)
 	return id

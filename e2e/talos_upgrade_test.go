@@ -110,9 +110,8 @@ func talosEngineFor(t *testing.T, c *Cluster, tc *countingTalos, target string, 
 // unavailability watches the Nodes and records the most that were at once
 // NotReady or unschedulable, and which.
 type unavailability struct {
-	mu    sync.Mutex
-	most  []string
-	cause string
+	mu   sync.Mutex
+	most []string
 }
 
 func watchUnavailable(t *testing.T, c *Cluster) *unavailability {

@@ -80,7 +80,7 @@ func run() error {
 	}
 	benchmarks := fs.Args()
 	if len(benchmarks) == 0 {
-		return errors.New("usage: bench [flags] plan|upgrade ...")
+		return errors.New("usage: bench [flags] BENCHMARK [BENCHMARK]: plan, upgrade or both")
 	}
 	var err error
 	if o.sizes, err = parseSizes("--sizes", *sizes); err != nil {

@@ -26,11 +26,11 @@ const (
 	svgBarH    = 11
 	svgLegendH = 64
 
-	// gapLabelMin is the shortest wait on the critical path labelled with its
+	// minLabelledGap is the shortest wait on the critical path labelled with its
 	// seconds; shorter ones are drawn, not labelled.
-	gapLabelMin = 500 * time.Millisecond
-	// gapDrawMin is the shortest wait drawn at all.
-	gapDrawMin = 50 * time.Millisecond
+	minLabelledGap = 500 * time.Millisecond
+	// minDrawnGap is the shortest wait drawn at all.
+	minDrawnGap = 50 * time.Millisecond
 )
 
 // kindColors colour the bars: a stage and the components it moves alike
@@ -155,7 +155,7 @@ func svgTimeline(t Timeline) []byte {
 		fmt.Fprintf(&b, `<path class="gap" d="M%.1f %.1f H%.1f V%.1f" fill="none" stroke="#d62728" stroke-width="1.5"><title>%s</title></path>`+"\n",
 			x(g.from), y0, x(g.to), y1, esc(fmt.Sprintf("waiting %.2fs: %s to %s%s", g.to.Sub(g.from).Seconds(), g.fromRow, g.toRow, note)))
 
-		if g.to.Sub(g.from) >= gapLabelMin {
+		if g.to.Sub(g.from) >= minLabelledGap {
 			label := fmt.Sprintf("%.2fs%s", g.to.Sub(g.from).Seconds(), note)
 			mid := math.Max(svgLabelW+40, math.Min(svgLabelW+svgPlotW-3.2*float64(len(label)), (x(g.from)+x(g.to))/2))
 			fmt.Fprintf(&b, `<text class="gap-label" x="%.1f" y="%.1f" text-anchor="middle" fill="#d62728" font-weight="bold" stroke="#ffffff" stroke-width="3" paint-order="stroke">%s</text>`+"\n",
@@ -203,7 +203,7 @@ func legend(b *bytes.Buffer, t Timeline, top float64) {
 	}
 
 	fmt.Fprintf(b, `<text x="%d" y="%.1f" fill="#444">Outlined: on the critical path. Red: the critical path waiting (labelled from %s). Pale: off it.%s</text>`+"\n",
-		svgLabelW, top+28, gapLabelMin, boundNote(t))
+		svgLabelW, top+28, minLabelledGap, boundNote(t))
 }
 
 func boundNote(t Timeline) string {
@@ -243,7 +243,7 @@ func criticalGaps(steps []Step, rows map[string]int) []gapLine {
 	)
 
 	for _, s := range crit {
-		if !frontier.IsZero() && s.From.Sub(frontier) >= gapDrawMin {
+		if !frontier.IsZero() && s.From.Sub(frontier) >= minDrawnGap {
 			out = append(out, gapLine{from: frontier, to: s.From, fromRow: lastRow, toRow: s.Row})
 		}
 

@@ -84,7 +84,7 @@ func (p Planner) Plan(ctx context.Context, req Request) (*Path, error) {
 		return nil, err
 	}
 
-	if err := checkTargets(req.Nodes, start, req.Targets); err != nil {
+	if err := checkTargets(req.Nodes, req.Targets); err != nil {
 		return nil, err
 	}
 

@@ -55,7 +55,7 @@ func addVersion(vs []Version, v Version) []Version {
 // downgrade, a Talos this build does not know, a Kubernetes no Talos it knows supports,
 // targets that do not go together, and a target that needs the other kind to move
 // when that kind has no target.
-func checkTargets(nodes []Node, st state, targets Targets) error {
+func checkTargets(nodes []Node, targets Targets) error {
 	t, k := targets.Talos, targets.Kubernetes
 
 	if t == nil && k == nil {

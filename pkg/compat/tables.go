@@ -162,7 +162,7 @@ func Supports(talos, kubernetes Version) error {
 
 	if err := machineryKubernetes(kubernetes).SupportedWith(machineryTalos(talos)); err != nil {
 		if !r.Contains(kubernetes) {
-			return fmt.Errorf("Talos %s supports Kubernetes %s, not %s", talos, r, kubernetes)
+			return fmt.Errorf("Talos %s supports Kubernetes %s, not %s", talos, r, kubernetes) //nolint:staticcheck // ST1005: Talos is a name
 		}
 
 		// Within the range's minors but refused (a patch past the table's bound).

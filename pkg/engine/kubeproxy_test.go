@@ -97,7 +97,7 @@ func TestEngineKubeProxySkippedPausesAtOnce(t *testing.T) {
 	start := time.Now()
 	err := f.engine("v1.36.3", func(o *Options) { o.VerifyTimeout = 30 * time.Second }).Run(context.Background())
 
-	pause := requirePause(t, err, "KubeProxy", "cp-1", `DaemonSet kube-system/kube-proxy skipped: field manager "helm" (Update) holds fields the sync would change`,
+	pause := pauseOf(t, err, "KubeProxy", "cp-1", `DaemonSet kube-system/kube-proxy skipped: field manager "helm" (Update) holds fields the sync would change`,
 		"kube-proxy cannot reach v1.36.3")
 	assert.Contains(t, pause.Action, `--manifests-force "DaemonSet kube-system/kube-proxy"`)
 	assert.Less(t, time.Since(start), 20*time.Second, "no wait for a rollout that cannot come")
@@ -132,7 +132,7 @@ func TestEngineRolloutBlockedByHeldNotReadyNode(t *testing.T) {
 		o.VerifyTimeout, o.RolloutStuckAfter = 40*time.Second, 100*time.Millisecond
 	}).Run(ctx)
 
-	pause := requirePause(t, err, "KubeProxy", "", "kube-proxy rollout cannot progress",
+	pause := pauseOf(t, err, "KubeProxy", "", "kube-proxy rollout cannot progress",
 		"worker-2 is NotReady (NodeStatusUnknown: Kubelet stopped posting node status.) and its pod kube-proxy-worker-2 is not Ready",
 		"1 of the DaemonSet's 1 unavailable slot(s)")
 	assert.Contains(t, pause.Action, "kubectl delete node worker-2")

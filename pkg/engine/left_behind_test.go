@@ -50,7 +50,7 @@ func TestTalosNodeJoinedAfterTheLastLookPauses(t *testing.T) {
 
 	err := o.engine("v1.13.9", newMemo()).Run(context.Background())
 
-	pause := requirePause(t, err, "TalosOS", "worker-2",
+	pause := pauseOf(t, err, "TalosOS", "worker-2",
 		"worker-2 (Talos v1.12.4) joined after the stages had read the cluster: behind the target v1.13.9")
 	assert.Contains(t, pause.Action, "let it finish joining (kubectl get node), then resume (kubectl ichor resume): the next run upgrades it")
 	assert.Equal(t, []string{"cp-1", "worker-1"}, o.upgradeNodes(), "the joined node is not touched by the run that missed it")

@@ -20,7 +20,14 @@ import (
 
 // requirePause checks err is a *PauseError of stage and node whose reason
 // holds every one of reason, with an action to take.
-func requirePause(t *testing.T, err error, stage, node string, reason ...string) *PauseError {
+func requirePause(t *testing.T, err error, stage, node string, reason ...string) {
+	t.Helper()
+
+	_ = pauseOf(t, err, stage, node, reason...)
+}
+
+// pauseOf is requirePause that returns the pause, for more assertions.
+func pauseOf(t *testing.T, err error, stage, node string, reason ...string) *PauseError {
 	t.Helper()
 
 	var pause *PauseError
@@ -98,7 +105,7 @@ func TestEngineRefusesStagedConfig(t *testing.T) {
 	cp2.persistent = reloadConfig(t, staged)
 
 	err = f.engine("v1.36.3").Run(context.Background())
-	p := requirePause(t, err, "APIServers", "cp-2", "staged for the next reboot", "machine.nodeLabels.rack")
+	p := pauseOf(t, err, "APIServers", "cp-2", "staged for the next reboot", "machine.nodeLabels.rack")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 reboot")
 	assert.Equal(t, 1, appliesOn(f, "cp-1"))
 	assert.Zero(t, appliesOn(f, "cp-2"), "nothing applied over the staged change")
@@ -242,7 +249,7 @@ func TestEngineImageWithoutVersion(t *testing.T) {
 			f.mu.Unlock()
 
 			err = f.engine("v1.36.3").Run(context.Background())
-			p := requirePause(t, err, tc.stage, tc.node, tc.reason)
+			p := pauseOf(t, err, tc.stage, tc.node, tc.reason)
 			assert.Contains(t, p.Action, "give the component on "+tc.node+" an image tagged vMAJOR.MINOR.PATCH in its machine config")
 			assert.Len(t, f.realApplies(), tc.appliedFirst)
 			assert.Zero(t, appliesOn(f, tc.node))
@@ -295,7 +302,7 @@ func TestEngineInvariant(t *testing.T) {
 				require.NoError(t, err)
 
 				err = f.engine("v1.36.3").Run(context.Background())
-				p := requirePause(t, err, "APIServers", "cp-2", "apiserver version unknown: kube-apiserver on cp-2: image ", "has no vMAJOR.MINOR.PATCH tag (pod kube-system/kube-apiserver-cp-2)")
+				p := pauseOf(t, err, "APIServers", "cp-2", "apiserver version unknown: kube-apiserver on cp-2: image ", "has no vMAJOR.MINOR.PATCH tag (pod kube-system/kube-apiserver-cp-2)")
 				assert.Contains(t, p.Action, "give kube-apiserver on cp-2 an image tagged vMAJOR.MINOR.PATCH")
 				assert.Empty(t, f.realApplies(), "never skipped: nothing applied")
 			})
@@ -310,7 +317,7 @@ func TestEngineInvariant(t *testing.T) {
 			e.Progress = rec
 
 			err := e.Run(context.Background())
-			p := requirePause(t, err, "APIServers", "cp-3", "apiserver version unknown: kube-apiserver on cp-3: no version (no kube-apiserver mirror pod in kube-system on control plane cp-3)")
+			p := pauseOf(t, err, "APIServers", "cp-3", "apiserver version unknown: kube-apiserver on cp-3: no version (no kube-apiserver mirror pod in kube-system on control plane cp-3)")
 			assert.Contains(t, p.Action, "kube-apiserver on cp-3 has no mirror pod: a kubelet that just restarted recreates it within seconds")
 			assert.Empty(t, f.realApplies())
 			assert.NotEmpty(t, rec.with("APIServers [invariant] waiting for the kube-apiserver mirror pod of cp-3"), "the wait is said")
@@ -366,7 +373,7 @@ func TestEngineTimeouts(t *testing.T) {
 		f.machine("cp-2").faults.applyBlocks = true
 
 		err := f.engine("v1.36.3", func(o *Options) { o.ApplyTimeout = 50 * time.Millisecond }).Run(context.Background())
-		p := requirePause(t, err, "APIServers", "cp-2", `node "cp-2": apply:`, "deadline exceeded")
+		p := pauseOf(t, err, "APIServers", "cp-2", `node "cp-2": apply:`, "deadline exceeded")
 		require.ErrorIs(t, p, context.DeadlineExceeded)
 		assert.Zero(t, appliesOn(f, "cp-3"), "nothing after the failed node")
 

@@ -23,7 +23,7 @@ func TestEnginePrePullBounds(t *testing.T) {
 
 		start := time.Now()
 		err := f.engine("v1.36.3", func(o *Options) { o.PullTimeout = 300 * time.Millisecond }).Run(context.Background())
-		pause := requirePause(t, err, "APIServers", "", "pre-pull: ",
+		pause := pauseOf(t, err, "APIServers", "", "pre-pull: ",
 			`node "cp-2": pull registry.k8s.io/kube-apiserver:v1.36.3: not done within 300ms`, "--pull-timeout")
 		assert.Contains(t, pause.Action, "--pull-timeout")
 		assert.Less(t, time.Since(start), 4*time.Second, "the bound cut the pull")

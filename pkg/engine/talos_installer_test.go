@@ -137,7 +137,7 @@ func TestTalosPrePullBeforeCordon(t *testing.T) {
 		}
 
 		err := o.engine("v1.14.1", newMemo(), func(opts *Options) { opts.MaxUnavailable = 2 }).Run(context.Background())
-		pause := requirePause(t, err, "TalosOS", "worker-2", "pre-pull:", `node "worker-2": pull its installer `+empty114, "not found", "nothing was cordoned or drained")
+		pause := pauseOf(t, err, "TalosOS", "worker-2", "pre-pull:", `node "worker-2": pull its installer `+empty114, "not found", "nothing was cordoned or drained")
 		assert.Contains(t, pause.Action, "talosctl -n "+o.f.machine("worker-2").ip+" image pull "+empty114)
 		assert.Contains(t, pause.Action, "--installer-image worker-2=")
 
@@ -181,7 +181,7 @@ func TestTalosExplicitInstallerKeepsExtensions(t *testing.T) {
 	o.machine("worker-1").runs = withSchematic
 
 	err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.Installers = plain }).Run(context.Background())
-	pause := requirePause(t, err, "TalosOS", "worker-1",
+	pause := pauseOf(t, err, "TalosOS", "worker-1",
 		`node "worker-1" runs schematic 5a8a2c5d1c6e, iscsi-tools, which --installer-image ghcr.io/siderolabs/installer:v1.13.9 does not carry`)
 	assert.Contains(t, pause.Reason, "--drop-extensions worker-1")
 	assert.Empty(t, o.upgradeNodes(), "nothing changed")
@@ -208,7 +208,7 @@ func TestTalosRebootWithoutExtensionsPauses(t *testing.T) {
 	memo := newMemo()
 
 	err := o.engine("v1.13.9", memo, func(opts *Options) { opts.Installers = custom }).Run(context.Background())
-	pause := requirePause(t, err, "TalosOS", "worker-2",
+	pause := pauseOf(t, err, "TalosOS", "worker-2",
 		`node "worker-2" came back on Talos v1.13.9 without what its installer was to carry: nvidia-open-gpu-kernel-modules`, "the node stays cordoned")
 	assert.Contains(t, pause.Action, "get extensions")
 	assert.Equal(t, "v1.13.9", o.state("worker-2").version, "it rebooted into the target")

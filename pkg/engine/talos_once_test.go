@@ -251,7 +251,7 @@ func TestTalosLogRolledPauses(t *testing.T) {
 	o.setFaults("cp-2", func(f *osFaults) { f.logRolled = true })
 
 	err := o.engine("v1.13.9", memo).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "cp-2", "no longer reaches back", "the node stays cordoned")
+	p := pauseOf(t, err, "TalosOS", "cp-2", "no longer reaches back", "the node stays cordoned")
 	assert.Contains(t, p.Action, "talosctl -n")
 	assert.Equal(t, []string{"cp-1"}, o.upgradeNodes(), "no second install")
 	assert.Equal(t, []string{"cp-2"}, o.f.cordonedByIchor())

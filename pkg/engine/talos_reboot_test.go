@@ -16,7 +16,7 @@ func TestTalosABFallback(t *testing.T) {
 	memo := newMemo()
 
 	err := o.engine("v1.13.9", memo).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "worker-1",
+	p := pauseOf(t, err, "TalosOS", "worker-1",
 		`node "worker-1": A/B fallback: it rebooted (boot ID changed) but runs Talos v1.12.4, not v1.13.9`,
 		"the new version did not boot", "the node stays cordoned")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.21 dmesg")
@@ -44,7 +44,7 @@ func TestTalosNeverComesBack(t *testing.T) {
 	start := time.Now()
 
 	err := o.engine("v1.13.9", memo, func(opts *Options) { opts.RebootTimeout = 300 * time.Millisecond }).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "worker-1",
+	p := pauseOf(t, err, "TalosOS", "worker-1",
 		"did not come back on Talos v1.13.9 within 300ms of its Upgrade call: rebooting: Talos API unreachable",
 		"connection refused", "the node stays cordoned")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.21 dmesg")

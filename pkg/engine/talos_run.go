@@ -30,7 +30,7 @@ const (
 )
 
 // errUnreachable is a node that did not answer within a short look.
-var errUnreachable = errors.New("Talos API unreachable")
+var errUnreachable = errors.New("Talos API unreachable") //nolint:staticcheck // ST1005: Talos is a name
 
 // talosRun is one Run of a Talos OS upgrade.
 type talosRun struct {

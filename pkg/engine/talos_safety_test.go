@@ -34,7 +34,7 @@ func TestTalosEtcdGateRightBeforeTheReboot(t *testing.T) {
 	}
 
 	err := o.engine("v1.13.9", memo).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "cp-1", "etcd is not healthy right before its reboot", "member cp-3 does not answer etcd status",
+	p := pauseOf(t, err, "TalosOS", "cp-1", "etcd is not healthy right before its reboot", "member cp-3 does not answer etcd status",
 		"cp-1 is not rebooted while it is", "the node stays cordoned, Talos v1.13.9 stays installed for its next boot")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.13 etcd status")
 	assert.Contains(t, p.Action, "rollback")
@@ -143,7 +143,7 @@ func TestTalosStagedConfigRefused(t *testing.T) {
 		stage(t, o, "worker-1")
 
 		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
-		p := requirePause(t, err, "TalosOS", "worker-1", "checks: a machine config change is staged for the next reboot, which the upgrade's would activate",
+		p := pauseOf(t, err, "TalosOS", "worker-1", "checks: a machine config change is staged for the next reboot, which the upgrade's would activate",
 			"worker-1 (at machine.nodeLabels.rack)")
 		assert.Contains(t, p.Action, "talosctl -n 10.0.0.21 reboot")
 		assert.Empty(t, o.upgradeNodes(), "nothing upgraded")
@@ -208,7 +208,7 @@ func TestTalosForeignInstallNotBooted(t *testing.T) {
 			o.mu.Unlock()
 
 			err := o.engine("v1.13.9", newMemo()).Run(context.Background())
-			p := requirePause(t, err, "TalosOS", "worker-1", tc.want, "is installed in its current boot for its next reboot",
+			p := pauseOf(t, err, "TalosOS", "worker-1", tc.want, "is installed in its current boot for its next reboot",
 				"not the installer chosen for this operation, ghcr.io/siderolabs/installer:v1.13.9", "it is not rebooted into it", "the node stays cordoned")
 			assert.NotContains(t, p.Reason, "A/B fallback")
 			assert.Contains(t, p.Action, "talosctl -n 10.0.0.21 rollback")
@@ -228,7 +228,7 @@ func TestTalosOtherVersionIsNoFallback(t *testing.T) {
 	o.setFaults("worker-1", func(f *osFaults) { f.bootsVersion = "v1.13.8" })
 
 	err := o.engine("v1.13.9", newMemo()).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "worker-1", "into Talos v1.13.8, neither the target v1.13.9 nor the v1.12.4 it ran",
+	p := pauseOf(t, err, "TalosOS", "worker-1", "into Talos v1.13.8, neither the target v1.13.9 nor the v1.12.4 it ran",
 		"not an A/B fallback")
 	assert.NotContains(t, p.Reason, "went back to the previous boot slot")
 }
@@ -264,7 +264,7 @@ func TestTalosEvidenceBounded(t *testing.T) {
 
 	start := time.Now()
 	err := o.engine("v1.13.9", memo, func(opts *Options) { opts.UpgradeTimeout = time.Second }).Run(bounded)
-	p := requirePause(t, err, "TalosOS", "cp-2", `node "cp-2": its machined log could not be read within 1s`, "whether an install ran in boot", "the node stays cordoned")
+	p := pauseOf(t, err, "TalosOS", "cp-2", `node "cp-2": its machined log could not be read within 1s`, "whether an install ran in boot", "the node stays cordoned")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 logs machined")
 	assert.Less(t, time.Since(start), 20*time.Second)
 	assert.Equal(t, []string{"cp-1"}, o.upgradeNodes(), "no install without the node's word")
@@ -316,7 +316,7 @@ func TestTalosInstallDeadline(t *testing.T) {
 		o.setFaults("worker-1", func(f *osFaults) { f.installTakes = time.Minute })
 
 		err := o.engine("v1.13.9", newMemo(), short(300*time.Millisecond, 500*time.Millisecond)).Run(context.Background())
-		p := requirePause(t, err, "TalosOS", "worker-1", "the Install call ran out its bound of 300ms", "has not ended", "an install may be pending",
+		p := pauseOf(t, err, "TalosOS", "worker-1", "the Install call ran out its bound of 300ms", "has not ended", "an install may be pending",
 			"the node stays cordoned")
 		assert.NotContains(t, p.Reason, "uncordoned")
 		assert.Equal(t, []string{"worker-1"}, o.f.cordonedByIchor())
@@ -365,7 +365,7 @@ func TestTalosEtcdQuorum(t *testing.T) {
 
 		memo := newMemo()
 		err := o.engine("v1.13.9", memo).Run(context.Background())
-		p := requirePause(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-3 does not answer etcd status", "cp-1 is not rebooted while it is")
+		p := pauseOf(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-3 does not answer etcd status", "cp-1 is not rebooted while it is")
 		assert.Contains(t, p.Action, "talosctl -n 10.0.0.13 etcd status")
 		assert.Empty(t, o.upgradeNodes())
 		assert.Empty(t, o.f.cordonedByIchor())
@@ -380,7 +380,7 @@ func TestTalosEtcdQuorum(t *testing.T) {
 		o.setFaults("cp-2", func(f *osFaults) { f.etcdAlarm = "NOSPACE" })
 
 		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
-		p := requirePause(t, err, "TalosOS", "cp-1", "member cp-2 alarm NOSPACE")
+		p := pauseOf(t, err, "TalosOS", "cp-1", "member cp-2 alarm NOSPACE")
 		assert.NotContains(t, p.Reason, "member cp-3")
 		assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 etcd status")
 		assert.Empty(t, o.f.cordonedByIchor())
@@ -400,7 +400,7 @@ func TestTalosEtcdQuorum(t *testing.T) {
 			o := newFakeOS(t, clusterSpec{controlPlanes: cps, workers: 1, kubernetes: "v1.35.4", talos: "v1.12.4"})
 
 			err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.AllowEtcdOutage = false }).Run(context.Background())
-			p := requirePause(t, err, "TalosOS", "cp-1", fmt.Sprintf("checks: etcd has %d voting member(s), quorum %d: rebooting cp-1 leaves %d", cps, cps/2+1, cps-1),
+			p := pauseOf(t, err, "TalosOS", "cp-1", fmt.Sprintf("checks: etcd has %d voting member(s), quorum %d: rebooting cp-1 leaves %d", cps, cps/2+1, cps-1),
 				"etcd and the Kubernetes API stop until it is back")
 			assert.Contains(t, p.Action, "--allow-etcd-outage")
 			assert.Empty(t, o.upgradeNodes())

@@ -242,7 +242,7 @@ func TestTalosEtcd(t *testing.T) {
 		o.setFaults("cp-2", func(f *osFaults) { f.learner = true })
 
 		err := o.engine("v1.13.9", newMemo()).Run(context.Background())
-		p := requirePause(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-2 a learner (not yet promoted to voter); cp-1 is not rebooted while it is")
+		p := pauseOf(t, err, "TalosOS", "cp-1", "checks: etcd is not healthy: member cp-2 a learner (not yet promoted to voter); cp-1 is not rebooted while it is")
 		assert.Contains(t, p.Action, "talosctl -n 10.0.0.12 etcd status")
 		assert.Empty(t, o.upgradeNodes())
 		assert.Empty(t, o.f.cordonedByIchor())
@@ -352,7 +352,7 @@ func TestTalosUpgradeCallFails(t *testing.T) {
 	memo := newMemo()
 
 	err := o.engine("v1.13.9", memo).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "cp-2", `node "cp-2": upgrade to `, "the installer exited with code 1", "(uncordoned again)")
+	p := pauseOf(t, err, "TalosOS", "cp-2", `node "cp-2": upgrade to `, "the installer exited with code 1", "(uncordoned again)")
 	assert.Contains(t, p.Action, "nothing was rebooted")
 	assert.Empty(t, o.f.cordonedByIchor())
 	assert.Equal(t, []string{"cp-1"}, o.upgradeNodes())
@@ -378,7 +378,7 @@ func TestTalosUpgradeTimeout(t *testing.T) {
 
 	start := time.Now()
 	err := o.engine("v1.13.9", newMemo(), func(opts *Options) { opts.UpgradeTimeout = 100 * time.Millisecond }).Run(context.Background())
-	p := requirePause(t, err, "TalosOS", "cp-1", "the Install call ran out its bound of 100ms", "machined's log says: no install in this boot",
+	p := pauseOf(t, err, "TalosOS", "cp-1", "the Install call ran out its bound of 100ms", "machined's log says: no install in this boot",
 		"an install may be pending", "the node stays cordoned")
 	assert.NotContains(t, p.Reason, "uncordoned again")
 	assert.Contains(t, p.Action, "talosctl -n 10.0.0.11 logs machined")

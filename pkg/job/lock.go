@@ -43,7 +43,7 @@ const LockRequestTimeout = 4 * time.Second
 func LockClientConfig(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = LockRequestTimeout
-	cfg.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	cfg.NextProtos = []string{"http/1.1"}
 
 	return cfg
 }

@@ -220,13 +220,6 @@ func (r *reporter) Set(ctx context.Context, key, value string) error {
 	return err
 }
 
-func (r *reporter) spec() api.OperationSpec {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-
-	return r.op.Spec
-}
-
 // change applies mutate to the status and asks the writer to write it.
 func (r *reporter) change(mutate func(s *api.OperationStatus)) uint64 {
 	r.mu.Lock()

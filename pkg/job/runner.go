@@ -45,8 +45,8 @@ type EngineConfig struct {
 }
 
 // EngineFactory builds the engine of one run, opening what else it needs (the Talos
-// API); close releases that, and may be nil.
-type EngineFactory func(ctx context.Context, cfg EngineConfig) (eng Engine, close func(), err error)
+// API); release releases that, and may be nil.
+type EngineFactory func(ctx context.Context, cfg EngineConfig) (eng Engine, release func(), err error)
 
 // ExitError is how the runner ends other than by succeeding: Code is the process's exit
 // code, which the Job's podFailurePolicy reads (ExitPaused, ExitFinal; any other code is

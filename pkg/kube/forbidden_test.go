@@ -73,13 +73,13 @@ func client(t *testing.T, host string, bound time.Duration) kubernetes.Interface
 // An apiserver that denies a few requests while it starts: the request
 // goes through once it no longer does, a write with its body intact.
 func TestRetryForbiddenRidesOutAStartingAPIServer(t *testing.T) {
-	srv, calls, body := apiserver(t, 3)
+	srv, calls, _ := apiserver(t, 3)
 	c := client(t, srv.URL, 10*time.Second)
 	_, err := c.CoreV1().ConfigMaps("ns").Get(context.Background(), "x", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.EqualValues(t, 4, calls.Load())
 
-	srv, calls, body = apiserver(t, 2)
+	srv, calls, body := apiserver(t, 2)
 	c = client(t, srv.URL, 10*time.Second)
 	_, err = c.CoreV1().ConfigMaps("ns").Create(context.Background(),
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{})

@@ -159,13 +159,3 @@ func cutQuoted(s string) (string, string, bool) {
 
 	return v, s[len(q):], true
 }
-
-// holderNames lists holders for a message: `"helm" (Update), "kubectl-edit" (Update)`.
-func holderNames(holders []Holder) string {
-	parts := make([]string, 0, len(holders))
-	for _, h := range holders {
-		parts = append(parts, h.String())
-	}
-
-	return strings.Join(parts, ", ")
-}

@@ -373,7 +373,7 @@ func (o *PlanTalosOptions) Complete(*cobra.Command, []string) error { return nil
 
 // Validate checks the options.
 func (o *PlanTalosOptions) Validate() error {
-	if err := o.planOptions.validate(); err != nil {
+	if err := o.validate(); err != nil {
 		return err
 	}
 

@@ -112,9 +112,9 @@ func (o *upgradeOptions) validate() error {
 	return nil
 }
 
-// plan discovers the cluster, plans with make, runs the checks and prints the plan; a
+// plan discovers the cluster, plans with makePlan, runs the checks and prints the plan; a
 // refused plan is an error. It refuses at once when another operation is in progress.
-func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*discovery.Snapshot) (*api.Plan, error), list []checks.Check) (*api.Plan, error) {
+func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, makePlan func(*discovery.Snapshot) (*api.Plan, error), list []checks.Check) (*api.Plan, error) {
 	if err := ctl.CheckFree(ctx); err != nil {
 		return nil, err
 	}
@@ -124,7 +124,7 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, make func(*
 		return nil, err
 	}
 
-	plan, err := make(snap)
+	plan, err := makePlan(snap)
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}

@@ -446,7 +446,7 @@ func (m *model) rolloutLeft(it item) time.Duration {
 			began = ms.Started.Time
 		}
 
-		if updated > 0 && r.Observed.Time.After(began) {
+		if updated > 0 && r.Observed.After(began) {
 			perBatch = time.Duration(float64(r.Observed.Sub(began)) * float64(mu) / float64(updated))
 			m.note(fmt.Sprintf("rollout %d of %d pods left at %s per %d measured", pods-updated, pods, perBatch.Round(100*time.Millisecond), mu))
 		}

@@ -104,12 +104,6 @@ func TestWithoutAPlanOnlyTheElapsedTime(t *testing.T) {
 // at is t0 plus s seconds.
 func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 
-func micro(s float64) *metav1.MicroTime {
-	m := metav1.NewMicroTime(at(s))
-
-	return &m
-}
-
 // kubePlan is a Kubernetes upgrade of three control planes and four workers,
 // two at a time, with kube-proxy on every node, one pod at a time; the runner
 // on worker-4 (it goes last).

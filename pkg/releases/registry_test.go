@@ -32,7 +32,7 @@ func serve(t *testing.T, wrap func(http.Handler) http.Handler) string {
 	// Hermetic: no docker config of the machine is read for credentials.
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
 
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	if wrap != nil {
 		h = wrap(h)
 	}

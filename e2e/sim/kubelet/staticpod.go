@@ -100,7 +100,9 @@ func (sp *staticPod) run(ctx context.Context) {
 		case running != nil:
 			// The old container stops: its mirror pod goes not Ready while
 			// Talos restarts the static pod.
-			sp.setStatus(ctx, *running, false, false)
+			if err := sp.setStatus(ctx, false, false); err != nil {
+				logf("mirror pod status", "pod", sp.name(), "err", err)
+			}
 		}
 		delay := sp.n.k.opts.PodStart
 		if running != nil {
@@ -137,7 +139,7 @@ func (sp *staticPod) run(ctx context.Context) {
 		// write lost to a busy apiserver left the pod not Ready for good), and
 		// creates the mirror pod again when someone deleted it.
 		for {
-			err := sp.setStatus(ctx, w, true, true)
+			err := sp.setStatus(ctx, true, true)
 			if err == nil {
 				break
 			}
@@ -218,12 +220,12 @@ func (sp *staticPod) replace(ctx context.Context, w StaticPod) error {
 	if last != nil {
 		return last
 	}
-	return sp.setStatus(ctx, w, true, false)
+	return sp.setStatus(ctx, true, false)
 }
 
 // setStatus writes the mirror pod's status: its container running or not,
 // Ready or not.
-func (sp *staticPod) setStatus(ctx context.Context, w StaticPod, started, ready bool) error {
+func (sp *staticPod) setStatus(ctx context.Context, started, ready bool) error {
 	pods := sp.n.k.opts.Client.CoreV1().Pods(metav1.NamespaceSystem)
 	pod, err := pods.Get(ctx, sp.name(), metav1.GetOptions{})
 	if err != nil {
