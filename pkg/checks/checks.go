@@ -2,12 +2,11 @@ package checks
 
 import (
 	"context"
-	"fmt"
-	"strings"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // MetricsReader reads the Kubernetes API server's /metrics in the Prometheus text format.
@@ -109,17 +108,6 @@ func active(snap *discovery.Snapshot) []discovery.Node {
 	return out
 }
 
-// summarize joins problems into one line: the first few, then how many more.
-func summarize(problems []string) string {
-	const shown = 3
-
-	if len(problems) <= shown {
-		return strings.Join(problems, "; ")
-	}
-
-	return fmt.Sprintf("%s; and %d more", strings.Join(problems[:shown], "; "), len(problems)-shown)
-}
-
 // names joins node names, at most a few.
 func names(nodes []discovery.Node) string {
 	list := make([]string, 0, len(nodes))
@@ -127,15 +115,5 @@ func names(nodes []discovery.Node) string {
 		list = append(list, n.Name)
 	}
 
-	return summarizeList(list)
-}
-
-func summarizeList(list []string) string {
-	const shown = 5
-
-	if len(list) <= shown {
-		return strings.Join(list, ", ")
-	}
-
-	return fmt.Sprintf("%s and %d more", strings.Join(list[:shown], ", "), len(list)-shown)
+	return text.SummarizeList(list)
 }

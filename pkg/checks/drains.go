@@ -18,6 +18,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // PreviewDrains says, for every node the plan cordons and drains (a node
@@ -224,9 +225,9 @@ func (Drains) Run(_ context.Context, in *Input) api.Check {
 
 	switch {
 	case len(blockers) > 0:
-		return refused(fmt.Sprintf("%s; would stop: %s", scope, summarize(blockers)), drainActions(kinds))
+		return refused(fmt.Sprintf("%s; would stop: %s", scope, text.Summarize(blockers)), drainActions(kinds))
 	case len(risks) > 0:
-		return warn(fmt.Sprintf("%s; would hurt: %s", scope, summarize(risks)),
+		return warn(fmt.Sprintf("%s; would hurt: %s", scope, text.Summarize(risks)),
 			"see Drains above (-o json lists every pod); scale the workloads up or move them first")
 	}
 

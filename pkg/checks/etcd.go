@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // EtcdQuorum is the engine's etcd gate, shown before the upgrade: every etcd member
@@ -54,5 +55,5 @@ func (EtcdQuorum) Run(_ context.Context, in *Input) api.Check {
 
 	v := in.Etcd.Judge(rebooting[0])
 
-	return ok(fmt.Sprintf("%d voter(s) healthy; quorum %d kept while each of %s reboots", health.Voters, v.Quorum, summarizeList(rebooting)))
+	return ok(fmt.Sprintf("%d voter(s) healthy; quorum %d kept while each of %s reboots", health.Voters, v.Quorum, text.SummarizeList(rebooting)))
 }

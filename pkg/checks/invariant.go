@@ -9,6 +9,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // Invariant judges what the cluster runs now against the upgrade's invariant (no
@@ -29,20 +30,20 @@ func (Invariant) Run(_ context.Context, in *Input) api.Check {
 
 	switch {
 	case len(inv.Unknown) > 0:
-		return refused("apiserver version unknown: "+summarize(inv.UnknownLines()), stages.UnknownAction(inv))
+		return refused("apiserver version unknown: "+text.Summarize(inv.UnknownLines()), stages.UnknownAction(inv))
 	case inv.Oldest == nil:
 		return ok("no apiserver seen")
 	case len(behind) > 0:
 		detail := fmt.Sprintf("held control plane %s keeps its kube-apiserver behind %s: the upgrade stops before the ControlPlaneComponents stage "+
-			"(no controller-manager or scheduler newer than an apiserver)", summarizeList(behind), in.Target)
+			"(no controller-manager or scheduler newer than an apiserver)", text.SummarizeList(behind), in.Target)
 		if len(inv.Skew) > 0 {
-			detail += "; skew already there: " + summarize(inv.SkewLines())
+			detail += "; skew already there: " + text.Summarize(inv.SkewLines())
 		}
 
 		return warn(detail,
 			fmt.Sprintf("remove the hold before, or when the upgrade pauses there (kubectl annotate node %s %s-), then resume", behind[0], discovery.HoldAnnotation))
 	case len(inv.Skew) > 0:
-		return warn("skew already there: "+summarize(inv.SkewLines()),
+		return warn("skew already there: "+text.Summarize(inv.SkewLines()),
 			"none needed: the upgrade keeps it from growing and moves the apiservers first; it ends when every apiserver is at least that version")
 	}
 

@@ -8,6 +8,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // KernelArgs warns, per node, about kernel arguments the Talos upgrade will not carry.
@@ -57,11 +58,11 @@ func (KernelArgs) Run(_ context.Context, in *Input) api.Check {
 
 	if len(lost) > 0 {
 		parts = append(parts, fmt.Sprintf("%s: GRUB without the UKI command line; Talos' lifecycle upgrade does not carry machine.install.extraKernelArgs "+
-			"(siderolabs/talos#13967): they boot %s without them", summarize(lost), in.Target))
+			"(siderolabs/talos#13967): they boot %s without them", text.Summarize(lost), in.Target))
 	}
 
 	if len(unknown) > 0 {
-		parts = append(parts, fmt.Sprintf("%s: may boot %s without them", summarize(unknown), in.Target))
+		parts = append(parts, fmt.Sprintf("%s: may boot %s without them", text.Summarize(unknown), in.Target))
 	}
 
 	return warn(strings.Join(parts, "; "),

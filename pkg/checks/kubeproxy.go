@@ -6,6 +6,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // KubeProxyRollout warns when NotReady nodes will keep the KubeProxy stage's rollout of
@@ -57,7 +58,7 @@ func (KubeProxyRollout) Run(_ context.Context, in *Input) api.Check {
 		}
 	}
 
-	return warn(fmt.Sprintf("%s NotReady: %s, so %s: the KubeProxy stage pauses at its rollout", summarizeList(list), what, outcome),
+	return warn(fmt.Sprintf("%s NotReady: %s, so %s: the KubeProxy stage pauses at its rollout", text.SummarizeList(list), what, outcome),
 		fmt.Sprintf("bring %s back (Ready) before the upgrade or, if it is gone for good, delete its Node (kubectl delete node %s): its kube-proxy pod goes with it",
 			names(down), down[0].Name))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // VersionSkew refuses a target that is a downgrade or skips a minor for any component any
@@ -68,7 +69,7 @@ func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
 	if len(problems) > 0 {
 		lines := make([]string, 0, len(problems))
 		for _, p := range problems {
-			where := "on " + summarizeList(nodesOf[p])
+			where := "on " + text.SummarizeList(nodesOf[p])
 			if len(compsOf[p]) <= 3 {
 				comps := make([]string, 0, len(compsOf[p]))
 				for c := range compsOf[p] {
@@ -82,7 +83,7 @@ func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
 			lines = append(lines, fmt.Sprintf("%s (%s)", p, where))
 		}
 
-		return refused(summarize(lines), "choose a target one minor at most above what every node runs, or hold the nodes behind")
+		return refused(text.Summarize(lines), "choose a target one minor at most above what every node runs, or hold the nodes behind")
 	}
 
 	switch {

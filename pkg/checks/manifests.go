@@ -8,6 +8,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // ManifestFindings is what a server-side dry run of a control plane's bootstrap
@@ -70,7 +71,7 @@ func (BootstrapManifests) Run(_ context.Context, in *Input) api.Check {
 		}
 
 		return warn(fmt.Sprintf("%d of %d object(s) of %s changed by another field manager, the sync skips them: %s%s",
-			len(f.Skipped), f.Objects, f.Node, summarize(lines), taken),
+			len(f.Skipped), f.Objects, f.Node, text.Summarize(lines), taken),
 			fmt.Sprintf(`nothing to do to keep them; to take them over: kubectl ichor upgrade kubernetes --manifests-force %q`, f.Skipped[0].Object))
 	}
 
@@ -93,7 +94,7 @@ func takenOverText(taken []kube.TakenOver) string {
 		lines = append(lines, fmt.Sprintf("%s (from %s)", t.Object, strings.Join(from, ", ")))
 	}
 
-	return fmt.Sprintf("; %d held by Talos' own earlier writes, taken over: %s", len(taken), summarize(lines))
+	return fmt.Sprintf("; %d held by Talos' own earlier writes, taken over: %s", len(taken), text.Summarize(lines))
 }
 
 // holders names the field managers of a skipped object.

@@ -15,6 +15,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // DeprecatedAPIsMetric is the apiserver metric that records requests to deprecated APIs.
@@ -70,7 +71,7 @@ func (RemovedAPIs) Run(ctx context.Context, in *Input) api.Check {
 		return ok(fmt.Sprintf("no API removed by %s requested since the apiserver started", in.Target.MinorString()))
 	}
 
-	return warn(summarize(removed), "update the clients that use them before upgrading")
+	return warn(text.Summarize(removed), "update the clients that use them before upgrading")
 }
 
 // parseRemovedAPIs returns "group/version resource requested (removed in X.Y)" for every

@@ -6,6 +6,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // NodesReady refuses when a node the upgrade visits is not Ready, and warns about cordoned
@@ -62,7 +63,7 @@ func (NotTalos) Run(_ context.Context, in *Input) api.Check {
 	}
 
 	if len(bad) > 0 {
-		return refused("not Talos: "+summarize(bad),
+		return refused("not Talos: "+text.Summarize(bad),
 			fmt.Sprintf("hold them (kubectl annotate node <node> %s=not-talos) or remove them from the cluster", discovery.HoldAnnotation))
 	}
 
@@ -89,6 +90,6 @@ func (HeldNodes) Run(_ context.Context, in *Input) api.Check {
 		return ok("none")
 	}
 
-	return warn(fmt.Sprintf("%s held (%s): not upgraded", summarizeList(held), discovery.HoldAnnotation),
+	return warn(fmt.Sprintf("%s held (%s): not upgraded", text.SummarizeList(held), discovery.HoldAnnotation),
 		fmt.Sprintf("remove the annotation to include them: kubectl annotate node %s %s-", held[0], discovery.HoldAnnotation))
 }

@@ -9,6 +9,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // RunnerNode says where the Job's pod runs: it moves off each node before
@@ -42,5 +43,5 @@ func (RunnerNode) Run(_ context.Context, in *Input) api.Check {
 		return ok(fmt.Sprintf("single node %s: the runner stays on it through its own drain and reboot (or kubelet restart), tolerating the cordon; the Job's next pod continues from the state", hosts[0]))
 	}
 
-	return ok(fmt.Sprintf("%d nodes can host the Job (%s): the runner moves off each node before its drain", len(hosts), summarizeList(hosts)))
+	return ok(fmt.Sprintf("%d nodes can host the Job (%s): the runner moves off each node before its drain", len(hosts), text.SummarizeList(hosts)))
 }

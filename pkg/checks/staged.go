@@ -6,6 +6,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // StagedConfig refuses a node whose persistent machine config differs from its active
@@ -43,7 +44,7 @@ func (StagedConfig) Run(_ context.Context, in *Input) api.Check {
 
 	switch {
 	case len(staged) > 0:
-		return refused(summarize(staged)+": the upgrade's reboot would activate it", render.StagedAction(ip))
+		return refused(text.Summarize(staged)+": the upgrade's reboot would activate it", render.StagedAction(ip))
 	case read == 0:
 		return warn("the nodes' persistent machine configs were not read", "look for a staged change before the upgrade: talosctl -n <node> get machineconfig persistent")
 	}

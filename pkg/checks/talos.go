@@ -10,6 +10,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // UpgradePath refuses a Talos target that machinery says a node cannot upgrade to from
@@ -74,7 +75,7 @@ func (UpgradePath) Run(_ context.Context, in *Input) api.Check {
 	}
 
 	if len(problems) > 0 {
-		return refused(summarize(problems), "upgrade through an intermediate Talos release first (see the Talos upgrade notes)")
+		return refused(text.Summarize(problems), "upgrade through an intermediate Talos release first (see the Talos upgrade notes)")
 	}
 
 	if len(from) == 0 {
@@ -138,7 +139,7 @@ func (KubernetesSupported) Run(_ context.Context, in *Input) api.Check {
 	}
 
 	if len(problems) > 0 {
-		return refused(fmt.Sprintf("Talos %s supports Kubernetes 1.%d-1.%d: %s", in.Target, lo, hi, summarize(problems)),
+		return refused(fmt.Sprintf("Talos %s supports Kubernetes 1.%d-1.%d: %s", in.Target, lo, hi, text.Summarize(problems)),
 			"move Kubernetes into that range first (kubectl ichor plan kubernetes --to ...)")
 	}
 

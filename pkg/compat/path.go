@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // Targets are where the operator wants the cluster; a nil target is "leave it as it
@@ -336,7 +337,7 @@ func (s *search) find(start state) ([]step, error) {
 	}
 
 	return nil, &Refusal{
-		Reason: fmt.Sprintf("no legal sequence of hops reaches %s: from %s no hop is legal: %s", describeTargets(s.targets), where, summarize(reasons)),
+		Reason: fmt.Sprintf("no legal sequence of hops reaches %s: from %s no hop is legal: %s", describeTargets(s.targets), where, text.Summarize(reasons)),
 		Action: "choose nearer targets, or hold the nodes that block it",
 	}
 }

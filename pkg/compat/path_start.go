@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // startState reads where the path starts: every version the nodes (held nodes apart)
@@ -97,7 +99,7 @@ func checkTargets(nodes []Node, targets Targets) error {
 					action = fmt.Sprintf("add a Talos target: Kubernetes %s needs Talos %s or newer (%s)", k, m.MinorString(), releaseOf(m))
 				}
 
-				return &Refusal{Reason: fmt.Sprintf("no Talos target, and the nodes' Talos does not support Kubernetes %s: %v (on %s)", k, err, summarizeList(g.nodes)),
+				return &Refusal{Reason: fmt.Sprintf("no Talos target, and the nodes' Talos does not support Kubernetes %s: %v (on %s)", k, err, text.SummarizeList(g.nodes)),
 					Action: action, Nodes: g.nodes}
 			}
 		}
@@ -125,7 +127,7 @@ func checkTalosTarget(nodes []Node, t Version) error {
 
 	for _, g := range talosGroups(nodes) {
 		if g.version.Compare(t) > 0 {
-			newer = append(newer, fmt.Sprintf("%s on %s", g.raw, summarizeList(g.nodes)))
+			newer = append(newer, fmt.Sprintf("%s on %s", g.raw, text.SummarizeList(g.nodes)))
 		}
 	}
 
@@ -160,14 +162,14 @@ func checkKubernetesTarget(nodes []Node, k Version) error {
 
 	if len(newer) > 0 {
 		return &Refusal{
-			Reason: fmt.Sprintf("Kubernetes target %s is older than %s: downgrades are not supported", k, summarize(newer)),
+			Reason: fmt.Sprintf("Kubernetes target %s is older than %s: downgrades are not supported", k, text.Summarize(newer)),
 			Action: "choose a Kubernetes target at or above what every node runs, or hold the nodes behind",
 		}
 	}
 
 	if len(major) > 0 {
 		return &Refusal{
-			Reason: fmt.Sprintf("Kubernetes target %s changes the major version from %s: not supported", k, summarize(major)),
+			Reason: fmt.Sprintf("Kubernetes target %s changes the major version from %s: not supported", k, text.Summarize(major)),
 			Action: "choose a Kubernetes target of the major the cluster runs",
 		}
 	}

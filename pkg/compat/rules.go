@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // Node is what the version rules read of one node.
@@ -149,7 +150,7 @@ func KubernetesStep(nodes []Node, target Version) Verdict {
 	if len(problems) > 0 {
 		lines := make([]string, 0, len(problems))
 		for _, p := range problems {
-			where := "on " + summarizeList(nodesOf[p])
+			where := "on " + text.SummarizeList(nodesOf[p])
 			if len(compsOf[p]) <= 3 {
 				comps := make([]string, 0, len(compsOf[p]))
 				for c := range compsOf[p] {
@@ -163,7 +164,7 @@ func KubernetesStep(nodes []Node, target Version) Verdict {
 			lines = append(lines, fmt.Sprintf("%s (%s)", p, where))
 		}
 
-		return refused(summarize(lines), "choose a target one minor at most above what every node runs, or hold the nodes behind", unique(refusing)...)
+		return refused(text.Summarize(lines), "choose a target one minor at most above what every node runs, or hold the nodes behind", unique(refusing)...)
 	}
 
 	switch {
@@ -246,7 +247,7 @@ func KubernetesSupported(nodes []Node, target Version) Verdict {
 	)
 
 	for _, g := range groups {
-		where := summarizeList(g.nodes)
+		where := text.SummarizeList(g.nodes)
 
 		if g.err != nil {
 			return refused(fmt.Sprintf("Talos version on %s: %v", where, g.err), "check the nodes' Talos version (talosctl version)", g.nodes...)
@@ -298,7 +299,7 @@ func KubernetesSupported(nodes []Node, target Version) Verdict {
 		}
 	}
 
-	return refused(summarize(problems), action, refusing...)
+	return refused(text.Summarize(problems), action, refusing...)
 }
 
 // TalosUpgradeable is "Talos target may be installed from each node's Talos" (held
@@ -352,7 +353,7 @@ func TalosUpgradeable(nodes []Node, target Version) Verdict {
 			action = "choose a target at or above the Talos every node runs, or hold the nodes behind"
 		}
 
-		return refused(summarize(problems), action, refusing...)
+		return refused(text.Summarize(problems), action, refusing...)
 	}
 
 	if len(from) == 0 {
@@ -414,33 +415,11 @@ func TalosSupports(nodes []Node, target Version) Verdict {
 	}
 
 	if len(problems) > 0 {
-		return refused(fmt.Sprintf("Talos %s supports Kubernetes %s: %s", target, r, summarize(problems)),
+		return refused(fmt.Sprintf("Talos %s supports Kubernetes %s: %s", target, r, text.Summarize(problems)),
 			"move Kubernetes into that range first (kubectl ichor plan kubernetes --to ...)", unique(refusing)...)
 	}
 
 	return allowed(fmt.Sprintf("Talos %s supports Kubernetes %s", target, r))
-}
-
-// summarize joins problems into one line: the first few, then how many more.
-func summarize(problems []string) string {
-	const shown = 3
-
-	if len(problems) <= shown {
-		return strings.Join(problems, "; ")
-	}
-
-	return fmt.Sprintf("%s; and %d more", strings.Join(problems[:shown], "; "), len(problems)-shown)
-}
-
-// summarizeList joins names, at most a few.
-func summarizeList(list []string) string {
-	const shown = 5
-
-	if len(list) <= shown {
-		return strings.Join(list, ", ")
-	}
-
-	return fmt.Sprintf("%s and %d more", strings.Join(list[:shown], ", "), len(list)-shown)
 }
 
 // unique is list without repeats, in first-seen order.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // TalosReader is the part of the Talos client discovery uses; *talos.Client satisfies it.
@@ -248,7 +249,7 @@ func firstError(err error) error {
 func talosError(node, ip, what string, err error) error {
 	switch status.Code(err) { //nolint:exhaustive
 	case codes.PermissionDenied, codes.Unauthenticated:
-		return fmt.Errorf("node %q: talos denied reading its %s: %v: use a talosconfig with role os:reader or higher (--talosconfig, --talos-context)", node, what, oneLine(err))
+		return fmt.Errorf("node %q: talos denied reading its %s: %v: use a talosconfig with role os:reader or higher (--talosconfig, --talos-context)", node, what, text.OneLine(err.Error()))
 	case codes.Unavailable, codes.DeadlineExceeded:
 		return fmt.Errorf("node %q: %w", node, &UnreachableError{
 			API:    "talos",

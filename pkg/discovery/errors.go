@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // ForbiddenError is a Kubernetes request RBAC denied.
@@ -55,7 +56,7 @@ type UnreachableError struct {
 }
 
 func (e *UnreachableError) Error() string {
-	return fmt.Sprintf("%s API at %s unreachable: %v: %s", e.API, e.Target, oneLine(e.Err), e.Hint)
+	return fmt.Sprintf("%s API at %s unreachable: %v: %s", e.API, e.Target, text.OneLine(e.Err.Error()), e.Hint)
 }
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
@@ -87,9 +88,4 @@ func isUnreachable(err error) bool {
 
 	return errors.As(err, &urlErr) || errors.As(err, &netErr) ||
 		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
-}
-
-// oneLine keeps an error's text on one line.
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // This file is the KubeProxy stage's end: the sync of the bootstrap manifests once Talos
@@ -83,7 +84,7 @@ func syncMessage(res *kube.SyncResult, node string) string {
 			names = append(names, fmt.Sprintf("%s (from %s)", t.Object, holdersList(t.From)))
 		}
 
-		msg += fmt.Sprintf("; took over %d from Talos' own earlier writes: %s", len(names), summarize(names))
+		msg += fmt.Sprintf("; took over %d from Talos' own earlier writes: %s", len(names), text.Summarize(names))
 	}
 
 	if res.Inventory > 0 {
@@ -96,7 +97,7 @@ func syncMessage(res *kube.SyncResult, node string) string {
 			names = append(names, sk.Object)
 		}
 
-		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), summarize(names))
+		msg += fmt.Sprintf("; skipped %d changed by another field manager: %s", len(names), text.Summarize(names))
 	}
 
 	return msg

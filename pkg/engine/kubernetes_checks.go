@@ -13,6 +13,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // This file is what gates a Kubernetes stage's first apply: the checks on the nodes it
@@ -81,12 +82,12 @@ func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pend
 
 	switch {
 	case len(unreadable) > 0:
-		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+summarize(unreadable), stages.UnreadableAction(unreadableNodes[0]))
+		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+text.Summarize(unreadable), stages.UnreadableAction(unreadableNodes[0]))
 	case len(skew) > 0:
-		return r.refuse(ctx, stage, skewNodes, "version skew: "+summarize(skew),
+		return r.refuse(ctx, stage, skewNodes, "version skew: "+text.Summarize(skew),
 			"choose a target at most one minor above what every node runs, or hold the nodes behind")
 	case len(pairing) > 0:
-		return r.refuse(ctx, stage, pairingNodes, "talos pairing: "+summarize(pairing),
+		return r.refuse(ctx, stage, pairingNodes, "talos pairing: "+text.Summarize(pairing),
 			"upgrade Talos first (kubectl ichor plan talos --to <a release that supports the target>)")
 	}
 

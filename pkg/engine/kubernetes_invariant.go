@@ -11,6 +11,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // This file is the invariant as a Kubernetes run keeps it (no kube-controller-manager,
@@ -41,7 +42,7 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 	r.base = inv
 
 	if lines := inv.SkewLines(); len(lines) > 0 {
-		r.e.step(stage, "invariant", "skew already there, kept from growing: %s", summarize(lines))
+		r.e.step(stage, "invariant", "skew already there, kept from growing: %s", text.Summarize(lines))
 	}
 
 	return nil
@@ -121,7 +122,7 @@ func (r *kubeRun) unknownApiservers(ctx context.Context, stage, node string, inv
 		node = inv.Unknown[0].Node
 	}
 
-	reason := "invariant check: apiserver version unknown: " + summarize(inv.UnknownLines())
+	reason := "invariant check: apiserver version unknown: " + text.Summarize(inv.UnknownLines())
 
 	return r.pause(ctx, stage, node, reason, stages.UnknownAction(inv), errors.New(reason))
 }
@@ -162,7 +163,7 @@ func (r *kubeRun) notWorse(ctx context.Context, stage, node string, running []ku
 	}
 
 	if v := inv.WorseThan(r.base); len(v) > 0 {
-		reason := "invariant broken: " + summarize(v)
+		reason := "invariant broken: " + text.Summarize(v)
 
 		return r.pause(ctx, stage, node, reason, action, errors.New(reason))
 	}
@@ -223,7 +224,7 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 	}
 
 	if v := after.WorseThan(r.base); len(v) > 0 {
-		reason := "applying " + describeChanges(res.Changed) + " would break the invariant: " + summarize(v)
+		reason := "applying " + describeChanges(res.Changed) + " would break the invariant: " + text.Summarize(v)
 
 		return r.pause(ctx, stage, sn.Name, reason, heldAction, errors.New(reason))
 	}
@@ -253,7 +254,7 @@ func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) erro
 	}
 
 	if v := after.WorseThan(r.base); len(v) > 0 {
-		reason := "syncing the bootstrap manifests would break the invariant: " + summarize(v)
+		reason := "syncing the bootstrap manifests would break the invariant: " + text.Summarize(v)
 
 		return r.pause(ctx, stage, node, reason, heldAction, errors.New(reason))
 	}

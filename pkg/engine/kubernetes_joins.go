@@ -13,6 +13,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // This file is a control plane that joins the cluster during a stage: the stage reads
@@ -139,7 +140,7 @@ func (r *kubeRun) tooManyJoins(ctx context.Context, stage string) error {
 	}
 
 	reason := fmt.Sprintf("control planes joined the cluster %d times during the stage (%s), more than the %d restarts a stage takes: "+
-		"a node flapping in and out of the cluster?", r.restarts, summarize(seen), maxJoinRestarts)
+		"a node flapping in and out of the cluster?", r.restarts, text.Summarize(seen), maxJoinRestarts)
 
 	return r.pause(ctx, stage, names[0], reason,
 		fmt.Sprintf("find why it comes and goes (kubectl get node %s -w; talosctl -n <its IP> logs kubelet), fix it "+

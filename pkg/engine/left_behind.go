@@ -13,6 +13,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // A node that registers after a run's stages read the cluster (a worker
@@ -69,7 +70,7 @@ func (e *Engine) leftBehind(ctx context.Context, stage string, target stages.Ver
 		lines = append(lines, l.line)
 	}
 
-	reason := fmt.Sprintf("%s joined after the stages had read the cluster: behind the target %s", summarize(lines), target)
+	reason := fmt.Sprintf("%s joined after the stages had read the cluster: behind the target %s", text.Summarize(lines), target)
 
 	return e.pause(ctx, stage, found[0].name, reason,
 		"let it finish joining (kubectl get node), then resume (kubectl ichor resume): "+next, errors.New(reason))

@@ -3,9 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // This file is how the engine says what it does: a stage's start, a node's phase and a
@@ -23,7 +23,7 @@ func (e *Engine) stage(index, total int, name string) {
 
 // node reports a node's phase.
 func (e *Engine) node(stage, node string, phase NodePhase, format string, args ...any) {
-	msg := oneLine(fmt.Sprintf(format, args...))
+	msg := text.OneLine(fmt.Sprintf(format, args...))
 	e.line("  %s %s: %s", node, phase, msg)
 
 	if e.Progress != nil {
@@ -33,7 +33,7 @@ func (e *Engine) node(stage, node string, phase NodePhase, format string, args .
 
 // step reports a stage-wide step.
 func (e *Engine) step(stage, step, format string, args ...any) {
-	msg := oneLine(fmt.Sprintf(format, args...))
+	msg := text.OneLine(fmt.Sprintf(format, args...))
 	e.line("  [%s] %s", step, msg)
 
 	if sp, ok := e.Progress.(StepProgress); ok {
@@ -59,11 +59,6 @@ func (e *Engine) line(format string, args ...any) {
 	_, _ = fmt.Fprintf(e.Out, format+"\n", args...)
 }
 
-// oneLine folds a message onto one line.
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
-}
-
 // pause reports a failed node (when node is set) and returns the
 // *PauseError; when ctx ended, it returns ctx's error instead, wrapped, for
 // the runner to tell a stop from a failure.
@@ -76,7 +71,7 @@ func (e *Engine) pause(ctx context.Context, stage, node, reason, action string, 
 		return fmt.Errorf("stage %s: %w", stage, ctx.Err())
 	}
 
-	reason = oneLine(reason)
+	reason = text.OneLine(reason)
 
 	if node != "" {
 		e.node(stage, node, PhaseFailed, "%s", reason)
@@ -97,14 +92,4 @@ const (
 func verifyAction(node string) string {
 	return fmt.Sprintf("see what is not Ready (kubectl describe node %s; kubectl -n %s get pods -o wide --field-selector spec.nodeName=%s), fix it, then resume",
 		node, discovery.StaticPodNamespace, node)
-}
-
-func summarize(problems []string) string {
-	const shown = 3
-
-	if len(problems) <= shown {
-		return strings.Join(problems, "; ")
-	}
-
-	return fmt.Sprintf("%s; and %d more", strings.Join(problems[:shown], "; "), len(problems)-shown)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // This file is what gates the Talos upgrade's first install: per node the upgrade path,
@@ -69,13 +70,13 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 
 	switch {
 	case len(path) > 0:
-		return r.refuse(ctx, pathNodes, "upgrade path: "+summarize(path),
+		return r.refuse(ctx, pathNodes, "upgrade path: "+text.Summarize(path),
 			"upgrade through an intermediate Talos release first (see the Talos upgrade notes), or hold the nodes")
 	case len(unsupported) > 0:
-		return r.refuse(ctx, nil, fmt.Sprintf("Talos %s does not support the Kubernetes the cluster runs: %s", r.target, summarize(unsupported)),
+		return r.refuse(ctx, nil, fmt.Sprintf("Talos %s does not support the Kubernetes the cluster runs: %s", r.target, text.Summarize(unsupported)),
 			"move Kubernetes into the range the target supports first (kubectl ichor plan kubernetes --to ...)")
 	case len(installers) > 0:
-		return r.refuse(ctx, installerNodes, "installer: "+summarize(installers),
+		return r.refuse(ctx, installerNodes, "installer: "+text.Summarize(installers),
 			installerAction(installerNodes, r.target))
 	case len(staged) > 0:
 		ip := ""
@@ -83,7 +84,7 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 			ip = n.InternalIP
 		}
 
-		return r.refuse(ctx, stagedNodes, "a machine config change is staged for the next reboot, which the upgrade's would activate: "+summarize(staged),
+		return r.refuse(ctx, stagedNodes, "a machine config change is staged for the next reboot, which the upgrade's would activate: "+text.Summarize(staged),
 			render.StagedAction(ip))
 	case len(notReady) > 0:
 		return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", "),

@@ -3,7 +3,6 @@ package job
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // Problem is something wrong with an operation's Job that its state does not show.
@@ -48,7 +48,7 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 
 	if cond, finished := jobFinished(j); finished && cond.Type == batchv1.JobFailed {
 		return &Problem{Final: true, Message: fmt.Sprintf("job %s/%s failed (%s: %s): read kubectl ichor logs%s, then continue with kubectl ichor resume%s",
-			c.Namespace, j.Name, cond.Reason, oneLine(cond.Message), n, n)}, nil
+			c.Namespace, j.Name, cond.Reason, text.OneLine(cond.Message), n, n)}, nil
 	}
 
 	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + j.Name})
@@ -63,7 +63,7 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 			if t := cs.State.Terminated; t != nil {
 				why = fmt.Sprintf(" (exit code %d)", t.ExitCode)
 				if t.Message != "" {
-					why = fmt.Sprintf(" (exit code %d: %s)", t.ExitCode, oneLine(t.Message))
+					why = fmt.Sprintf(" (exit code %d: %s)", t.ExitCode, text.OneLine(t.Message))
 				}
 			}
 		}
@@ -79,21 +79,19 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 
 		for _, cs := range p.Status.ContainerStatuses {
 			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
-				return &Problem{Message: fmt.Sprintf("pod %s cannot start: %s: %s (is --image %s right?)", p.Name, w.Reason, oneLine(w.Message), op.Spec.Image)}, nil
+				return &Problem{Message: fmt.Sprintf("pod %s cannot start: %s: %s (is --image %s right?)", p.Name, w.Reason, text.OneLine(w.Message), op.Spec.Image)}, nil
 			}
 		}
 
 		for _, cond := range p.Status.Conditions {
 			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable {
-				return &Problem{Message: fmt.Sprintf("pod %s is not scheduled: %s", p.Name, oneLine(cond.Message))}, nil
+				return &Problem{Message: fmt.Sprintf("pod %s is not scheduled: %s", p.Name, text.OneLine(cond.Message))}, nil
 			}
 		}
 	}
 
 	return nil, nil
 }
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // newestPod is the most recently created pod, nil for none.
 func newestPod(pods []corev1.Pod) *corev1.Pod {

@@ -760,11 +760,11 @@ func TestPausedOutcomeSaysResumeOnce(t *testing.T) {
 			want: "operation op-1 paused: APIServers cp-2: version unreadable: fix the tag, then kubectl ichor resume -n upgrades",
 		},
 		{
-			name: "action without resume", action: "remove the hold", namespace: DefaultNamespace,
+			name: "action without resume", action: "remove the hold", namespace: job.DefaultNamespace,
 			want: "operation op-1 paused: APIServers cp-2: version unreadable: remove the hold; then continue with kubectl ichor resume",
 		},
 		{
-			name: "action names the command", action: "run kubectl ichor resume after the fix", namespace: DefaultNamespace,
+			name: "action names the command", action: "run kubectl ichor resume after the fix", namespace: job.DefaultNamespace,
 			want: "operation op-1 paused: APIServers cp-2: version unreadable: run kubectl ichor resume after the fix",
 		},
 	} {

@@ -166,7 +166,7 @@ func (d jobDeps) controlFor(flags *globalFlags) (*job.Control, error) {
 
 // nsFlag is the -n flag naming namespace in a suggested command, "" for the default.
 func nsFlag(namespace string) string {
-	if namespace == DefaultNamespace {
+	if namespace == job.DefaultNamespace {
 		return ""
 	}
 

@@ -9,6 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
 // Exit codes Run returns.
@@ -20,9 +22,6 @@ const (
 	// ExitRefused means a check refused the plan.
 	ExitRefused = 2
 )
-
-// DefaultNamespace is the product's namespace when -n is not given.
-const DefaultNamespace = "ichor-system"
 
 // Run runs `kubectl ichor` with args (without the program name) and returns the exit code.
 // Errors are printed once, on streams.ErrOut, as one line.
@@ -74,7 +73,7 @@ type globalFlags struct {
 // namespace is the product's namespace: -n, not the kubeconfig context's namespace.
 func (g *globalFlags) namespace() string {
 	if g.kube.Namespace == nil || *g.kube.Namespace == "" {
-		return DefaultNamespace
+		return job.DefaultNamespace
 	}
 
 	return *g.kube.Namespace
@@ -82,7 +81,7 @@ func (g *globalFlags) namespace() string {
 
 func newRootCommand(streams genericiooptions.IOStreams, deps deps) *cobra.Command {
 	flags := &globalFlags{kube: genericclioptions.NewConfigFlags(true)}
-	ns := DefaultNamespace
+	ns := job.DefaultNamespace
 	flags.kube.Namespace = &ns
 
 	root := &cobra.Command{

@@ -16,6 +16,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // DefaultTimeout bounds one repository's tag listing.
@@ -137,7 +138,7 @@ func (r Registry) patches(ctx context.Context, repo string, minor compat.Version
 
 	tags, err := remote.List(ref, append(slices.Clone(opts), remote.WithContext(ctx))...)
 	if err != nil {
-		return nil, fmt.Errorf("list the tags of %s: %s", repo, oneLine(err.Error()))
+		return nil, fmt.Errorf("list the tags of %s: %s", repo, text.OneLine(err.Error()))
 	}
 
 	var out []compat.Version
@@ -165,4 +166,3 @@ func list(names []string) string {
 }
 
 // oneLine folds a registry's error (which may carry a response body) into one line.
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
