@@ -223,7 +223,8 @@ type Options struct {
 	StaticPodSettle time.Duration
 	Concurrency     int // parallel Talos reads (the nodes' versions and configs)
 	// PullConcurrency is how many nodes pre-pull at once (each pulls its
-	// images together, under its own PullTimeout).
+	// images together, under its own PullTimeout): a stage's component
+	// images, and a Talos batch's installers before its first cordon.
 	PullConcurrency int
 }
 

@@ -86,8 +86,14 @@ func (r *talosRun) prePull(ctx context.Context, group []*osNode) error {
 
 	var wg sync.WaitGroup
 
+	// At most PullConcurrency nodes pull at once, as in a stage's pre-pull.
+	slots := make(chan struct{}, max(1, r.opts.PullConcurrency))
+
 	for i, n := range todo {
 		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+
 			choice, err := r.installer(ctx, n.Node, n.cfg)
 			if err != nil {
 				errs[i] = err

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -122,6 +123,22 @@ func TestTalosPrePullBeforeCordon(t *testing.T) {
 		for _, u := range upgrades {
 			assert.True(t, pulled[u], "%s: its installer was pulled on it first", u)
 		}
+	})
+
+	t.Run("the batch's installers pull at most --pull-concurrency nodes at once", func(t *testing.T) {
+		o := newFakeOS(t, spec113())
+		o.f.machine("worker-1").faults.pullDelay = 100 * time.Millisecond
+		o.f.machine("worker-2").faults.pullDelay = 100 * time.Millisecond
+
+		require.NoError(t, o.engine("v1.14.1", newMemo(), func(opts *Options) {
+			opts.MaxUnavailable = 2
+			opts.PullConcurrency = 1
+		}).Run(context.Background()))
+
+		o.f.mu.Lock()
+		defer o.f.mu.Unlock()
+
+		assert.Equal(t, 1, o.f.pullingMax, "the two workers of one batch pulled one after the other")
 	})
 
 	t.Run("a pull that fails pauses with nothing cordoned", func(t *testing.T) {
