@@ -71,6 +71,21 @@ func (e *Engine) reportHeldCordoned(ctx context.Context, stage string) error {
 	return nil
 }
 
+// reportHeld says each held node of a stage as Held, and what to do for one
+// that ichor left cordoned.
+func (e *Engine) reportHeld(stage string, held []discovery.Node, cache *kube.Cache) {
+	for _, n := range held {
+		if node, ok := cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
+			e.node(stage, n.Name, PhaseHeld, "held (%s), still cordoned by ichor: remove the hold to finish it, or kubectl uncordon %s",
+				holdText(n), n.Name)
+
+			continue
+		}
+
+		e.node(stage, n.Name, PhaseHeld, "held (%s)", holdText(n))
+	}
+}
+
 func holdText(n discovery.Node) string {
 	if n.HoldReason == "" {
 		return discovery.HoldAnnotation

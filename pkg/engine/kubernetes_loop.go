@@ -170,19 +170,8 @@ func (r *kubeRun) runNodes(ctx context.Context, s stages.KubernetesStage, only m
 		return held, nil
 	}
 
-	for _, n := range held {
-		if only != nil {
-			break
-		}
-
-		if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
-			r.e.node(name, n.Name, PhaseHeld, "held (%s), still cordoned by ichor: remove the hold to finish it, or kubectl uncordon %s",
-				holdText(n), n.Name)
-
-			continue
-		}
-
-		r.e.node(name, n.Name, PhaseHeld, "held (%s)", holdText(n))
+	if only == nil {
+		r.e.reportHeld(name, held, r.cache)
 	}
 
 	var pending []*stageNode

@@ -112,16 +112,7 @@ func (r *talosRun) run(ctx context.Context) error {
 		return err
 	}
 
-	for _, n := range held {
-		if node, ok := r.cache.Node(n.Name); ok && kube.CordonedByIchor(node) {
-			r.e.node(name, n.Name, PhaseHeld, "held (%s), still cordoned by ichor: remove the hold to finish it, or kubectl uncordon %s",
-				holdText(n), n.Name)
-
-			continue
-		}
-
-		r.e.node(name, n.Name, PhaseHeld, "held (%s)", holdText(n))
-	}
+	r.e.reportHeld(name, held, r.cache)
 
 	var pending []*osNode
 
