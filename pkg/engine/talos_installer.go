@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
@@ -59,9 +58,10 @@ func installerAction(nodes []string, target stages.Version) string {
 
 // prePull pulls, on every node of a group that is to be installed, its
 // installer into Talos' system namespace (ImageService.Pull, or
-// MachineService.ImagePull on a Talos before 1.13), all at once under
-// PullTimeout, before the group's first cordon: a pull that fails pauses
-// the run with nothing of the group cordoned or drained. A node whose
+// MachineService.ImagePull on a Talos before 1.13), PullConcurrency nodes
+// at once, each under PullTimeout, before the group's first cordon: a pull
+// that fails pauses the run with nothing of the group cordoned or drained.
+// A node whose
 // Talos can do neither is said and skipped: MachineService.Upgrade, its
 // only upgrade call, pulls and checks the installer itself before it
 // installs anything. Nodes whose upgrade is under way, or that run the
@@ -83,30 +83,34 @@ func (r *talosRun) prePull(ctx context.Context, group []*osNode) error {
 
 	errs := make([]error, len(todo))
 	images := make([]string, len(todo))
-
-	var wg sync.WaitGroup
-
-	// At most PullConcurrency nodes pull at once, as in a stage's pre-pull.
-	slots := make(chan struct{}, max(1, r.opts.PullConcurrency))
+	names := make([]string, len(todo))
+	index := make(map[string]int, len(todo))
 
 	for i, n := range todo {
-		wg.Go(func() {
-			slots <- struct{}{}
-			defer func() { <-slots }()
-
-			choice, err := r.installer(ctx, n.Node, n.cfg)
-			if err != nil {
-				errs[i] = err
-
-				return
-			}
-
-			images[i] = choice.Image
-			errs[i] = r.pull(ctx, n, choice.Image)
-		})
+		names[i], index[n.Name] = n.Name, i
 	}
 
-	wg.Wait()
+	// At most PullConcurrency nodes pull at once, as in a stage's pre-pull.
+	// Each node's outcome is kept in errs, worded for its pause; ForEach's
+	// own error only says that ctx ended before every node started.
+	stopped := talos.ForEach(ctx, names, r.opts.PullConcurrency, func(ctx context.Context, name string) error {
+		i, n := index[name], todo[index[name]]
+
+		choice, err := r.installer(ctx, n.Node, n.cfg)
+		if err != nil {
+			errs[i] = err
+
+			return nil
+		}
+
+		images[i] = choice.Image
+		errs[i] = r.pull(ctx, n, choice.Image)
+
+		return nil
+	})
+	if stopped != nil {
+		return r.e.pause(ctx, r.stage.Name(), "", "", "", stopped)
+	}
 
 	for i, err := range errs {
 		switch {
