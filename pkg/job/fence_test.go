@@ -18,10 +18,11 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 )
 
-// TestRunnerFencesMemoOnTheLease: another runner holds the Lease (taken over while this
-// one's elector has not noticed yet); the engine's Memo.Set at that moment writes
-// nothing and fails, and the runner stops as having lost the lock.
-func TestRunnerFencesMemoOnTheLease(t *testing.T) {
+// TestRunnerFencesMemoOnTheState: another runner took the Lease early (this one's pod
+// looked gone) and named itself the state's runner, while this one's elector has not
+// noticed yet: the engine's Memo.Set at that moment writes nothing and fails, and the
+// runner stops as having lost the lock. The fence is the state's own: no Lease read.
+func TestRunnerFencesMemoOnTheState(t *testing.T) {
 	var (
 		f      *runnerFixture
 		setErr error
@@ -34,8 +35,20 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 		_, err := f.client.CoordinationV1().Leases(LockNamespace).Update(ctx, l, metav1.UpdateOptions{})
 		require.NoError(t, err)
 
+		successor := &Store{Client: f.client.CoreV1(), Namespace: "ichor-system"}
+		_, err = successor.Update(ctx, func(o *api.Operation) error {
+			o.Status.Runner = "other-pod"
+
+			return nil
+		})
+		require.NoError(t, err)
+
+		leaseGets := countActions(f.client.Actions(), "get", "leases")
+
 		// At once, before the elector's next renewal.
 		setErr = cfg.Memo.Set(ctx, "talos/cp-1/v1.13.9", `{"bootID":"b","step":"install"}`)
+
+		assert.Equal(t, leaseGets, countActions(f.client.Actions(), "get", "leases"), "the write read no Lease")
 
 		select {
 		case <-ctx.Done():
@@ -48,9 +61,52 @@ func TestRunnerFencesMemoOnTheLease(t *testing.T) {
 
 	err := f.runner.Run(context.Background())
 	require.ErrorIs(t, setErr, errLostLock)
+	assert.ErrorContains(t, setErr, "runner other-pod took operation op-1 over")
 	assert.ErrorIs(t, err, errLostLock)
 	assert.Empty(t, f.state(t).Status.Memo, "nothing written without the lock")
+	assert.Equal(t, "other-pod", f.state(t).Status.Runner)
 	assert.Equal(t, HolderIdentity("ichor-system", "other-pod"), leaseHolderOf(f.lease(t)))
+}
+
+// TestRunnerStopsWhenTheLeaseIsTaken: another runner took the Lease and has not yet
+// named itself in the state: the elector sees the new holder at its next renewal and
+// the engine is stopped before the successor acts, and the runner ends without writing.
+func TestRunnerStopsWhenTheLeaseIsTaken(t *testing.T) {
+	var f *runnerFixture
+
+	f = newRunner(t, testOperation("op-1", api.PhasePending), func(ctx context.Context, cfg EngineConfig) error {
+		l := f.lease(t)
+		other, now := HolderIdentity("ichor-system", "other-pod"), metav1.NewMicroTime(time.Now().Add(time.Hour))
+		l.Spec.HolderIdentity, l.Spec.RenewTime = &other, &now
+		_, err := f.client.CoordinationV1().Leases(LockNamespace).Update(ctx, l, metav1.UpdateOptions{})
+		require.NoError(t, err)
+
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Minute):
+			return errors.New("the engine was not stopped a minute after the lock was lost")
+		}
+	})
+	f.runner.LeaseDuration, f.runner.RenewDeadline, f.runner.RetryPeriod = 10*time.Second, 8*time.Second, time.Second
+
+	err := f.runner.Run(context.Background())
+	assert.ErrorIs(t, err, errLostLock)
+	assert.Equal(t, api.PhaseRunning, f.state(t).Status.Phase, "the runner that lost the lock wrote no end")
+	assert.Equal(t, HolderIdentity("ichor-system", "other-pod"), leaseHolderOf(f.lease(t)))
+}
+
+// countActions counts the fake client's actions of verb on resource.
+func countActions(actions []k8stesting.Action, verb, resource string) int {
+	n := 0
+
+	for _, a := range actions {
+		if a.GetVerb() == verb && a.GetResource().Resource == resource {
+			n++
+		}
+	}
+
+	return n
 }
 
 // TestRunnerMemoSetHasADeadline: the apiserver refuses every update of the state (an

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
 // Lease timings of the lock: a runner renews every RetryPeriod and stops changing
@@ -226,4 +228,50 @@ func nsFlag(namespace string) string {
 	}
 
 	return " -n " + namespace
+}
+
+// renewingLock is the elector's Lease lock, noting when the last of its writes that
+// succeeded was sent: from that moment the Lease is renewed, so nobody else takes it
+// before LeaseDuration has passed (the fence's deadline, without reading the Lease).
+type renewingLock struct {
+	resourcelock.Interface
+
+	mu   sync.Mutex
+	last time.Time
+}
+
+// Create implements resourcelock.Interface.
+func (l *renewingLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	sent := time.Now()
+	err := l.Interface.Create(ctx, ler)
+	l.note(sent, ler, err)
+
+	return err
+}
+
+// Update implements resourcelock.Interface.
+func (l *renewingLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	sent := time.Now()
+	err := l.Interface.Update(ctx, ler)
+	l.note(sent, ler, err)
+
+	return err
+}
+
+func (l *renewingLock) note(sent time.Time, ler resourcelock.LeaderElectionRecord, err error) {
+	if err != nil || ler.HolderIdentity != l.Identity() {
+		return
+	}
+
+	l.mu.Lock()
+	l.last = sent
+	l.mu.Unlock()
+}
+
+// renewed is when the last renewal was sent; ok is false before the first.
+func (l *renewingLock) renewed() (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	return l.last, !l.last.IsZero()
 }

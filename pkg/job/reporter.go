@@ -27,12 +27,15 @@ type reporter struct {
 	logf    func(format string, args ...any)
 	aborted func()
 
+	// identity is the runner's name as the state's Runner holds it while this runner
+	// leads; a write that finds another name there is refused (errLostLock).
+	identity string
 	// fence, when set, is asked before every write whether the runner still holds the
-	// lock; it returns the time until which a write may land (the lease's expiry), or
-	// an error: errLostLock (nothing more is written, the engine stops) or another one
-	// (the write is tried again).
+	// lock, from what its elector knows (no request): it returns the time until which
+	// a write may land (the Lease's expiry as the runner last renewed it), or
+	// errLostLock (nothing more is written, the engine stops).
 	fence func(ctx context.Context) (time.Time, error)
-	// lost stops the engine once the fence says the lock is lost.
+	// lost stops the engine once the lock is lost.
 	lost func()
 	// setTimeout bounds a Memo.Set (stateWriteTimeout when zero).
 	setTimeout time.Duration
@@ -312,19 +315,6 @@ func (r *reporter) write(ctx context.Context) error {
 
 	if r.fence != nil {
 		until, err := r.fence(ctx)
-		if err == nil {
-			var cancel context.CancelFunc
-
-			wctx, cancel = context.WithDeadline(ctx, until)
-			defer cancel()
-		} else if !errors.Is(err, errLostLock) {
-			r.mu.Lock()
-			r.lastErr = err
-			r.mu.Unlock()
-
-			return err
-		}
-
 		if err != nil {
 			r.mu.Lock()
 			r.failed = err
@@ -338,6 +328,11 @@ func (r *reporter) write(ctx context.Context) error {
 
 			return err
 		}
+
+		var cancel context.CancelFunc
+
+		wctx, cancel = context.WithDeadline(ctx, until)
+		defer cancel()
 	}
 
 	_, err := r.store.Update(wctx, func(o *api.Operation) error {
@@ -347,6 +342,15 @@ func (r *reporter) write(ctx context.Context) error {
 
 		if o.Status.Phase == api.PhaseAborted {
 			return errAborted
+		}
+
+		// The fencing token: a runner that takes the lock writes its name into the
+		// state before it acts (Runner.lead). Once another has, this runner's writes
+		// are refused here: its update is conditional on the state it read, so the
+		// successor's claim either came before that read (and is seen) or makes the
+		// update conflict and read again.
+		if r.identity != "" && o.Status.Runner != r.identity {
+			return fmt.Errorf("%w: runner %s took operation %s over", errLostLock, o.Status.Runner, id)
 		}
 
 		o.Status = status
@@ -361,7 +365,7 @@ func (r *reporter) write(ctx context.Context) error {
 	case err == nil:
 		r.written = max(r.written, v)
 		r.lastErr = nil
-	case errors.Is(err, errAborted):
+	case errors.Is(err, errAborted), errors.Is(err, errLostLock):
 		r.failed = err
 	default:
 		r.lastErr = err
@@ -372,13 +376,18 @@ func (r *reporter) write(ctx context.Context) error {
 	close(r.notify)
 	r.notify = make(chan struct{})
 
-	if r.failed != nil {
+	switch {
+	case r.failed == nil:
+		return nil
+	case errors.Is(r.failed, errLostLock):
+		if r.lost != nil {
+			r.lost()
+		}
+	default:
 		r.aborted()
-
-		return r.failed
 	}
 
-	return nil
+	return r.failed
 }
 
 // flush writes what is not written yet, trying again until ctx ends.

@@ -185,13 +185,15 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	var elector *leaderelection.LeaderElector
 
+	lock := &renewingLock{Interface: &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
+		Client:     r.lockKube().CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: HolderIdentity(r.Namespace, r.Identity)},
+		Labels:     commonLabels(nil),
+	}}
+
 	elector, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
-			Client:     r.lockKube().CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: HolderIdentity(r.Namespace, r.Identity)},
-			Labels:     commonLabels(nil),
-		},
+		Lock:          lock,
 		LeaseDuration: lease,
 		RenewDeadline: renew,
 		RetryPeriod:   retry,
@@ -205,7 +207,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				defer leCancel()
 
 				leading.Store(true)
-				result = r.lead(ctx, lctx, op.Spec.ID, r.fence(lctx, elector))
+				result = r.lead(ctx, lctx, op.Spec.ID, fence(lctx, elector, lock, lease))
 			},
 			OnStoppedLeading: func() {},
 		},
@@ -396,7 +398,7 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	events.operation(ctx, "Running", fmt.Sprintf("runner %s took the lock (run %d)", r.Identity, op.Status.Runs), false)
 
 	rep := newReporter(r.store(), op, events, r.now, r.logf, func() { stop(errAborted) })
-	rep.fence, rep.lost, rep.setTimeout = fence, func() { stop(errLostLock) }, r.StateWriteTimeout
+	rep.identity, rep.fence, rep.lost, rep.setTimeout = r.Identity, fence, func() { stop(errLostLock) }, r.StateWriteTimeout
 	go rep.loop(engCtx)
 
 	opts := engineOptions(op.Spec, r.Node)
@@ -420,34 +422,29 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	return r.finish(ctx, engCtx, rep, events, err)
 }
 
-// fence is the reporter's check before each write to the state: the runner still leads
-// (its elector says so and lctx, which ends when a renewal fails, has not) and the Lease
-// as the apiserver has it names this runner, unexpired. It returns the Lease's expiry:
-// the write is given that deadline, so that it cannot land after another runner could
-// have taken the Lease (one takes an expired Lease only, LeaseDuration after the last
-// renewal it saw). A Lease that cannot be read is an error to try again, not a loss.
-func (r *Runner) fence(lctx context.Context, elector *leaderelection.LeaderElector) func(context.Context) (time.Time, error) {
-	return func(ctx context.Context) (time.Time, error) {
+// fence is the reporter's check before each write to the state, from what the elector
+// knows, without a request: the runner still leads (lctx, which ends when a renewal
+// fails for RenewDeadline, has not ended, and the elector has not seen another holder)
+// and its last renewal has not expired. It returns that expiry: the write is given it as
+// its deadline, so that it cannot land after another runner could have taken the Lease
+// (one takes an expired Lease only, LeaseDuration after the last renewal it saw, and it
+// sees a renewal only after it was sent). A successor that took the Lease early (its
+// holder's pod gone) is fenced by the state itself: it names itself the state's Runner
+// before it acts, and the reporter writes only while the state names this runner.
+func fence(lctx context.Context, elector *leaderelection.LeaderElector, lock *renewingLock, lease time.Duration) func(context.Context) (time.Time, error) {
+	return func(context.Context) (time.Time, error) {
 		if lctx.Err() != nil || (elector != nil && !elector.IsLeader()) {
 			return time.Time{}, errLostLock
 		}
 
-		lock, err := ReadLock(ctx, r.lockKube())
-		if err != nil {
-			return time.Time{}, fmt.Errorf("check the lock before writing the state: %w", err)
+		renewed, ok := lock.renewed()
+		until := renewed.Add(lease)
+
+		if !ok || !time.Now().Before(until) {
+			return time.Time{}, fmt.Errorf("%w: the last renewal of %s expired", errLostLock, describe("lease", LockNamespace, LockName))
 		}
 
-		now := r.now()
-		if lock == nil || lock.Holder != HolderIdentity(r.Namespace, r.Identity) || !lock.HeldAt(now) {
-			holder := "nobody"
-			if lock != nil && lock.Holder != "" {
-				holder = lock.Holder
-			}
-
-			return time.Time{}, fmt.Errorf("%w: %s holds %s", errLostLock, holder, describe("lease", LockNamespace, LockName))
-		}
-
-		return time.Now().Add(lock.Renewed.Add(lock.Duration).Sub(now)), nil
+		return until, nil
 	}
 }
 
