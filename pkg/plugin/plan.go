@@ -201,6 +201,19 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 
 // finish runs the checks, prints the plan and returns the refusal, if any.
 func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
+	if err := o.evaluate(ctx, plan, kube, snap, list); err != nil {
+		return err
+	}
+
+	if err := printPlan(o.Out, o.Output, plan); err != nil {
+		return err
+	}
+
+	return refusal(plan)
+}
+
+// evaluate previews the plan's drains and runs its checks against o.target.
+func (o *planOptions) evaluate(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
 	plan.Cluster.Name = kube.cluster
 
 	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint}
@@ -223,10 +236,11 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 	})
 	plan.Runnable = !checks.Refused(plan.Checks)
 
-	if err := printPlan(o.Out, o.Output, plan); err != nil {
-		return err
-	}
+	return nil
+}
 
+// refusal is the error of a plan a check refused; nil when it can run.
+func refusal(plan *api.Plan) error {
 	if plan.Runnable {
 		return nil
 	}
