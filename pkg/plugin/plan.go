@@ -27,7 +27,7 @@ func newPlanCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps
 		Args:  cobra.NoArgs,
 	}
 
-	cmd.AddCommand(newPlanKubernetesCommand(streams, flags, deps), newPlanTalosCommand(streams, flags, deps))
+	cmd.AddCommand(newPlanKubernetesCommand(streams, flags, deps), newPlanTalosCommand(streams, flags, deps), newPlanClusterCommand(streams, flags, deps))
 
 	return cmd
 }
