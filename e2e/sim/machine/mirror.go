@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -83,12 +84,14 @@ func (m *Mirror) Tags(path string) []string {
 // tagsListPath matches the tags list API's path, /v2/<name>/tags/list.
 var tagsListPath = regexp.MustCompile(`^/v2/(.+)/tags/list$`)
 
-// Serve serves the mirror on l until ctx ends: go-containerregistry's registry
+// Serve serves the mirror on l (a TLS listener, as a registry other than
+// 127.0.0.1 or localhost must be for clients to use it; push trusts its
+// certificate; nil: the default transport) until ctx ends: go-containerregistry's registry
 // (pkg/registry, the in-memory OCI distribution implementation) holds a small image at
 // each release of each path and serves the API (the /v2/ ping, manifests, blobs). Its
 // tags list answers from its store, which the faults file cannot change, so the tags
 // list is answered here, from Tags: the one rule pulls follow too.
-func (m *Mirror) Serve(ctx context.Context, l net.Listener) error {
+func (m *Mirror) Serve(ctx context.Context, l net.Listener, push http.RoundTripper) error {
 	store := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		match := tagsListPath.FindStringSubmatch(req.URL.Path)
@@ -110,6 +113,9 @@ func (m *Mirror) Serve(ctx context.Context, l net.Listener) error {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
+	if push == nil {
+		push = remote.DefaultTransport
+	}
 	img, err := random.Image(64, 1)
 	if err != nil {
 		return err
@@ -120,10 +126,19 @@ func (m *Mirror) Serve(ctx context.Context, l net.Listener) error {
 			if err != nil {
 				return fmt.Errorf("mirror: %w", err)
 			}
-			if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+			if err := remote.Write(ref, img, remote.WithContext(ctx), remote.WithTransport(push)); err != nil {
 				return fmt.Errorf("mirror: push %s: %w", ref, err)
 			}
 		}
 	}
 	return nil
+}
+
+// Images returns a machine config (YAML) with every image of the simulator's
+// Kubernetes repositories moved to the mirror, its path and tag kept.
+func (m *Mirror) Images(config []byte) []byte {
+	for _, repo := range kubernetesRepositories {
+		config = bytes.ReplaceAll(config, []byte(repo+":"), []byte(m.Image(repo+":")))
+	}
+	return config
 }

@@ -27,7 +27,7 @@ func TestMirrorListsWhatAPullFinds(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	m := &Mirror{Host: l.Addr().String(), Releases: []string{"v1.34.5", "v1.35.4", "v1.35.6"}, Faults: fs}
-	require.NoError(t, m.Serve(ctx, l))
+	require.NoError(t, m.Serve(ctx, l, nil))
 
 	require.Equal(t, m.Host+"/kube-apiserver:v1.35.4", m.Image("registry.k8s.io/kube-apiserver:v1.35.4"))
 	require.Equal(t, m.Host+"/siderolabs/kubelet:v1.35.4", m.Image("ghcr.io/siderolabs/kubelet:v1.35.4"))
