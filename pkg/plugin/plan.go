@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
@@ -298,25 +296,8 @@ func planManifests(snap *discovery.Snapshot, node string, objs []*unstructured.U
 }
 
 func printPlan(w io.Writer, output string, plan *api.Plan) error {
-	switch output {
-	case "json":
-		b, err := json.MarshalIndent(plan, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encode plan: %w", err)
-		}
-
-		_, err = fmt.Fprintf(w, "%s\n", b)
-
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(plan)
-		if err != nil {
-			return fmt.Errorf("encode plan: %w", err)
-		}
-
-		_, err = w.Write(b)
-
-		return err
+	if output != "" {
+		return printDocument(w, output, "plan", plan)
 	}
 
 	return PrintTable(w, plan)

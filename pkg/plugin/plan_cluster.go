@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
@@ -199,25 +197,8 @@ func (o *PlanClusterOptions) planHop(ctx context.Context, snap *discovery.Snapsh
 
 // printPath prints the path document as -o asks: the document, or the text.
 func printPath(w io.Writer, output, cluster string, doc *api.UpgradePath) error {
-	switch output {
-	case "json":
-		b, err := json.MarshalIndent(doc, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encode path: %w", err)
-		}
-
-		_, err = fmt.Fprintf(w, "%s\n", b)
-
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(doc)
-		if err != nil {
-			return fmt.Errorf("encode path: %w", err)
-		}
-
-		_, err = w.Write(b)
-
-		return err
+	if output != "" {
+		return printDocument(w, output, "path", doc)
 	}
 
 	return PrintPath(w, cluster, doc)

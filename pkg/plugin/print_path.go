@@ -1,9 +1,12 @@
 package plugin
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
@@ -85,4 +88,28 @@ func hopSource(h api.Hop) string {
 	}
 
 	return h.Source + ": " + h.SourceDetail
+}
+
+// printDocument writes a versioned document as -o json or -o yaml asks; what names it
+// in an error.
+func printDocument(w io.Writer, output, what string, doc any) error {
+	if output == "yaml" {
+		b, err := yaml.Marshal(doc)
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", what, err)
+		}
+
+		_, err = w.Write(b)
+
+		return err
+	}
+
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", what, err)
+	}
+
+	_, err = fmt.Fprintf(w, "%s\n", b)
+
+	return err
 }
