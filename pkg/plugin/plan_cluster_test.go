@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -228,4 +229,19 @@ func TestPlanClusterFlags(t *testing.T) {
 		assert.Equal(t, ExitError, code, tt.args)
 		assert.Contains(t, stderr, tt.stderr)
 	}
+}
+
+func TestPlanClusterYAMLIsTheSameDocument(t *testing.T) {
+	c := discoverytest.ThreePlusTwo()
+	args := []string{"plan", "cluster", "--talos", "v1.14.1", "--kubernetes", "v1.37.2", "--via", "v1.36.3"}
+
+	j, stderr, code := runWith(t, fakeDeps(c, nil), append(args, "-o", "json")...)
+	require.Equal(t, ExitOK, code, stderr)
+
+	y, stderr, code := runWith(t, fakeDeps(c, nil), append(args, "-o", "yaml")...)
+	require.Equal(t, ExitOK, code, stderr)
+
+	var fromYAML api.UpgradePath
+	require.NoError(t, yaml.Unmarshal([]byte(y), &fromYAML))
+	assert.Equal(t, pathOf(t, j), fromYAML)
 }
