@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
@@ -27,7 +25,7 @@ func newPlanCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps
 		Args:  cobra.NoArgs,
 	}
 
-	cmd.AddCommand(newPlanKubernetesCommand(streams, flags, deps), newPlanTalosCommand(streams, flags, deps))
+	cmd.AddCommand(newPlanKubernetesCommand(streams, flags, deps), newPlanTalosCommand(streams, flags, deps), newPlanClusterCommand(streams, flags, deps))
 
 	return cmd
 }
@@ -201,6 +199,19 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 
 // finish runs the checks, prints the plan and returns the refusal, if any.
 func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
+	if err := o.evaluate(ctx, plan, kube, snap, list); err != nil {
+		return err
+	}
+
+	if err := printPlan(o.Out, o.Output, plan); err != nil {
+		return err
+	}
+
+	return refusal(plan)
+}
+
+// evaluate previews the plan's drains and runs its checks against o.target.
+func (o *planOptions) evaluate(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
 	plan.Cluster.Name = kube.cluster
 
 	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint}
@@ -223,10 +234,11 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 	})
 	plan.Runnable = !checks.Refused(plan.Checks)
 
-	if err := printPlan(o.Out, o.Output, plan); err != nil {
-		return err
-	}
+	return nil
+}
 
+// refusal is the error of a plan a check refused; nil when it can run.
+func refusal(plan *api.Plan) error {
 	if plan.Runnable {
 		return nil
 	}
@@ -284,25 +296,8 @@ func planManifests(snap *discovery.Snapshot, node string, objs []*unstructured.U
 }
 
 func printPlan(w io.Writer, output string, plan *api.Plan) error {
-	switch output {
-	case "json":
-		b, err := json.MarshalIndent(plan, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encode plan: %w", err)
-		}
-
-		_, err = fmt.Fprintf(w, "%s\n", b)
-
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(plan)
-		if err != nil {
-			return fmt.Errorf("encode plan: %w", err)
-		}
-
-		_, err = w.Write(b)
-
-		return err
+	if output != "" {
+		return printDocument(w, output, "plan", plan)
 	}
 
 	return PrintTable(w, plan)

@@ -74,6 +74,10 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 	fs.StringVar(&o.BinDir, "bin-dir", filepath.Join(filepath.Dir(exe), "..", "cluster-bins"), "directory with etcd, kube-apiserver, kube-controller-manager and kube-scheduler")
 	fs.StringVar(&o.FaultsFile, "faults", "", "faults file (YAML, re-read when it changes); see the faults package")
 	fs.StringVar(&o.ConfigLayout, "config-layout", "", "where the machine configs keep the Kubernetes settings: "+strings.Join(cluster.ConfigLayouts(), ", ")+" (default: as talosctl gen config of --talos writes them)")
+	fs.Func("mirror", "RELEASE,...: run a private registry on the control plane's address (port 5000) holding these Kubernetes releases (and --kubernetes), the machine configs' Kubernetes images on it", func(v string) error {
+		o.Mirror = append(o.Mirror, strings.Split(v, ",")...)
+		return nil
+	})
 	fs.BoolVar(&o.TalosAPIAccess, "talos-api-access", true, "enable kubernetesTalosAPIAccess (os:admin, namespace ichor-system) on the control planes")
 	fs.Func("image", "REPOSITORY=DIR: pods with this image run as local processes, DIR standing for the image's root filesystem (repeatable)", func(v string) error {
 		repo, dir, ok := strings.Cut(v, "=")

@@ -13,6 +13,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,7 +48,9 @@ type Info struct {
 	// EtcdURL is the client URL (plain HTTP) of the cluster's one real etcd,
 	// the raft log the simulated members report (a test writes to it to load
 	// etcd as a busy cluster does).
-	EtcdURL   string        `json:"etcdURL"`
+	EtcdURL string `json:"etcdURL"`
+	// Mirror is the host:port of the cluster's private registry, when it runs one.
+	Mirror    string        `json:"mirror,omitempty"`
 	Machines  []MachineInfo `json:"machines"`
 	StartedIn string        `json:"startedIn"`
 }
@@ -79,7 +83,11 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		return err
 	}
 	log.Info("generating machine configs", "machines", n, "addresses", fmt.Sprintf("%s/20 x %d", addrs.base, blocksFor(n)))
-	g, err := generateConfigs(opts, addrs)
+	var mirror *machine.Mirror
+	if len(opts.Mirror) > 0 {
+		mirror = &machine.Mirror{Host: net.JoinHostPort(addrs.apiServer().String(), strconv.Itoa(MirrorPort)), Releases: opts.Mirror}
+	}
+	g, err := generateConfigs(opts, addrs, mirror)
 	if err != nil {
 		return err
 	}
@@ -91,6 +99,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	fs, err := faults.Load(opts.FaultsFile)
 	if err != nil {
 		return err
+	}
+	if mirror != nil {
+		mirror.Faults = fs
 	}
 
 	log.Info("starting the control plane", "apiserver", addrs.apiServer().String())
@@ -132,6 +143,7 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			AdminKubeconfig:    adminKubeconfig,
 			Events:             ev,
 			Faults:             fs,
+			Mirror:             mirror,
 			RebootDelay:        opts.Latency.Reboot,
 			PullLatency:        opts.Latency.ImagePull,
 			KubeletRestart:     opts.Latency.KubeletRestart,
@@ -160,6 +172,12 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 	k8sCA, err := parseCA(g.bundle.Certs.K8s.Crt, g.bundle.Certs.K8s.Key)
 	if err != nil {
 		return err
+	}
+	if mirror != nil {
+		if err := serveMirror(ctx, opts.Dir, mirror, k8sCA, addrs.apiServer()); err != nil {
+			return err
+		}
+		log.Info("serving the mirror", "host", mirror.Host, "releases", strings.Join(mirror.Releases, ","))
 	}
 	var nodeIPs []net.IP
 	kms := make([]kubelet.Machine, 0, len(machines))
@@ -262,6 +280,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 		BornOn:            opts.BornOn,
 		EtcdURL:           cp.etcdURL,
 		StartedIn:         time.Since(start).Round(time.Millisecond).String(),
+	}
+	if mirror != nil {
+		info.Mirror = mirror.Host
 	}
 	for _, m := range machines {
 		info.Machines = append(info.Machines, MachineInfo{Name: m.Name(), IP: m.IP().String(), ControlPlane: m.ControlPlane()})

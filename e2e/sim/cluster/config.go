@@ -18,6 +18,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/siderolabs/talos/pkg/machinery/gendata"
 	"github.com/siderolabs/talos/pkg/machinery/role"
+
+	simmachine "github.com/ichor-dev/kubectl-ichor/e2e/sim/machine"
 )
 
 // machineSpec is one machine of the cluster as generated: its identity and
@@ -59,7 +61,7 @@ func installImage(c *config.VersionContract, version string) string {
 	return gendata.ImagesRegistry + "/" + gendata.ImagesUsername + "/installer:" + version
 }
 
-func generateConfigs(opts Options, net addressPlan) (*generated, error) {
+func generateConfigs(opts Options, net addressPlan, mirror *simmachine.Mirror) (*generated, error) {
 	contract, err := config.ParseContractFromVersion(opts.TalosVersion)
 	if err != nil {
 		return nil, fmt.Errorf("talos version %s: %w", opts.TalosVersion, err)
@@ -160,6 +162,9 @@ func generateConfigs(opts Options, net addressPlan) (*generated, error) {
 		spec.Config, err = cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
 		if err != nil {
 			return nil, fmt.Errorf("machine %s: encode config: %w", spec.Name, err)
+		}
+		if mirror != nil {
+			spec.Config = mirror.Images(spec.Config)
 		}
 		g.machines = append(g.machines, spec)
 	}

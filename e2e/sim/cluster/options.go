@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -79,9 +80,17 @@ type Options struct {
 	// ExtraManifests are the control planes' cluster.extraManifests: URLs
 	// (http or https) Talos fetches each as bootstrap manifest "99-<url>".
 	ExtraManifests []string
+	// Mirror, when not empty, runs a private registry of the cluster (see
+	// machine.Mirror) on the control plane's address, port MirrorPort, holding
+	// these Kubernetes releases (vX.Y.Z; KubernetesVersion is added), and puts
+	// the machine configs' Kubernetes images on it.
+	Mirror []string
 	// Latency is how long simulated things take.
 	Latency Latency
 }
+
+// MirrorPort is the port of the cluster's mirror (Options.Mirror).
+const MirrorPort = 5000
 
 // InlineManifest is one of cluster.inlineManifests.
 type InlineManifest struct {
@@ -200,6 +209,14 @@ func (o *Options) Validate() error {
 	}
 	if err := o.validateManifests(); err != nil {
 		return err
+	}
+	for _, r := range o.Mirror {
+		if !semverRE.MatchString(r) {
+			return fmt.Errorf("--mirror %q: want Kubernetes releases like v1.35.4, comma-separated", r)
+		}
+	}
+	if len(o.Mirror) > 0 && !slices.Contains(o.Mirror, o.KubernetesVersion) {
+		o.Mirror = append(o.Mirror, o.KubernetesVersion)
 	}
 	if o.Latency == (Latency{}) {
 		o.Latency = DefaultLatency()

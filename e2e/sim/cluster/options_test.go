@@ -130,7 +130,7 @@ func TestGeneratedConfigs(t *testing.T) {
 	require.NoError(t, o.Validate())
 	p, err := pickAddresses(o.Dir, o.ControlPlanes+o.Workers)
 	require.NoError(t, err)
-	g, err := generateConfigs(o, p)
+	g, err := generateConfigs(o, p, nil)
 	require.NoError(t, err)
 	require.Len(t, g.machines, 3)
 	require.Equal(t, []string{"cp-1", "cp-2", "worker-1"}, []string{g.machines[0].Name, g.machines[1].Name, g.machines[2].Name})
@@ -145,7 +145,7 @@ func TestGeneratedConfigs(t *testing.T) {
 	// The user's manifests go to the control planes only.
 	o.InlineManifests = []InlineManifest{{Name: "cni", Contents: "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cni\n"}}
 	o.ExtraManifests = []string{"http://127.0.0.1:1/cni.yaml"}
-	g, err = generateConfigs(o, p)
+	g, err = generateConfigs(o, p, nil)
 	require.NoError(t, err)
 	for _, m := range g.machines {
 		cfg, err := configloader.NewFromBytes(m.Config)
@@ -177,7 +177,7 @@ func TestBornOnAndKernelArgs(t *testing.T) {
 	require.Equal(t, LayoutV1Alpha1, o.ConfigLayout, "as Talos 1.13 generated it")
 	p, err := pickAddresses(o.Dir, o.ControlPlanes+o.Workers)
 	require.NoError(t, err)
-	g, err := generateConfigs(o, p)
+	g, err := generateConfigs(o, p, nil)
 	require.NoError(t, err)
 	cfg, err := configloader.NewFromBytes(g.machines[1].Config)
 	require.NoError(t, err)
@@ -240,7 +240,7 @@ func TestGeneratedConfigLayouts(t *testing.T) {
 			require.NoError(t, o.Validate())
 			p, err := pickAddresses(o.Dir, o.ControlPlanes+o.Workers)
 			require.NoError(t, err)
-			g, err := generateConfigs(o, p)
+			g, err := generateConfigs(o, p, nil)
 			require.NoError(t, err)
 			require.Len(t, g.machines, 4)
 			for i, m := range g.machines {

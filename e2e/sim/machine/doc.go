@@ -35,7 +35,9 @@
 // installer from Talos 1.14, the Image Factory's installers of any schematic,
 // the Kubernetes components of the versions machinery knows; a pull of
 // anything else fails as Talos' ImageService fails it (NotFound, containerd's
-// "not found"). What a machine pulled stays in its containerd store, by
+// "not found"). A cluster's private mirror (mirror.go) serves the
+// Kubernetes releases it holds, and its tags list answers from the same rule
+// as its pulls. What a machine pulled stays in its containerd store, by
 // namespace, across reboots, and LifecycleService.Upgrade installs only an
 // installer in that store, as Talos does.
 //

@@ -29,9 +29,10 @@ import (
 //     kube-scheduler and kube-proxy, and ghcr.io/siderolabs/kubelet, for
 //     every Kubernetes version machinery knows.
 //
-// The Image Factory serves nothing else. Any other repository (the pause
-// image, a private registry, another owner's) is served as asked: the
-// simulator does not know its tags. The faults file's unpublished list
+// The Image Factory serves nothing else. A cluster's private mirror
+// (Mirror) serves the Kubernetes releases it holds and nothing else. Any
+// other repository (the pause image, another private registry, another
+// owner's) is served as asked: the simulator does not know its tags. The faults file's unpublished list
 // takes any reference away on top (faults.File).
 //
 // A pull that finds nothing fails as containerd's resolver makes Talos' pull
@@ -147,12 +148,19 @@ var factoryInstallerName = regexp.MustCompile(`^([a-z0-9]+-)?installer(-securebo
 // content.
 var schematicID = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// published says whether the registries serve r (nil), or why not.
-func published(r imageRef, unpublished []string) error {
+// published says whether the registries (and mirror, when not nil) serve r
+// (nil), or why not.
+func published(r imageRef, unpublished []string, mirror *Mirror) error {
 	for _, u := range unpublished {
 		if ur, err := parseImageRef(u); err == nil && unpublishedMatches(ur, u, r) {
 			return &imageNotFoundError{ref: r.String()}
 		}
+	}
+	if mirror != nil && r.host == mirror.Host {
+		if !mirror.holds(r) {
+			return &imageNotFoundError{ref: r.String()}
+		}
+		return nil
 	}
 	if !servedByPublicRegistries(r) {
 		return &imageNotFoundError{ref: r.String()}

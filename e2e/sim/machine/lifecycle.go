@@ -84,7 +84,7 @@ func (m *Machine) pull(ctx context.Context, ns, ref string) (string, error) {
 	if !m.isUp() {
 		return "", m.errDown()
 	}
-	if err := published(r, m.opts.Faults.Unpublished()); err != nil {
+	if err := published(r, m.opts.Faults.Unpublished(), m.opts.Mirror); err != nil {
 		m.log.Info("image pull: not found", "image", name)
 		return "", err
 	}

@@ -72,6 +72,8 @@ type Options struct {
 	Events *events.Log
 	// Faults injects per-node faults; may be nil.
 	Faults *faults.Store
+	// Mirror is the cluster's private registry, when it runs one; may be nil.
+	Mirror *Mirror
 	// RebootDelay is how long a reboot keeps the machine down (default 3s).
 	RebootDelay time.Duration
 	// PullLatency is how long an image pull takes (default 200ms).

@@ -51,6 +51,9 @@ type NodeSpec struct {
 	Versions map[discovery.Component]string
 	// Registry is the image registry prefix, e.g. "registry.k8s.io".
 	Registry string
+	// KubeletRepository is the kubelet image's repository; "" is Talos' own,
+	// ghcr.io/siderolabs/kubelet.
+	KubeletRepository string
 	// Talos is the Talos version, e.g. "v1.13.9".
 	Talos string
 	// OSImage overrides the Node's osImage (a node that is not Talos).
@@ -191,7 +194,12 @@ func (n *NodeSpec) version(c discovery.Component) string {
 
 func (n *NodeSpec) image(c discovery.Component) string {
 	if c == discovery.Kubelet {
-		return fmt.Sprintf("ghcr.io/siderolabs/kubelet:%s", n.version(c))
+		repo := n.KubeletRepository
+		if repo == "" {
+			repo = "ghcr.io/siderolabs/kubelet"
+		}
+
+		return fmt.Sprintf("%s:%s", repo, n.version(c))
 	}
 
 	return fmt.Sprintf("%s/%s:%s", n.Registry, c, n.version(c))

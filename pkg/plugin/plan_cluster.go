@@ -1,0 +1,243 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
+	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/releases"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+)
+
+// PlanClusterOptions are the options of `kubectl ichor plan cluster`: the upgrade path
+// from what the cluster runs to a Talos and/or a Kubernetes target.
+type PlanClusterOptions struct {
+	planOptions
+
+	// Talos is --talos, the Talos target ("" leaves Talos as it runs).
+	Talos string
+	// Kubernetes is --kubernetes, the Kubernetes target ("" leaves it as it runs).
+	Kubernetes string
+	// Via is --via: the releases of the minors the path goes through.
+	Via []string
+	// RegistryTimeout is --registry-timeout: how long one repository's tag listing may
+	// take when an intermediate Kubernetes release is looked up.
+	RegistryTimeout time.Duration
+
+	targets compat.Targets
+	via     []compat.Version
+}
+
+// Complete fills the options from the command line.
+func (o *PlanClusterOptions) Complete(*cobra.Command, []string) error { return nil }
+
+// Validate checks the options.
+func (o *PlanClusterOptions) Validate() error {
+	if o.Talos == "" && o.Kubernetes == "" {
+		return errors.New("pass --talos, --kubernetes or both: the versions the path goes to, e.g. --talos v1.14.1 --kubernetes v1.37.2")
+	}
+
+	for _, t := range []struct {
+		flag, value string
+		into        **compat.Version
+	}{{"--talos", o.Talos, &o.targets.Talos}, {"--kubernetes", o.Kubernetes, &o.targets.Kubernetes}} {
+		if t.value == "" {
+			continue
+		}
+
+		v, err := compat.ParseVersion(t.value)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w: pass a release vX.Y.Z", t.flag, t.value, err)
+		}
+
+		*t.into = &v
+	}
+
+	o.via = nil
+
+	for _, s := range o.Via {
+		v, err := compat.ParseVersion(s)
+		if err != nil {
+			return fmt.Errorf("--via %q: %w: pass releases vX.Y.Z, comma-separated", s, err)
+		}
+
+		o.via = append(o.via, v)
+	}
+
+	if o.MaxUnavailable < 1 {
+		return fmt.Errorf("--max-unavailable %d: pass 1 or more", o.MaxUnavailable)
+	}
+
+	if o.RegistryTimeout <= 0 {
+		return fmt.Errorf("--registry-timeout %s: pass a duration above 0, e.g. 30s", o.RegistryTimeout)
+	}
+
+	switch o.Output {
+	case "", "json", "yaml":
+	default:
+		return fmt.Errorf("-o %q: pass -o json or -o yaml, or leave it out for the table", o.Output)
+	}
+
+	return nil
+}
+
+// Run discovers the cluster, plans the path, plans its first hop as `plan kubernetes` or
+// `plan talos` would from the cluster as it is, and prints the path.
+func (o *PlanClusterOptions) Run(ctx context.Context) error {
+	if o.targets.Talos != nil {
+		// A Talos hop may come first: read what its plan and checks read.
+		o.installed, o.staged, o.readEtcd = true, true, true
+	}
+
+	snap, kube, err := o.discover(ctx)
+	if err != nil {
+		return err
+	}
+
+	req := compat.Request{Nodes: compat.FromSnapshot(snap), Targets: o.targets, Via: o.via}
+	planner := compat.Planner{Kubernetes: releases.Registry{Repositories: releases.KubernetesRepositories(snap), Timeout: o.RegistryTimeout}}
+
+	path, planErr := planner.Plan(ctx, req)
+	if planErr != nil && ctx.Err() != nil {
+		return planErr
+	}
+
+	doc := compat.Document(req, path, planErr)
+
+	if planErr == nil && len(path.Hops) > 0 {
+		first, err := o.planHop(ctx, snap, kube, path.Hops[0])
+		if err != nil {
+			return fmt.Errorf("hop 1 (%s %s): %w", path.Hops[0].Kind, path.Hops[0].To, err)
+		}
+
+		doc.Hops[0].Plan = first
+		doc.Runnable = doc.Runnable && first.Runnable
+	}
+
+	if err := printPath(o.Out, o.Output, kube.cluster, &doc); err != nil {
+		return err
+	}
+
+	if planErr != nil {
+		msg := planErr.Error()
+
+		var r *compat.Refusal
+		if errors.As(planErr, &r) && r.Action != "" {
+			msg = r.Reason + ": " + r.Action
+		}
+
+		return &exitError{code: ExitRefused, err: fmt.Errorf("path refused: %s", msg)}
+	}
+
+	if doc.Runnable {
+		return nil
+	}
+
+	if err := refusal(doc.Hops[0].Plan); err != nil {
+		return &exitError{code: ExitRefused, err: fmt.Errorf("hop 1: %w", err)}
+	}
+
+	return nil
+}
+
+// planHop plans hop h from the cluster as it is, with the checks of its kind: the
+// first hop of a path (the next ones start from a cluster that does not exist yet).
+func (o *PlanClusterOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop) (*api.Plan, error) {
+	target, err := stages.ParseVersion(h.To.String())
+	if err != nil {
+		return nil, err
+	}
+
+	o.target = target
+	opts := stages.Options{MaxUnavailable: o.MaxUnavailable}
+
+	var (
+		plan *api.Plan
+		list []checks.Check
+	)
+
+	if h.Kind == api.UpgradeTalos {
+		installers, err := stages.ParseInstallerFlags(nil, nil, target)
+		if err != nil {
+			return nil, err
+		}
+
+		plan, err = stages.PlanTalos(snap, target, installers, opts)
+		if err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+
+		list = checks.Talos()
+	} else {
+		o.kubernetes = true
+
+		plan, err = stages.PlanKubernetes(snap, target, opts)
+		if err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+
+		list = checks.Kubernetes()
+	}
+
+	if err := o.evaluate(ctx, plan, kube, snap, list); err != nil {
+		return nil, err
+	}
+
+	return plan, nil
+}
+
+// printPath prints the path document as -o asks: the document, or the text.
+func printPath(w io.Writer, output, cluster string, doc *api.UpgradePath) error {
+	if output != "" {
+		return printDocument(w, output, "path", doc)
+	}
+
+	return PrintPath(w, cluster, doc)
+}
+
+func newPlanClusterCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+	o := &PlanClusterOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}
+
+	cmd := &cobra.Command{
+		Use:   "cluster [--talos vA.B.C] [--kubernetes vX.Y.Z]",
+		Short: "Plan the upgrade path to a Talos and/or Kubernetes target: the legal hops in order, the first one's plan",
+		Example: `  kubectl ichor plan cluster --talos v1.14.1 --kubernetes v1.37.2
+  kubectl ichor plan cluster --kubernetes v1.36.3 --via v1.35.4
+  kubectl ichor plan cluster --talos v1.14.1 --kubernetes v1.37.2 -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+
+			if err := o.Validate(); err != nil {
+				return err
+			}
+
+			return o.run(cmd.Context(), o.Run)
+		},
+	}
+
+	cmd.Flags().StringVar(&o.Talos, "talos", "", "The Talos version to reach, vA.B.C (leave out to keep Talos as it runs)")
+	cmd.Flags().StringVar(&o.Kubernetes, "kubernetes", "", "The Kubernetes version to reach, vX.Y.Z (leave out to keep Kubernetes as it runs)")
+	cmd.Flags().StringSliceVar(&o.Via, "via", nil,
+		"Releases of the minors the path goes through, e.g. v1.35.4,v1.36.3 (default: the newest patch of each tagged in the nodes' own image repositories)")
+	cmd.Flags().DurationVar(&o.RegistryTimeout, "registry-timeout", releases.DefaultTimeout, "How long one image repository's tag listing may take")
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned UpgradePath document")
+	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
+	cmd.Flags().BoolVar(&o.RequestStats, "request-stats", false, "Print the number of Kubernetes requests and Talos calls made on stderr")
+	_ = cmd.Flags().MarkHidden("request-stats")
+	addEtcdFlags(cmd, &o.planOptions)
+	o.readEtcd = false // read only when a Talos target is given (Run)
+
+	return cmd
+}
