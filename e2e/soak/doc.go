@@ -1,0 +1,15 @@
+// Package soak is the fault soak's model, apart from any cluster: the seeded
+// schedule of a run (its cluster's shape, its upgrade, its faults and when
+// they come and go), the independent checker that judges a run from what the
+// simulator recorded (events.jsonl) and what the operator saw (the pauses of
+// `kubectl ichor status -o json`, the cluster at the end), and the report
+// (_output/soak/: one JSON per run and summary.json, the summary's last line).
+//
+// The soak itself (e2e/soak_test.go, build tags e2e and soak; make soak) drives
+// local clusters through the e2e framework and hands its findings here.
+//
+// Like the simulator, this package imports nothing from the product's pkg/
+// tree: a bug in the product cannot be mirrored in its judge. A run's schedule
+// is a pure function of its seed, so a broken run is replayed by its seed
+// alone (SOAK_SEED=<seed> SOAK_RUNS=1 make soak).
+package soak
