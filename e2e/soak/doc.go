@@ -3,13 +3,14 @@
 // they come and go), the independent checker that judges a run from what the
 // simulator recorded (events.jsonl) and what the operator saw (the pauses of
 // `kubectl ichor status -o json`, the cluster at the end), and the report
-// (_output/soak/: one JSON per run and summary.json, the summary's last line).
+// (to come with the driver: _output/soak/, one JSON per run and summary.json).
 //
-// The soak itself (e2e/soak_test.go, build tags e2e and soak; make soak) drives
-// local clusters through the e2e framework and hands its findings here.
+// The driver that runs these schedules against local clusters through the e2e
+// framework (a test under the e2e and soak build tags, make soak; issue 27) is
+// not written yet: today this package is the model and its unit tests.
 //
 // Like the simulator, this package imports nothing from the product's pkg/
 // tree: a bug in the product cannot be mirrored in its judge. A run's schedule
 // is a pure function of its seed, so a broken run is replayed by its seed
-// alone (SOAK_SEED=<seed> SOAK_RUNS=1 make soak).
+// alone.
 package soak
