@@ -590,7 +590,7 @@ func TestJobRunnerKilled(t *testing.T) {
 
 	// Slower restarts than the default, so that twenty kills fit in the
 	// upgrade however quick the runner gets.
-	c := startJobCluster(t, "--kubelet-restart", "6s", "--static-pod-restart", "4s")
+	c := startJobCluster(t, "--kubelet-restart", "10s", "--static-pod-restart", "6s")
 	addWorkload(t, c, 2)
 
 	ctx := context.Background()
