@@ -844,48 +844,65 @@ func TestJobOneOperationPerCluster(t *testing.T) {
 	assert.Empty(t, invariantBreaks(c.Events(t)))
 }
 
-// waitSettled waits until every node is Ready and every control plane's kube-apiserver
-// mirror pod shows, Ready: after an abort that caught a kubelet restarting on a new
-// version, which restarts its static pods (a plan refuses a NotReady node and an
-// apiserver without a mirror pod).
+// waitSettled waits until every node is Ready and each control plane's static pods show
+// Ready under mirror pods created since the node last became Ready: after an abort that
+// caught a kubelet restarting on a new version, which deletes its mirror pods once Ready
+// and creates them again (a plan refuses a NotReady node and an apiserver without a
+// mirror pod; a count of Ready mirror pods passed in the moment before the deletion).
 func waitSettled(t *testing.T, c *Cluster) {
 	t.Helper()
 
-	eventually(t, time.Minute, "every node Ready, every apiserver's mirror pod Ready", func(ctx context.Context) error {
+	eventually(t, 2*time.Minute, "every node Ready, every control plane's static pods Ready since", func(ctx context.Context) error {
 		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
 
-		controlPlanes := 0
-
-		for _, n := range nodes.Items {
-			if !nodeReady(&n) {
-				return fmt.Errorf("%s not Ready", n.Name)
-			}
-
-			if _, ok := n.Labels[discovery.ControlPlaneLabel]; ok {
-				controlPlanes++
-			}
-		}
-
-		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-apiserver"})
+		pods, err := c.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
 
-		ready := 0
-
-		for _, p := range pods.Items {
-			if kube.PodReady(&p) {
-				ready++
-			}
+		byName := map[string]*corev1.Pod{}
+		for i := range pods.Items {
+			byName[pods.Items[i].Name] = &pods.Items[i]
 		}
 
-		if ready < controlPlanes {
-			return fmt.Errorf("%d of %d kube-apiserver mirror pods Ready", ready, controlPlanes)
+		for _, n := range nodes.Items {
+			ready := readyCondition(&n)
+			if ready == nil || ready.Status != corev1.ConditionTrue {
+				return fmt.Errorf("%s not Ready", n.Name)
+			}
+
+			if _, ok := n.Labels[discovery.ControlPlaneLabel]; !ok {
+				continue
+			}
+
+			for _, component := range discovery.StaticPodComponents() {
+				name := string(component) + "-" + n.Name
+
+				p, found := byName[name]
+				switch {
+				case !found:
+					return fmt.Errorf("no mirror pod %s", name)
+				case p.CreationTimestamp.Before(&ready.LastTransitionTime):
+					return fmt.Errorf("mirror pod %s is older than %s's kubelet (Ready since %s)", name, n.Name, ready.LastTransitionTime.Format(time.RFC3339))
+				case !kube.PodReady(p):
+					return fmt.Errorf("mirror pod %s not Ready", name)
+				}
+			}
 		}
 
 		return nil
 	})
+}
+
+func readyCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+
+	return nil
 }
