@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,29 +25,25 @@ type manifestReader interface {
 // manifestAccess computes the Job's access to Talos' bootstrap manifests (job.ComputeAccess)
 // from the manifests themselves, read through Talos from the first control plane that
 // answers; kinds are mapped with the cluster's discovery.
-func (d deps) manifestAccess(ctx context.Context, flags *globalFlags) (job.ManifestAccess, error) {
-	if d.talos == nil || d.kube == nil {
+func (f *factory) manifestAccess(ctx context.Context) (job.ManifestAccess, error) {
+	if f.deps.talos == nil || f.deps.kube == nil {
 		return job.ManifestAccess{}, errNoManifestReader
 	}
 
-	target, err := d.kube(flags.kube)
+	target, err := f.Kube()
 	if err != nil {
 		return job.ManifestAccess{}, err
 	}
 
-	return d.computeAccess(ctx, flags, target.client)
+	return f.computeAccess(ctx, target.client)
 }
 
 var errNoManifestReader = errors.New("no Talos connection to read the bootstrap manifests")
 
-func (d deps) computeAccess(ctx context.Context, flags *globalFlags, kube kubernetes.Interface) (job.ManifestAccess, error) {
-	reader, err := d.talos(ctx, flags.talos)
+func (f *factory) computeAccess(ctx context.Context, kube kubernetes.Interface) (job.ManifestAccess, error) {
+	reader, err := f.Talos(ctx)
 	if err != nil {
 		return job.ManifestAccess{}, err
-	}
-
-	if c, isCloser := reader.(io.Closer); isCloser {
-		defer c.Close() //nolint:errcheck
 	}
 
 	mr, ok := capable[manifestReader](reader)

@@ -17,22 +17,25 @@ import (
 type ResumeOptions struct {
 	genericiooptions.IOStreams
 
-	flags *globalFlags
-	deps  deps
+	f *factory
 
 	// Detach is --detach: return once the new Job is created.
 	Detach bool
 }
 
 // Complete fills the options from the command line.
-func (o *ResumeOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *ResumeOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.f = f
+
+	return nil
+}
 
 // Validate checks the options.
 func (o *ResumeOptions) Validate() error { return nil }
 
 // Run resumes the namespace's paused (or stopped) operation with a new Job and follows it.
 func (o *ResumeOptions) Run(ctx context.Context) error {
-	ctl, err := o.deps.job.controlFor(o.flags)
+	ctl, err := o.f.Control()
 	if err != nil {
 		return err
 	}
@@ -45,7 +48,7 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 	if op.Spec.Upgrade == api.UpgradeKubernetes {
 		// The manifests as they are now (the target's, past the KubeProxy stage); without
 		// them the Job keeps the permissions it was given at launch.
-		if access, err := o.deps.manifestAccess(ctx, o.flags); err == nil {
+		if access, err := o.f.manifestAccess(ctx); err == nil {
 			ctl.Access = &access
 		} else if !errors.Is(err, errNoManifestReader) {
 			writef(o.ErrOut, "warning: could not read the bootstrap manifests through Talos (%v): the Job keeps the permissions it was given at launch\n", err)
@@ -58,7 +61,7 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 
 	if op.Spec.Credentials == api.CredentialsLocal {
 		// A fresh copy when the talosconfig is at hand; else the copy in the cluster.
-		if b, err := localTalosconfig(o.flags.talos); err == nil {
+		if b, err := localTalosconfig(o.f.flags.talos); err == nil {
 			talosconfig = b
 		}
 	}
@@ -78,13 +81,13 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 		return nil
 	}
 
-	f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.deps.job.terminal(o.Out), poll: o.deps.job.poll, now: o.deps.job.now}
+	f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.f.deps.job.terminal(o.Out), poll: o.f.deps.job.poll, now: o.f.deps.job.now}
 
 	return f.run(ctx)
 }
 
-func newResumeCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &ResumeOptions{IOStreams: streams, flags: flags, deps: deps}
+func newResumeCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &ResumeOptions{IOStreams: streams}
 
 	cmd := &cobra.Command{
 		Use:   "resume",
@@ -92,17 +95,7 @@ func newResumeCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
 		Example: `  kubectl ichor resume
   kubectl ichor resume --detach`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE: runCommand(f, o),
 	}
 
 	cmd.Flags().BoolVar(&o.Detach, "detach", false, "Return once the new Job is created")
@@ -114,19 +107,22 @@ func newResumeCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
 type AbortOptions struct {
 	genericiooptions.IOStreams
 
-	flags *globalFlags
-	deps  deps
+	f *factory
 }
 
 // Complete fills the options from the command line.
-func (o *AbortOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *AbortOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.f = f
+
+	return nil
+}
 
 // Validate checks the options.
 func (o *AbortOptions) Validate() error { return nil }
 
 // Run aborts the namespace's operation and says what it did.
 func (o *AbortOptions) Run(ctx context.Context) error {
-	ctl, err := o.deps.job.controlFor(o.flags)
+	ctl, err := o.f.Control()
 	if err != nil {
 		return err
 	}
@@ -194,23 +190,13 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 	return nil
 }
 
-func newAbortCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &AbortOptions{IOStreams: streams, flags: flags, deps: deps}
+func newAbortCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &AbortOptions{IOStreams: streams}
 
 	return &cobra.Command{
 		Use:   "abort",
 		Short: "Stop the upgrade for good: stop its Job, uncordon the nodes it cordoned, release the lock, remove the Job's credentials",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE:  runCommand(f, o),
 	}
 }

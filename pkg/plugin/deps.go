@@ -2,11 +2,14 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -36,12 +39,10 @@ func defaultDeps() deps {
 }
 
 func connectKube(flags *genericclioptions.ConfigFlags) (*kubeTarget, error) {
-	restConfig, err := flags.ToRESTConfig()
+	restConfig, err := restConfigOf(flags)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
+		return nil, err
 	}
-
-	restConfig = withRates(restConfig)
 
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
@@ -60,6 +61,24 @@ func connectKube(flags *genericclioptions.ConfigFlags) (*kubeTarget, error) {
 		cluster:  clusterName(flags),
 		metrics:  checks.RESTMetrics{Client: client.Discovery().RESTClient()},
 	}, nil
+}
+
+// restConfigOf is the REST config of the cluster the kubeconfig flags name, at the
+// plugin's client rates: the one place the operator's Kubernetes clients come from.
+func restConfigOf(flags *genericclioptions.ConfigFlags) (*rest.Config, error) {
+	cfg, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
+	}
+
+	// With no kubeconfig at all (and not in a pod), client-go falls back to
+	// http://localhost:8080.
+	if raw, err := flags.ToRawKubeConfigLoader().RawConfig(); err == nil && len(raw.Clusters) == 0 &&
+		(flags.APIServer == nil || *flags.APIServer == "") && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, errors.New("no kubeconfig found: pass --kubeconfig or --context, or set KUBECONFIG")
+	}
+
+	return withRates(cfg), nil
 }
 
 // clusterName is the kubeconfig's name for the cluster the flags select, "" when unknown.

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -66,16 +65,9 @@ func defaultJobDeps() jobDeps {
 }
 
 func connectJob(flags *genericclioptions.ConfigFlags) (*jobTarget, error) {
-	cfg, err := flags.ToRESTConfig()
+	cfg, err := restConfigOf(flags)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w: pass --kubeconfig or --context, or set KUBECONFIG", err)
-	}
-
-	// With no kubeconfig at all (and not in a pod), client-go falls back to
-	// http://localhost:8080.
-	if raw, err := flags.ToRawKubeConfigLoader().RawConfig(); err == nil && len(raw.Clusters) == 0 &&
-		(flags.APIServer == nil || *flags.APIServer == "") && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
-		return nil, errors.New("no kubeconfig found: pass --kubeconfig or --context, or set KUBECONFIG")
+		return nil, err
 	}
 
 	return newJobTarget(cfg)
@@ -102,7 +94,7 @@ func connectInCluster(flags *genericclioptions.ConfigFlags) (*jobTarget, error) 
 	// a denial at once.
 	cfg.Wrap(kube.RetryForbidden)
 
-	return newJobTarget(cfg)
+	return newJobTarget(withRates(cfg))
 }
 
 // withRates is cfg with the client-side rate limit kubectl gives its discovery client
@@ -119,8 +111,6 @@ func withRates(cfg *rest.Config) *rest.Config {
 }
 
 func newJobTarget(cfg *rest.Config) (*jobTarget, error) {
-	cfg = withRates(cfg)
-
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
@@ -143,25 +133,6 @@ func isTerminal(stream any) bool {
 	f, ok := stream.(interface{ Fd() uintptr })
 
 	return ok && term.IsTerminal(int(f.Fd()))
-}
-
-// control connects and returns the Control of the product's namespace.
-func (d jobDeps) controlFor(flags *globalFlags) (*job.Control, error) {
-	if d.connect == nil {
-		return nil, fmt.Errorf("no cluster connection")
-	}
-
-	t, err := d.connect(flags.kube)
-	if err != nil {
-		return nil, err
-	}
-
-	c := &job.Control{Kube: t.kube, Dynamic: t.dynamic, Namespace: flags.namespace(), Now: d.now}
-	if d.control != nil {
-		d.control(c)
-	}
-
-	return c, nil
 }
 
 // nsFlag is the -n flag naming namespace in a suggested command, "" for the default.

@@ -20,8 +20,7 @@ import (
 type LogsOptions struct {
 	genericiooptions.IOStreams
 
-	flags *globalFlags
-	deps  deps
+	f *factory
 
 	// Follow is -f: stream the runner's log, from one pod to the next, until the
 	// operation ends or pauses.
@@ -29,14 +28,18 @@ type LogsOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *LogsOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *LogsOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.f = f
+
+	return nil
+}
 
 // Validate checks the options.
 func (o *LogsOptions) Validate() error { return nil }
 
 // Run prints the logs of the operation's runner pods, oldest first, through the API.
 func (o *LogsOptions) Run(ctx context.Context) error {
-	ctl, err := o.deps.job.controlFor(o.flags)
+	ctl, err := o.f.Control()
 	if err != nil {
 		return err
 	}
@@ -122,7 +125,7 @@ func (o *LogsOptions) follow(ctx context.Context, ctl *job.Control, id string, p
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(o.deps.job.poll):
+		case <-time.After(o.f.deps.job.poll):
 		}
 	}
 }
@@ -143,7 +146,7 @@ func (o *LogsOptions) streamWhenStarted(ctx context.Context, ctl *job.Control, p
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(o.deps.job.poll):
+		case <-time.After(o.f.deps.job.poll):
 		}
 	}
 }
@@ -165,8 +168,8 @@ func (o *LogsOptions) stream(ctx context.Context, ctl *job.Control, pod string, 
 	return nil
 }
 
-func newLogsCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &LogsOptions{IOStreams: streams, flags: flags, deps: deps}
+func newLogsCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &LogsOptions{IOStreams: streams}
 
 	cmd := &cobra.Command{
 		Use:   "logs",
@@ -174,17 +177,7 @@ func newLogsCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps
 		Example: `  kubectl ichor logs
   kubectl ichor logs -f`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE: runCommand(f, o),
 	}
 
 	cmd.Flags().BoolVarP(&o.Follow, "follow", "f", false, "Stream the log, from pod to pod, until the operation ends or pauses")

@@ -18,14 +18,14 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
-func newPlanCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+func newPlanCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "plan",
 		Short: "Show what an upgrade would do, and whether it can run; changes nothing",
 		Args:  cobra.NoArgs,
 	}
 
-	cmd.AddCommand(newPlanKubernetesCommand(streams, flags, deps), newPlanTalosCommand(streams, flags, deps), newPlanClusterCommand(streams, flags, deps))
+	cmd.AddCommand(newPlanKubernetesCommand(streams, f), newPlanTalosCommand(streams, f), newPlanClusterCommand(streams, f))
 
 	return cmd
 }
@@ -34,8 +34,7 @@ func newPlanCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps
 type planOptions struct {
 	genericiooptions.IOStreams
 
-	flags *globalFlags
-	deps  deps
+	f *factory
 
 	// To is --to, the target version.
 	To string
@@ -94,19 +93,21 @@ func (o *planOptions) addFlags(cmd *cobra.Command, example string) {
 	_ = cmd.Flags().MarkHidden("request-stats")
 }
 
-// run runs the command, then prints the request counts when --request-stats asks.
-func (o *planOptions) run(ctx context.Context, run func(context.Context) error) error {
+// use takes the factory, its Kubernetes clients counting their requests when
+// --request-stats asks.
+func (o *planOptions) use(f *factory) {
+	o.f = f
+
 	if o.RequestStats {
 		o.stats = newRequestStats()
-		o.flags.kube.WrapConfigFn = o.stats.wrapKube
-
-		defer o.stats.print(o.ErrOut)
+		f.flags.kube.WrapConfigFn = o.stats.wrapKube
 	}
-
-	return run(ctx)
 }
 
-func (o *planOptions) validate() error {
+// complete takes the factory and parses --to.
+func (o *planOptions) complete(f *factory) error {
+	o.use(f)
+
 	if o.To == "" {
 		return errors.New("--to is required: pass the version to upgrade to, e.g. --to v1.36.3")
 	}
@@ -118,6 +119,17 @@ func (o *planOptions) validate() error {
 
 	o.target = target
 
+	return nil
+}
+
+// printStats prints the request counts when --request-stats asks.
+func (o *planOptions) printStats() {
+	if o.stats != nil {
+		o.stats.print(o.ErrOut)
+	}
+}
+
+func (o *planOptions) validate() error {
 	if o.MaxUnavailable < 1 {
 		return fmt.Errorf("--max-unavailable %d: pass 1 or more", o.MaxUnavailable)
 	}
@@ -139,22 +151,18 @@ func (o *planOptions) validate() error {
 
 // discover reads the cluster through the Kubernetes and Talos APIs.
 func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeTarget, error) {
-	kube, err := o.deps.kube(o.flags.kube)
+	kube, err := o.f.Kube()
 	if err != nil {
 		return nil, nil, err
 	}
 
-	talos, err := o.deps.talos(ctx, o.flags.talos)
+	talos, err := o.f.Talos(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 
 	if o.stats != nil {
 		talos = o.stats.wrapTalos(talos)
-	}
-
-	if c, isCloser := talos.(io.Closer); isCloser {
-		defer c.Close() //nolint:errcheck
 	}
 
 	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint, Talos: talos}
@@ -225,7 +233,7 @@ func (o *planOptions) evaluate(ctx context.Context, plan *api.Plan, kube *kubeTa
 	plan.Checks = checks.Run(ctx, list, &checks.Input{
 		Snapshot:        snap,
 		Target:          o.target,
-		Namespace:       o.flags.namespace(),
+		Namespace:       o.f.flags.namespace(),
 		Metrics:         kube.metrics,
 		Drains:          plan.Drains,
 		Etcd:            o.etcd,
@@ -309,13 +317,17 @@ type PlanKubernetesOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *PlanKubernetesOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *PlanKubernetesOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	return o.complete(f)
+}
 
 // Validate checks the options.
 func (o *PlanKubernetesOptions) Validate() error { return o.validate() }
 
 // Run discovers the cluster, plans the upgrade, runs the checks and prints the plan.
 func (o *PlanKubernetesOptions) Run(ctx context.Context) error {
+	defer o.printStats()
+
 	snap, kube, err := o.discover(ctx)
 	if err != nil {
 		return err
@@ -329,8 +341,8 @@ func (o *PlanKubernetesOptions) Run(ctx context.Context) error {
 	return o.finish(ctx, plan, kube, snap, checks.Kubernetes())
 }
 
-func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &PlanKubernetesOptions{planOptions{IOStreams: streams, flags: flags, deps: deps, kubernetes: true}}
+func newPlanKubernetesCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &PlanKubernetesOptions{planOptions{IOStreams: streams, kubernetes: true}}
 
 	cmd := &cobra.Command{
 		Use:   "kubernetes --to vX.Y.Z",
@@ -338,17 +350,7 @@ func newPlanKubernetesCommand(streams genericiooptions.IOStreams, flags *globalF
 		Example: `  kubectl ichor plan kubernetes --to v1.37.2
   kubectl ichor plan kubernetes --to v1.37.2 --max-unavailable 2 -o yaml`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.run(cmd.Context(), o.Run)
-		},
+		RunE: runCommand(f, o),
 	}
 
 	o.addFlags(cmd, "v1.37.2")
@@ -364,7 +366,9 @@ type PlanTalosOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *PlanTalosOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *PlanTalosOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	return o.complete(f)
+}
 
 // Validate checks the options.
 func (o *PlanTalosOptions) Validate() error {
@@ -377,6 +381,8 @@ func (o *PlanTalosOptions) Validate() error {
 
 // Run discovers the cluster, plans the Talos upgrade, runs the checks and prints the plan.
 func (o *PlanTalosOptions) Run(ctx context.Context) error {
+	defer o.printStats()
+
 	o.installed = true
 	o.staged = true
 
@@ -393,8 +399,8 @@ func (o *PlanTalosOptions) Run(ctx context.Context) error {
 	return o.finish(ctx, plan, kube, snap, checks.Talos())
 }
 
-func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &PlanTalosOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}
+func newPlanTalosCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &PlanTalosOptions{planOptions: planOptions{IOStreams: streams}}
 
 	cmd := &cobra.Command{
 		Use:   "talos --to vA.B.C",
@@ -402,17 +408,7 @@ func newPlanTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags,
 		Example: `  kubectl ichor plan talos --to v1.14.1
   kubectl ichor plan talos --to v1.14.1 --installer-image worker-1=factory.talos.dev/metal-installer/<schematic>:v1.14.1`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.run(cmd.Context(), o.Run)
-		},
+		RunE: runCommand(f, o),
 	}
 
 	o.addFlags(cmd, "v1.14.1")

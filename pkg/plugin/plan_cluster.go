@@ -38,10 +38,9 @@ type PlanClusterOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *PlanClusterOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *PlanClusterOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.use(f)
 
-// Validate checks the options.
-func (o *PlanClusterOptions) Validate() error {
 	if o.Talos == "" && o.Kubernetes == "" {
 		return errors.New("pass --talos, --kubernetes or both: the versions the path goes to, e.g. --talos v1.14.1 --kubernetes v1.37.2")
 	}
@@ -73,6 +72,11 @@ func (o *PlanClusterOptions) Validate() error {
 		o.via = append(o.via, v)
 	}
 
+	return nil
+}
+
+// Validate checks the options.
+func (o *PlanClusterOptions) Validate() error {
 	if o.MaxUnavailable < 1 {
 		return fmt.Errorf("--max-unavailable %d: pass 1 or more", o.MaxUnavailable)
 	}
@@ -93,6 +97,8 @@ func (o *PlanClusterOptions) Validate() error {
 // Run discovers the cluster, plans the path, plans its first hop as `plan kubernetes` or
 // `plan talos` would from the cluster as it is, and prints the path.
 func (o *PlanClusterOptions) Run(ctx context.Context) error {
+	defer o.printStats()
+
 	if o.targets.Talos != nil {
 		// A Talos hop may come first: read what its plan and checks read.
 		o.installed, o.staged, o.readEtcd = true, true, true
@@ -204,8 +210,8 @@ func printPath(w io.Writer, output, cluster string, doc *api.UpgradePath) error 
 	return PrintPath(w, cluster, doc)
 }
 
-func newPlanClusterCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &PlanClusterOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}
+func newPlanClusterCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &PlanClusterOptions{planOptions: planOptions{IOStreams: streams}}
 
 	cmd := &cobra.Command{
 		Use:   "cluster [--talos vA.B.C] [--kubernetes vX.Y.Z]",
@@ -214,17 +220,7 @@ func newPlanClusterCommand(streams genericiooptions.IOStreams, flags *globalFlag
   kubectl ichor plan cluster --kubernetes v1.36.3 --via v1.35.4
   kubectl ichor plan cluster --talos v1.14.1 --kubernetes v1.37.2 -o json`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.run(cmd.Context(), o.Run)
-		},
+		RunE: runCommand(f, o),
 	}
 
 	cmd.Flags().StringVar(&o.Talos, "talos", "", "The Talos version to reach, vA.B.C (leave out to keep Talos as it runs)")

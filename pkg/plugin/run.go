@@ -111,9 +111,11 @@ func newRootCommand(streams genericiooptions.IOStreams, deps deps) *cobra.Comman
 
 	flags.talos.AddFlags(root.PersistentFlags())
 
-	root.AddCommand(newVersionCommand(streams), newPlanCommand(streams, flags, deps))
-	root.AddCommand(newUpgradeCommand(streams, flags, deps), newStatusCommand(streams, flags, deps), newLogsCommand(streams, flags, deps),
-		newResumeCommand(streams, flags, deps), newAbortCommand(streams, flags, deps), newRunCommand(streams, flags, deps))
+	f := newFactory(flags, deps)
+
+	root.AddCommand(newVersionCommand(streams, f), newPlanCommand(streams, f))
+	root.AddCommand(newUpgradeCommand(streams, f), newStatusCommand(streams, f), newLogsCommand(streams, f),
+		newResumeCommand(streams, f), newAbortCommand(streams, f), newRunCommand(streams, f))
 
 	return root
 }

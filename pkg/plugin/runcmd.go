@@ -21,15 +21,18 @@ import (
 type RunOptions struct {
 	genericiooptions.IOStreams
 
-	flags *globalFlags
-	deps  deps
+	f *factory
 
 	// Operation is --operation, the ID of the operation to run.
 	Operation string
 }
 
 // Complete fills the options from the command line.
-func (o *RunOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *RunOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.f = f
+
+	return nil
+}
 
 // Validate checks the options.
 func (o *RunOptions) Validate() error {
@@ -50,27 +53,27 @@ func (o *RunOptions) Validate() error {
 func (o *RunOptions) Run(ctx context.Context) error {
 	stats := newRequestStats()
 	stats.byResource = true
-	o.flags.kube.WrapConfigFn = stats.wrapKube
+	o.f.flags.kube.WrapConfigFn = stats.wrapKube
 
-	t, err := o.deps.job.inCluster(o.flags.kube)
+	t, err := o.f.InCluster()
 	if err != nil {
 		return err
 	}
 
-	identity := o.deps.job.env("POD_NAME")
+	identity := o.f.deps.job.env("POD_NAME")
 	if identity == "" {
 		identity, _ = os.Hostname()
 	}
 
-	out := &stampWriter{w: o.Out, now: o.deps.job.now}
+	out := &stampWriter{w: o.Out, now: o.f.deps.job.now}
 
 	r := &job.Runner{
 		Kube: t.kube, Dynamic: t.dynamic, LockKube: t.lock,
-		Namespace: o.flags.namespace(), Operation: o.Operation,
-		Identity: identity, Node: o.deps.job.env("NODE_NAME"), StayOnNode: o.deps.job.env(job.StayOnNodeEnv) == "true",
-		NewEngine: o.deps.job.engine, Out: out, Now: o.deps.job.now,
+		Namespace: o.f.flags.namespace(), Operation: o.Operation,
+		Identity: identity, Node: o.f.deps.job.env("NODE_NAME"), StayOnNode: o.f.deps.job.env(job.StayOnNodeEnv) == "true",
+		NewEngine: o.f.deps.job.engine, Out: out, Now: o.f.deps.job.now,
 		Talos: talos.Options{
-			ConfigPath: o.flags.talos.ConfigPath, Context: o.flags.talos.Context, Endpoints: o.flags.talos.Endpoints,
+			ConfigPath: o.f.flags.talos.ConfigPath, Context: o.f.flags.talos.Context, Endpoints: o.f.flags.talos.Endpoints,
 			DialOptions: stats.talosDialOptions(),
 		},
 	}
@@ -94,25 +97,15 @@ func (o *RunOptions) Run(ctx context.Context) error {
 	return err
 }
 
-func newRunCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &RunOptions{IOStreams: streams, flags: flags, deps: deps}
+func newRunCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &RunOptions{IOStreams: streams}
 
 	cmd := &cobra.Command{
 		Use:    "run --operation ID",
 		Short:  "Run an upgrade operation: the body of the upgrade Job (not for people)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE:   runCommand(f, o),
 	}
 
 	cmd.Flags().StringVar(&o.Operation, "operation", "", "The ID of the operation to run")

@@ -19,8 +19,7 @@ import (
 type StatusOptions struct {
 	genericiooptions.IOStreams
 
-	flags *globalFlags
-	deps  deps
+	f *factory
 
 	// Output is -o: "" for the view, json or yaml for the Operation document.
 	Output string
@@ -31,7 +30,11 @@ type StatusOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *StatusOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *StatusOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.f = f
+
+	return nil
+}
 
 // Validate checks the options.
 func (o *StatusOptions) Validate() error {
@@ -54,13 +57,13 @@ func (o *StatusOptions) Validate() error {
 
 // Run prints the operation of the namespace, or follows it with --watch.
 func (o *StatusOptions) Run(ctx context.Context) error {
-	ctl, err := o.deps.job.controlFor(o.flags)
+	ctl, err := o.f.Control()
 	if err != nil {
 		return err
 	}
 
 	if o.Watch {
-		f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.deps.job.terminal(o.Out), poll: o.deps.job.poll, now: o.deps.job.now,
+		f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: o.f.deps.job.terminal(o.Out), poll: o.f.deps.job.poll, now: o.f.deps.job.now,
 			jsonLines: o.Output == "json"}
 
 		return f.run(ctx)
@@ -89,7 +92,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		op, plan = rec.Operation, decodePlan(rec.Plan)
 	}
 
-	doc := statusDocument{Operation: op, Progress: progress.Of(op, plan, o.deps.job.now())}
+	doc := statusDocument{Operation: op, Progress: progress.Of(op, plan, o.f.deps.job.now())}
 
 	switch o.Output {
 	case "json":
@@ -112,7 +115,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		return nil
 	}
 
-	v := view{op: op, now: o.deps.job.now(), plan: plan}
+	v := view{op: op, now: o.f.deps.job.now(), plan: plan}
 
 	if current {
 		if p, err := ctl.Diagnose(ctx, op); err == nil && p != nil {
@@ -179,8 +182,8 @@ func decodePlan(raw []byte) *api.Plan {
 	return &p
 }
 
-func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &StatusOptions{IOStreams: streams, flags: flags, deps: deps}
+func newStatusCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &StatusOptions{IOStreams: streams}
 
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -191,17 +194,7 @@ func newStatusCommand(streams genericiooptions.IOStreams, flags *globalFlags, de
   kubectl ichor status -o json | jq -r .status.phase
   kubectl ichor status --watch -o json | jq -c '{phase: .status.phase, done: .progress.done, left: .progress.remainingSeconds}'`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE: runCommand(f, o),
 	}
 
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned Operation document with its progress; with --watch, json prints one document per change (JSON lines)")

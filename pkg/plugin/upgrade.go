@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -28,14 +27,14 @@ import (
 // short, so that an operation is never left half-launched.
 const launchTimeout = 3 * time.Minute
 
-func newUpgradeCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
+func newUpgradeCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "upgrade",
 		Short: "Plan, confirm, then run an upgrade in the cluster with a Job, and follow it",
 		Args:  cobra.NoArgs,
 	}
 
-	cmd.AddCommand(newUpgradeKubernetesCommand(streams, flags, deps), newUpgradeTalosCommand(streams, flags, deps))
+	cmd.AddCommand(newUpgradeKubernetesCommand(streams, f), newUpgradeTalosCommand(streams, f))
 
 	return cmd
 }
@@ -142,7 +141,7 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 
 	if kind == engine.KindKubernetes {
 		var err error
-		if access, err = o.deps.manifestAccess(ctx, o.flags); err != nil {
+		if access, err = o.f.manifestAccess(ctx); err != nil {
 			return fmt.Errorf("read the bootstrap manifests through Talos (the Job may re-apply exactly their objects): %w: "+
 				"check --talosconfig and --talos-endpoints", err)
 		}
@@ -172,7 +171,7 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 
 	if creds == api.CredentialsLocal {
 		var err error
-		if talosconfig, err = localTalosconfig(o.flags.talos); err != nil {
+		if talosconfig, err = localTalosconfig(o.f.flags.talos); err != nil {
 			return err
 		}
 
@@ -226,19 +225,19 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 		return nil
 	}
 
-	live := o.deps.job.terminal(o.Out)
+	live := o.f.deps.job.terminal(o.Out)
 	if live {
 		writef(o.Out, "Ctrl-C detaches: the upgrade goes on in the cluster.\n\n")
 	}
 
-	f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: live, poll: o.deps.job.poll, now: o.deps.job.now}
+	f := &follower{IOStreams: o.IOStreams, ctl: ctl, live: live, poll: o.f.deps.job.poll, now: o.f.deps.job.now}
 
 	return f.run(ctx)
 }
 
 // confirm asks on the terminal; without one it refuses (--yes). Ctrl-C (ctx) is a no.
 func (o *upgradeOptions) confirm(ctx context.Context, plan *api.Plan, namespace string) error {
-	if !o.deps.job.terminal(o.In) {
+	if !o.f.deps.job.terminal(o.In) {
 		return errors.New("no terminal to confirm on: pass --yes to upgrade without confirmation")
 	}
 
@@ -310,14 +309,18 @@ type UpgradeKubernetesOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *UpgradeKubernetesOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *UpgradeKubernetesOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	return o.complete(f)
+}
 
 // Validate checks the options.
 func (o *UpgradeKubernetesOptions) Validate() error { return o.validate() }
 
 // Run plans, confirms, launches the Job and follows it.
 func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
-	ctl, err := o.deps.job.controlFor(o.flags)
+	defer o.printStats()
+
+	ctl, err := o.f.Control()
 	if err != nil {
 		return err
 	}
@@ -332,8 +335,8 @@ func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
 	return o.launch(ctx, ctl, plan, engine.KindKubernetes, stages.InstallerFlags{})
 }
 
-func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &UpgradeKubernetesOptions{upgradeOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps, kubernetes: true}}}
+func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &UpgradeKubernetesOptions{upgradeOptions{planOptions: planOptions{IOStreams: streams, kubernetes: true}}}
 
 	cmd := &cobra.Command{
 		Use:   "kubernetes --to vX.Y.Z",
@@ -342,17 +345,7 @@ func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, flags *glob
   kubectl ichor upgrade kubernetes --to v1.37.2 --yes --detach
   kubectl ichor upgrade kubernetes --to v1.37.2 --talos-credentials=local`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE: runCommand(f, o),
 	}
 
 	o.addFlags(cmd, "v1.37.2")
@@ -374,7 +367,9 @@ type UpgradeTalosOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *UpgradeTalosOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *UpgradeTalosOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	return o.complete(f)
+}
 
 // Validate checks the options.
 func (o *UpgradeTalosOptions) Validate() error {
@@ -401,13 +396,9 @@ func (o *UpgradeTalosOptions) Validate() error {
 // whose etcd member the plan found healthy, and says where, how big and its
 // sha256.
 func (o *UpgradeTalosOptions) saveEtcdSnapshot(ctx context.Context) error {
-	tc, err := o.deps.talos(ctx, o.flags.talos)
+	tc, err := o.f.Talos(ctx)
 	if err != nil {
 		return err
-	}
-
-	if c, isCloser := tc.(io.Closer); isCloser {
-		defer c.Close() //nolint:errcheck
 	}
 
 	s, ok := tc.(etcdSnapshotter)
@@ -429,7 +420,9 @@ func (o *UpgradeTalosOptions) saveEtcdSnapshot(ctx context.Context) error {
 
 // Run plans, confirms, launches the Job and follows it.
 func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
-	ctl, err := o.deps.job.controlFor(o.flags)
+	defer o.printStats()
+
+	ctl, err := o.f.Control()
 	if err != nil {
 		return err
 	}
@@ -451,8 +444,8 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 	return o.launch(ctx, ctl, plan, engine.KindTalos, o.installers)
 }
 
-func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFlags, deps deps) *cobra.Command {
-	o := &UpgradeTalosOptions{upgradeOptions: upgradeOptions{planOptions: planOptions{IOStreams: streams, flags: flags, deps: deps}}}
+func newUpgradeTalosCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
+	o := &UpgradeTalosOptions{upgradeOptions: upgradeOptions{planOptions: planOptions{IOStreams: streams}}}
 
 	cmd := &cobra.Command{
 		Use:   "talos --to vA.B.C",
@@ -460,17 +453,7 @@ func newUpgradeTalosCommand(streams genericiooptions.IOStreams, flags *globalFla
 		Example: `  kubectl ichor upgrade talos --to v1.14.1
   kubectl ichor upgrade talos --to v1.14.1 --installer-image worker-1=factory.talos.dev/metal-installer/<schematic>:v1.14.1 --yes`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run(cmd.Context())
-		},
+		RunE: runCommand(f, o),
 	}
 
 	o.addFlags(cmd, "v1.14.1")

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -15,35 +16,25 @@ type VersionOptions struct {
 }
 
 // Complete fills the options from the command line.
-func (o *VersionOptions) Complete(*cobra.Command, []string) error { return nil }
+func (o *VersionOptions) Complete(*factory, *cobra.Command, []string) error { return nil }
 
 // Validate checks the options.
 func (o *VersionOptions) Validate() error { return nil }
 
 // Run prints the plugin's version.
-func (o *VersionOptions) Run() error {
+func (o *VersionOptions) Run(context.Context) error {
 	_, err := fmt.Fprintln(o.Out, version.Version)
 
 	return err
 }
 
-func newVersionCommand(streams genericiooptions.IOStreams) *cobra.Command {
+func newVersionCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
 	o := &VersionOptions{IOStreams: streams}
 
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the plugin's version",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-
-			if err := o.Validate(); err != nil {
-				return err
-			}
-
-			return o.Run()
-		},
+		RunE:  runCommand(f, o),
 	}
 }
