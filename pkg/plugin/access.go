@@ -14,13 +14,8 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/planning"
 )
-
-// manifestReader reads the bootstrap manifests a control plane renders; *talos.Client
-// has it.
-type manifestReader interface {
-	Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error)
-}
 
 // manifestAccess computes the Job's access to Talos' bootstrap manifests (job.ComputeAccess)
 // from the manifests themselves, read through Talos from the first control plane that
@@ -46,7 +41,7 @@ func (f *factory) computeAccess(ctx context.Context, kube kubernetes.Interface) 
 		return job.ManifestAccess{}, err
 	}
 
-	mr, ok := capable[manifestReader](reader)
+	mr, ok := planning.Capable[planning.ManifestReader](reader)
 	if !ok {
 		return job.ManifestAccess{}, errors.New("this Talos client cannot read the bootstrap manifests")
 	}

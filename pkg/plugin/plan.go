@@ -8,13 +8,13 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/planning"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
@@ -57,24 +57,20 @@ type planOptions struct {
 	// the manifests at the target.
 	kubernetes bool
 
-	// readEtcd makes discover read etcd through the control planes (a Talos plan); etcd
-	// is what it read.
+	// readEtcd makes discover read etcd through the control planes (a Talos plan).
 	readEtcd bool
-	etcd     *stages.EtcdView
-
-	target stages.Version
-	stats  *requestStats
 	// installed makes discovery read each node's system extensions and
 	// schematic too (a Talos upgrade keeps them).
 	installed bool
 	// staged makes discovery read each node's persistent machine config, for the staged
 	// config check (a Talos plan): the upgrade's reboot would activate a staged change.
 	staged bool
-	// manifests are a control plane's bootstrap manifests, read by discover for the
-	// manifests check.
-	manifests     []*unstructured.Unstructured
-	manifestsNode string
-	manifestsErr  error
+
+	target stages.Version
+	stats  *requestStats
+	// clients and cluster are what discover read with and read.
+	clients planning.Clients
+	cluster *planning.Cluster
 }
 
 // addManifestsForceFlag adds --manifests-force (the Kubernetes commands).
@@ -149,7 +145,7 @@ func (o *planOptions) validate() error {
 	return nil
 }
 
-// discover reads the cluster through the Kubernetes and Talos APIs.
+// discover reads the cluster through the Kubernetes and Talos APIs (planning.Read).
 func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeTarget, error) {
 	kube, err := o.f.Kube()
 	if err != nil {
@@ -165,49 +161,19 @@ func (o *planOptions) discover(ctx context.Context) (*discovery.Snapshot, *kubeT
 		talos = o.stats.wrapTalos(talos)
 	}
 
-	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint, Talos: talos}
+	o.clients = planning.Clients{Kube: kube.client, Dynamic: kube.dynamic, Endpoint: kube.endpoint, Metrics: kube.metrics, Talos: talos}
 
-	if o.installed {
-		r, ok := capable[discovery.InstalledReader](talos)
-		if !ok {
-			return nil, nil, errors.New("this Talos client cannot read the nodes' system extensions")
-		}
-
-		d.Installed = r
-	}
-
-	if o.staged {
-		if r, ok := capable[discovery.PersistentReader](talos); ok {
-			d.Persistent = r
-		}
-	}
-
-	snap, err := d.Discover(ctx)
+	o.cluster, err = planning.Read(ctx, o.clients, planning.Reads{Installed: o.installed, Staged: o.staged, Etcd: o.readEtcd})
 	if err != nil {
 		return nil, nil, err
 	}
 
-	if mr, ok := capable[manifestReader](talos); ok {
-		for _, n := range snap.Nodes {
-			if n.ControlPlane && !n.Held && n.IsTalos() && n.InternalIP != "" {
-				o.manifestsNode = n.Name
-				o.manifests, o.manifestsErr = mr.Manifests(ctx, n.InternalIP)
-
-				break
-			}
-		}
-	}
-
-	if o.readEtcd {
-		o.etcd = readEtcd(ctx, talos, snap)
-	}
-
-	return snap, kube, nil
+	return o.cluster.Snapshot, kube, nil
 }
 
 // finish runs the checks, prints the plan and returns the refusal, if any.
-func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
-	if err := o.evaluate(ctx, plan, kube, snap, list); err != nil {
+func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarget, list []checks.Check) error {
+	if err := o.evaluate(ctx, plan, kube, list); err != nil {
 		return err
 	}
 
@@ -218,31 +184,19 @@ func (o *planOptions) finish(ctx context.Context, plan *api.Plan, kube *kubeTarg
 	return refusal(plan)
 }
 
-// evaluate previews the plan's drains and runs its checks against o.target.
-func (o *planOptions) evaluate(ctx context.Context, plan *api.Plan, kube *kubeTarget, snap *discovery.Snapshot, list []checks.Check) error {
+// evaluate previews the plan's drains and runs its checks against o.target
+// (planning.Evaluate).
+func (o *planOptions) evaluate(ctx context.Context, plan *api.Plan, kube *kubeTarget, list []checks.Check) error {
 	plan.Cluster.Name = kube.cluster
 
-	d := &discovery.Discoverer{Kube: kube.client, Endpoint: kube.endpoint}
-
-	workloads, err := d.Workloads(ctx)
-	if err != nil {
-		return err
-	}
-
-	plan.Drains = checks.PreviewDrains(ctx, snap, workloads, plan)
-	plan.Checks = checks.Run(ctx, list, &checks.Input{
-		Snapshot:        snap,
+	return planning.Evaluate(ctx, o.clients, o.cluster, plan, planning.Checking{
 		Target:          o.target,
 		Namespace:       o.f.flags.namespace(),
-		Metrics:         kube.metrics,
-		Drains:          plan.Drains,
-		Etcd:            o.etcd,
 		AllowEtcdOutage: o.AllowEtcdOutage,
-		Manifests:       o.manifestFindings(ctx, kube, snap),
+		DryRunManifests: o.kubernetes,
+		ManifestsForce:  o.ManifestsForce,
+		Checks:          list,
 	})
-	plan.Runnable = !checks.Refused(plan.Checks)
-
-	return nil
 }
 
 // refusal is the error of a plan a check refused; nil when it can run.
@@ -261,46 +215,6 @@ func refusal(plan *api.Plan) error {
 
 	return &exitError{code: ExitRefused, err: fmt.Errorf("plan refused by %s: do what their DETAIL says and plan again",
 		strings.Join(refusedChecks, ", "))}
-}
-
-// manifestFindings dry-runs the manifests discover read, server-side with the
-// operator's credentials, as the run will sync them: rendered for the target
-// (stages.ManifestsAtTarget, as Talos re-renders them once the node runs kube-proxy at
-// the target) and through the same ManifestApplier.Check with the same
-// --manifests-force. nil for a Talos plan, or when none were read.
-func (o *planOptions) manifestFindings(ctx context.Context, kt *kubeTarget, snap *discovery.Snapshot) *checks.ManifestFindings {
-	if !o.kubernetes || o.manifestsNode == "" || kt.dynamic == nil {
-		return nil
-	}
-
-	f := &checks.ManifestFindings{Node: o.manifestsNode, Objects: len(o.manifests), Err: o.manifestsErr}
-	if f.Err != nil {
-		return f
-	}
-
-	objs, err := planManifests(snap, o.manifestsNode, o.manifests, o.target)
-	if err != nil {
-		f.Err = err
-
-		return f
-	}
-
-	dry, err := kube.NewManifestApplier(kt.dynamic, kt.client.Discovery()).Check(ctx, objs, kube.SyncOptions{Force: o.ManifestsForce})
-	f.Skipped, f.TakenOver, f.Err = dry.Skipped, dry.TakenOver, err
-
-	return f
-}
-
-// planManifests are the manifests of control plane node as the run will sync them to
-// target: Talos' render once its config runs kube-proxy at the target.
-func planManifests(snap *discovery.Snapshot, node string, objs []*unstructured.Unstructured, target stages.Version) ([]*unstructured.Unstructured, error) {
-	for _, n := range snap.Nodes {
-		if n.Name == node && n.Talos != nil {
-			return stages.ManifestsAtTarget(objs, n, n.Talos.Config, target)
-		}
-	}
-
-	return nil, fmt.Errorf("node %q: no machine config read to render its manifests for %s", node, target)
 }
 
 func printPlan(w io.Writer, output string, plan *api.Plan) error {
@@ -338,7 +252,7 @@ func (o *PlanKubernetesOptions) Run(ctx context.Context) error {
 		return fmt.Errorf("plan: %w", err)
 	}
 
-	return o.finish(ctx, plan, kube, snap, checks.Kubernetes())
+	return o.finish(ctx, plan, kube, checks.Kubernetes())
 }
 
 func newPlanKubernetesCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
@@ -396,7 +310,7 @@ func (o *PlanTalosOptions) Run(ctx context.Context) error {
 		return fmt.Errorf("plan: %w", err)
 	}
 
-	return o.finish(ctx, plan, kube, snap, checks.Talos())
+	return o.finish(ctx, plan, kube, checks.Talos())
 }
 
 func newPlanTalosCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {

@@ -194,7 +194,7 @@ func (o *PlanClusterOptions) planHop(ctx context.Context, snap *discovery.Snapsh
 		list = checks.Kubernetes()
 	}
 
-	if err := o.evaluate(ctx, plan, kube, snap, list); err != nil {
+	if err := o.evaluate(ctx, plan, kube, list); err != nil {
 		return nil, err
 	}
 

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/planning"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
@@ -234,7 +235,7 @@ func (c *countingTalos) PersistentMachineConfig(ctx context.Context, node string
 func (c *countingTalos) Manifests(ctx context.Context, node string) ([]*unstructured.Unstructured, error) {
 	c.stats.talosCall("Manifests", node)
 
-	r, ok := c.TalosReader.(manifestReader)
+	r, ok := c.TalosReader.(planning.ManifestReader)
 	if !ok {
 		return nil, errors.New("this Talos client cannot read the bootstrap manifests")
 	}
@@ -280,24 +281,8 @@ func (c *countingTalos) EtcdAlarms(ctx context.Context, node string) ([]talos.Et
 
 var errNoEtcdReader = errors.New("this Talos client cannot read etcd")
 
-// capable returns r as a T when r can make T's calls: a counting reader is a T
-// only when the reader it wraps is one.
-func capable[T any](r discovery.TalosReader) (T, bool) {
-	inner := r
-	if c, ok := r.(*countingTalos); ok {
-		inner = c.TalosReader
-	}
-
-	if _, ok := inner.(T); !ok {
-		var none T
-
-		return none, false
-	}
-
-	t, ok := r.(T)
-
-	return t, ok
-}
+// Unwrap is the reader counted: planning.Capable uses it for the calls it can make.
+func (c *countingTalos) Unwrap() discovery.TalosReader { return c.TalosReader }
 
 // Close closes the wrapped reader when it is an io.Closer.
 func (c *countingTalos) Close() error {

@@ -128,7 +128,7 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, makePlan fu
 		return nil, fmt.Errorf("plan: %w", err)
 	}
 
-	if err := o.finish(ctx, plan, kube, snap, list); err != nil {
+	if err := o.finish(ctx, plan, kube, list); err != nil {
 		return nil, err
 	}
 
@@ -408,7 +408,7 @@ func (o *UpgradeTalosOptions) saveEtcdSnapshot(ctx context.Context) error {
 
 	writef(o.Out, "Saving an etcd snapshot to %s ...\n", o.EtcdSnapshot)
 
-	saved, err := saveEtcdSnapshot(ctx, s, o.etcd, o.EtcdSnapshot)
+	saved, err := saveEtcdSnapshot(ctx, s, o.cluster.Etcd, o.EtcdSnapshot)
 	if err != nil {
 		return fmt.Errorf("%w: nothing was launched; take one with talosctl -n <control plane> etcd snapshot <file>, or run without --etcd-snapshot", err)
 	}
