@@ -57,7 +57,10 @@ func TestRunnerFencesMemoOnTheState(t *testing.T) {
 			return errors.New("the engine was not stopped a minute after the lock was lost")
 		}
 	})
-	f.runner.LeaseDuration, f.runner.RenewDeadline, f.runner.RetryPeriod = 10*time.Second, 8*time.Second, 4*time.Second
+	// No renewal comes in the test's few milliseconds, so the Lease reads counted
+	// around the write are the write's own: with a 4s retry period, a machine
+	// under load saw the elector's renewal fall inside that window.
+	f.runner.LeaseDuration, f.runner.RenewDeadline, f.runner.RetryPeriod = time.Minute, 50*time.Second, 40*time.Second
 
 	err := f.runner.Run(context.Background())
 	require.ErrorIs(t, setErr, errLostLock)
