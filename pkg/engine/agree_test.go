@@ -89,3 +89,30 @@ func TestPlanAndEngineAgree(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanAndEngineAgreeOnAHeldControlPlane: a held control plane keeps its apiserver
+// behind the target. No version rule judges a held node, in the plan or the engine (the
+// plan's version rows pass, the engine's APIServers stage runs); the plan's invariant
+// row warns that the upgrade stops before ControlPlaneComponents, which is where the
+// engine pauses, with the same action.
+func TestPlanAndEngineAgreeOnAHeldControlPlane(t *testing.T) {
+	const target = "v1.36.3"
+
+	snap, err := engine.RunFake(t, engine.KindKubernetes,
+		engine.FakeSpec{ControlPlanes: 3, Kubernetes: "v1.35.4", Held: []string{"cp-3"}}, target)
+
+	rows := planRows(t, engine.KindKubernetes, snap, target)
+	for _, name := range []string{"version skew", "talos pairing"} {
+		assert.Equal(t, api.ResultOK, rows[name].Result, "plan row %q: %s", name, rows[name].Detail)
+	}
+
+	inv := rows["invariant"]
+	require.Equal(t, api.ResultWarn, inv.Result, inv.Detail)
+	assert.Contains(t, inv.Detail, "held control plane cp-3 keeps its kube-apiserver behind v1.36.3: the upgrade stops before the ControlPlaneComponents stage")
+
+	pause, ok := errors.AsType[*engine.PauseError](err)
+	require.True(t, ok, "want a pause, got %v", err)
+	assert.Equal(t, "ControlPlaneComponents", pause.Stage)
+	assert.Contains(t, pause.Reason, "kube-apiserver v1.35.4 on cp-3")
+	assert.Equal(t, inv.Action, pause.Action)
+}
