@@ -40,8 +40,7 @@ func (Invariant) Run(_ context.Context, in *Input) api.Check {
 			detail += "; skew already there: " + text.Summarize(inv.SkewLines())
 		}
 
-		return warn(detail,
-			fmt.Sprintf("remove the hold before, or when the upgrade pauses there (kubectl annotate node %s %s-), then resume", behind[0], discovery.HoldAnnotation))
+		return warn(detail, stages.HeldBehindAction(behind[0]))
 	case len(inv.Skew) > 0:
 		return warn("skew already there: "+text.Summarize(inv.SkewLines()),
 			"none needed: the upgrade keeps it from growing and moves the apiservers first; it ends when every apiserver is at least that version")

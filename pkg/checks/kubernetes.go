@@ -5,16 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"sort"
-	"strings"
-
-	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
-	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // VersionSkew refuses a target that is a downgrade or skips a minor for any component any
@@ -26,99 +22,7 @@ func (VersionSkew) Name() string { return "version skew" }
 
 // Run implements Check.
 func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
-	var (
-		oldest *stages.Version
-		// The same problem on many nodes is said once, naming the nodes.
-		problems []string
-		nodesOf  = map[string][]string{}
-		compsOf  = map[string]map[string]bool{}
-	)
-
-	note := func(problem, component, node string) {
-		if _, seen := nodesOf[problem]; !seen {
-			problems = append(problems, problem)
-			compsOf[problem] = map[string]bool{}
-		}
-
-		if l := nodesOf[problem]; len(l) == 0 || l[len(l)-1] != node {
-			nodesOf[problem] = append(l, node)
-		}
-
-		compsOf[problem][component] = true
-	}
-
-	for _, n := range active(in.Snapshot) {
-		for _, rv := range runningVersions(n) {
-			v, err := stages.ParseVersion(rv.version)
-			if err != nil {
-				note(err.Error(), rv.component, n.Name)
-
-				continue
-			}
-
-			if oldest == nil || v.Compare(*oldest) < 0 {
-				oldest = &v
-			}
-
-			if err := stages.CheckStep(v, in.Target); err != nil {
-				note(err.Error(), rv.component, n.Name)
-			}
-		}
-	}
-
-	if len(problems) > 0 {
-		lines := make([]string, 0, len(problems))
-		for _, p := range problems {
-			where := "on " + text.SummarizeList(nodesOf[p])
-			if len(compsOf[p]) <= 3 {
-				comps := make([]string, 0, len(compsOf[p]))
-				for c := range compsOf[p] {
-					comps = append(comps, c)
-				}
-
-				sort.Strings(comps)
-				where = strings.Join(comps, ", ") + " " + where
-			}
-
-			lines = append(lines, fmt.Sprintf("%s (%s)", p, where))
-		}
-
-		return refused(text.Summarize(lines), "choose a target one minor at most above what every node runs, or hold the nodes behind")
-	}
-
-	switch {
-	case oldest == nil:
-		return ok("no node to upgrade")
-	case oldest.SameMinor(in.Target):
-		return ok(fmt.Sprintf("patch upgrade within %s", in.Target.MinorString()))
-	default:
-		return ok(fmt.Sprintf("one minor (%s -> %s), no node behind", oldest.MinorString(), in.Target.MinorString()))
-	}
-}
-
-type runningVersion struct {
-	component string
-	version   string
-}
-
-// runningVersions is every version a node runs: its kubelet, each image of its machine
-// config and each mirror pod.
-func runningVersions(n discovery.Node) []runningVersion {
-	out := []runningVersion{{component: string(discovery.Kubelet), version: n.KubeletVersion}}
-
-	for _, c := range discovery.Components() {
-		if n.Talos != nil {
-			if image, found := n.Talos.Images[c]; found && c != discovery.Kubelet {
-				out = append(out, runningVersion{component: string(c), version: render.TagOf(image)})
-			}
-		}
-
-		if sp, found := n.StaticPods[c]; found {
-			out = append(out, runningVersion{component: string(c) + " pod", version: render.TagOf(sp.Image)})
-		}
-	}
-
-	return out
+	return compat.KubernetesStep(compat.FromSnapshot(in.Snapshot), compat.Version(in.Target)).Check(VersionSkew{}.Name())
 }
 
 // TalosPairing refuses a Kubernetes target that a node's Talos does not support, and a
@@ -130,61 +34,7 @@ func (TalosPairing) Name() string { return "talos pairing" }
 
 // Run implements Check.
 func (TalosPairing) Run(_ context.Context, in *Input) api.Check {
-	kv, err := compatibility.ParseKubernetesVersion(in.Target.String())
-	if err != nil {
-		return refused(fmt.Sprintf("target %s: %v", in.Target, err), "pass --to vX.Y.Z")
-	}
-
-	byVersion := map[string][]discovery.Node{}
-
-	for _, n := range active(in.Snapshot) {
-		if n.Talos != nil {
-			byVersion[n.Talos.Version] = append(byVersion[n.Talos.Version], n)
-		}
-	}
-
-	if len(byVersion) == 0 {
-		return ok("no Talos node to pair")
-	}
-
-	versions := make([]string, 0, len(byVersion))
-	for v := range byVersion {
-		versions = append(versions, v)
-	}
-
-	sort.Strings(versions)
-
-	var details []string
-
-	for _, raw := range versions {
-		nodes := byVersion[raw]
-
-		v, err := stages.ParseVersion(raw)
-		if err != nil {
-			return refused(fmt.Sprintf("Talos version on %s: %v", names(nodes), err), "check the nodes' Talos version (talosctl version)")
-		}
-
-		tv, err := talosVersion(v)
-		if err != nil {
-			return refused(fmt.Sprintf("Talos %s on %s: %v", raw, names(nodes), err), "check the nodes' Talos version (talosctl version)")
-		}
-
-		lo, hi, known := kubernetesRange(tv)
-		if !known {
-			detail, action := unknownTalos(v, " (on "+names(nodes)+")")
-
-			return refused(detail, action)
-		}
-
-		if err := kv.SupportedWith(tv); err != nil {
-			return refused(fmt.Sprintf("Talos %s (on %s) supports Kubernetes 1.%d-1.%d, not %s", raw, names(nodes), lo, hi, in.Target),
-				talosFor(kv))
-		}
-
-		details = append(details, fmt.Sprintf("Talos %s supports Kubernetes 1.%d-1.%d", raw, lo, hi))
-	}
-
-	return ok(strings.Join(details, "; "))
+	return compat.KubernetesSupported(compat.FromSnapshot(in.Snapshot), compat.Version(in.Target)).Check(TalosPairing{}.Name())
 }
 
 // Endpoint warns when a minor upgrade of several control planes goes through an endpoint

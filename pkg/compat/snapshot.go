@@ -10,9 +10,15 @@ import (
 // (the Node's kubeletVersion), each image of its machine config (what Talos starts
 // after a reboot) and each control-plane mirror pod (what runs now).
 func FromSnapshot(snap *discovery.Snapshot) []Node {
-	out := make([]Node, 0, len(snap.Nodes))
+	return FromNodes(snap.Nodes)
+}
 
-	for _, n := range snap.Nodes {
+// FromNodes is FromSnapshot for a list of discovered nodes (the engine's nodes of a
+// stage), held nodes marked Held.
+func FromNodes(nodes []discovery.Node) []Node {
+	out := make([]Node, 0, len(nodes))
+
+	for _, n := range nodes {
 		node := Node{Name: n.Name, Held: n.Held, HoldReason: n.HoldReason, Kubernetes: running(n)}
 		if n.Talos != nil {
 			node.Talos = n.Talos.Version

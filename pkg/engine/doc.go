@@ -24,8 +24,12 @@
 //     restarts the stage, the newcomer first (kubernetes_joins.go).
 //   - The engine asks a stage what it does (Drains, Rollout, AtTarget), never which
 //     stage it is.
+//   - The version checks before a stage (one minor at a time, the target supported by
+//     the nodes' Talos; the Talos upgrade path, the Kubernetes the target Talos
+//     supports) are pkg/compat's rules, the ones the plan's rows ask: a pause says
+//     "checks: <row>: <the row's detail>" with the row's action (kubernetes_checks.go).
 //   - The Talos OS upgrade visits the nodes in the same order with the same checks'
-//     style: upgrade path and Kubernetes pairing (machinery's compatibility tables),
+//     style: upgrade path and Kubernetes pairing (pkg/compat's rules),
 //     node Ready, no staged machine config, etcd all voters on a control plane
 //     (talos_checks.go). It cordons and drains the node itself (a Reboot after
 //     LifecycleService.Upgrade does not drain) and records the node's boot ID in Memo

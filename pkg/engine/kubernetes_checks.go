@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/siderolabs/talos/pkg/machinery/api/machine"
-	"github.com/siderolabs/talos/pkg/machinery/compatibility"
-
+	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -21,51 +19,35 @@ import (
 
 // checkStage runs the checks that gate a stage's first apply, on the nodes
 // it will change: each Ready, the invariant judged now (every apiserver's
-// version read), each change from a version that can be read, at most one
-// minor forward and never back (judged per node against what it runs), and
-// the target supported by each node's Talos.
+// version read), each change from a version that can be read, then the
+// version rules of pkg/compat the plan's rows ask (one minor at a time and
+// never back, judged for every component each node runs; the target
+// supported by each node's Talos), so the engine pauses with the plan's words.
 func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pending []*stageNode) error {
 	stage := s.Name()
 
 	var (
-		notReady, unreadable, skew, pairing      []string
-		unreadableNodes, skewNodes, pairingNodes []string
+		notReady, unreadable, unreadableNodes []string
+		nodes                                 = make([]discovery.Node, 0, len(pending))
 	)
 
 	for _, n := range pending {
+		nodes = append(nodes, n.Node)
+
 		if !n.Ready {
 			notReady = append(notReady, n.Name)
 		}
 
-		before, beforeUnreadable := len(skew), len(unreadable)
+		before := len(unreadable)
 
 		for _, ch := range n.changes {
-			from, errFrom := stages.ParseVersion(render.TagOf(ch.From))
-			to, errTo := stages.ParseVersion(render.TagOf(ch.To))
-
-			switch {
-			case errFrom != nil:
+			if _, err := stages.ParseVersion(render.TagOf(ch.From)); err != nil {
 				unreadable = append(unreadable, fmt.Sprintf("%s on %s: image %q has no vMAJOR.MINOR.PATCH tag (its machine config)", ch.Component, n.Name, ch.From))
-			case errTo != nil:
-				skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, errTo))
-			default:
-				if err := stages.CheckStep(from, to); err != nil {
-					skew = append(skew, fmt.Sprintf("%s %s: %v", n.Name, ch.Component, err))
-				}
 			}
 		}
 
-		if len(skew) > before {
-			skewNodes = append(skewNodes, n.Name)
-		}
-
-		if len(unreadable) > beforeUnreadable {
+		if len(unreadable) > before {
 			unreadableNodes = append(unreadableNodes, n.Name)
-		}
-
-		if err := supportedBy(r.target, n.Talos.Version); err != nil {
-			pairing = append(pairing, fmt.Sprintf("%s: %v", n.Name, err))
-			pairingNodes = append(pairingNodes, n.Name)
 		}
 	}
 
@@ -80,18 +62,42 @@ func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pend
 		return err
 	}
 
-	switch {
-	case len(unreadable) > 0:
+	if len(unreadable) > 0 {
 		return r.refuse(ctx, stage, unreadableNodes, "version unknown: "+text.Summarize(unreadable), stages.UnreadableAction(unreadableNodes[0]))
-	case len(skew) > 0:
-		return r.refuse(ctx, stage, skewNodes, "version skew: "+text.Summarize(skew),
-			"choose a target at most one minor above what every node runs, or hold the nodes behind")
-	case len(pairing) > 0:
-		return r.refuse(ctx, stage, pairingNodes, "talos pairing: "+text.Summarize(pairing),
-			"upgrade Talos first (kubectl ichor plan talos --to <a release that supports the target>)")
 	}
 
-	return nil
+	cluster, target := compat.FromNodes(nodes), compat.Version(r.target)
+
+	if err := r.refuseVerdict(ctx, stage, checkVersionSkew, compat.KubernetesStep(cluster, target)); err != nil {
+		return err
+	}
+
+	return r.refuseVerdict(ctx, stage, checkTalosPairing, compat.KubernetesSupported(cluster, target))
+}
+
+// The names of the plan's check rows whose rules the engine asks again (pkg/checks).
+const (
+	checkVersionSkew  = "version skew"
+	checkTalosPairing = "talos pairing"
+	checkUpgradePath  = "upgrade path"
+	checkKubeOnTarget = "kubernetes on target"
+)
+
+// verdictPause is the reason, action and nodes a pause gives for a refused version
+// rule: the plan's row, named as the plan names it.
+func verdictPause(check string, v compat.Verdict) (reason, action string, nodes []string) {
+	return check + ": " + v.Detail, v.Action, v.Nodes
+}
+
+// refuseVerdict pauses the stage when a version rule refuses, with the plan's words.
+func (r *kubeRun) refuseVerdict(ctx context.Context, stage, check string, v compat.Verdict) error {
+	if v.Allowed {
+		return nil
+	}
+
+	reason, action, nodes := verdictPause(check, v)
+
+	return r.refuse(ctx, stage, nodes, reason, action)
 }
 
 // refuse pauses a stage before it changes anything, naming the node when
@@ -103,27 +109,6 @@ func (r *kubeRun) refuse(ctx context.Context, stage string, nodes []string, reas
 	}
 
 	return r.pause(ctx, stage, node, "checks: "+reason, action, errors.New(reason))
-}
-
-// supportedBy reports whether a node's Talos version supports Kubernetes
-// target, per machinery's compatibility tables (a Talos minor they do not
-// know is not supported).
-func supportedBy(target stages.Version, talosVersion string) error {
-	kv, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(target.String(), "v"))
-	if err != nil {
-		return fmt.Errorf("kubernetes %s: %w", target, err)
-	}
-
-	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: talosVersion})
-	if err != nil {
-		return fmt.Errorf("talos %q: %w", talosVersion, err)
-	}
-
-	if err := kv.SupportedWith(tv); err != nil {
-		return fmt.Errorf("talos %s does not support kubernetes %s: %w", talosVersion, target, err)
-	}
-
-	return nil
 }
 
 // prePull pulls every image the stage changes on the nodes that will take

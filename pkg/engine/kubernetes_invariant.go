@@ -226,7 +226,7 @@ func (r *kubeRun) predictApply(ctx context.Context, stage string, sn *stageNode,
 	if v := after.WorseThan(r.base); len(v) > 0 {
 		reason := "applying " + describeChanges(res.Changed) + " would break the invariant: " + text.Summarize(v)
 
-		return r.pause(ctx, stage, sn.Name, reason, heldAction, errors.New(reason))
+		return r.pause(ctx, stage, sn.Name, reason, r.behindAction(running), errors.New(reason))
 	}
 
 	return nil
@@ -256,10 +256,33 @@ func (r *kubeRun) predictKubeProxy(ctx context.Context, stage, node string) erro
 	if v := after.WorseThan(r.base); len(v) > 0 {
 		reason := "syncing the bootstrap manifests would break the invariant: " + text.Summarize(v)
 
-		return r.pause(ctx, stage, node, reason, heldAction, errors.New(reason))
+		return r.pause(ctx, stage, node, reason, r.behindAction(running), errors.New(reason))
 	}
 
 	return nil
 }
 
 const heldAction = "an apiserver is behind (a held control plane?): move every apiserver to the target first (remove the hold), then resume"
+
+// behindAction says what to do about an apiserver behind the target: the plan's words
+// (its invariant row) when a held control plane keeps it there, else heldAction.
+func (r *kubeRun) behindAction(running []kube.Running) string {
+	for _, run := range running {
+		if run.Component != discovery.APIServer {
+			continue
+		}
+
+		v, err := stages.ParseVersion(run.Version)
+		if err != nil || v.Compare(r.target) >= 0 {
+			continue
+		}
+
+		if n, ok := r.cache.Node(run.Node); ok {
+			if _, held := n.Annotations[discovery.HoldAnnotation]; held {
+				return stages.HeldBehindAction(run.Node)
+			}
+		}
+	}
+
+	return heldAction
+}

@@ -151,7 +151,7 @@ func TestEngineChecksRefuse(t *testing.T) {
 			name:   "a skipped minor",
 			spec:   clusterSpec{controlPlanes: 2, kubernetes: "v1.34.5"},
 			target: "v1.36.3",
-			stage:  "APIServers", reason: []string{"version skew", "cp-1 kube-apiserver", "upgrade to 1.35 first"},
+			stage:  "APIServers", reason: []string{"checks: version skew: v1.36.3 skips a minor from v1.34.5: upgrade to 1.35 first (on cp-1, cp-2)"},
 		},
 		{
 			name:   "a downgrade",
@@ -163,13 +163,13 @@ func TestEngineChecksRefuse(t *testing.T) {
 			name:   "a Talos too old for the target",
 			spec:   clusterSpec{controlPlanes: 2, kubernetes: "v1.35.4", talos: "v1.11.5"},
 			target: "v1.36.3",
-			stage:  "APIServers", reason: []string{"talos pairing", "cp-1: talos v1.11.5 does not support kubernetes v1.36.3"},
+			stage:  "APIServers", reason: []string{"checks: talos pairing: Talos v1.11.5 (on cp-1, cp-2) supports Kubernetes 1.29-1.34, not v1.36.3"},
 		},
 		{
 			name:   "a Talos newer than this build knows",
 			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.15.0"},
 			target: "v1.36.3",
-			stage:  "APIServers", node: "cp-1", reason: []string{"talos pairing", "v1.15.0"},
+			stage:  "APIServers", node: "cp-1", reason: []string{"checks: talos pairing: Talos 1.15 (on cp-1) is newer than this build knows"},
 		},
 		{
 			name:   "a node that is not Talos",

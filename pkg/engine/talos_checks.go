@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
-	"github.com/siderolabs/talos/pkg/machinery/api/machine"
-	"github.com/siderolabs/talos/pkg/machinery/compatibility"
-
+	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
-	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
-	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
@@ -30,8 +25,9 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 	stage := r.stage.Name()
 
 	var (
-		path, installers, notReady, staged     []string
-		pathNodes, installerNodes, stagedNodes []string
+		installers, notReady, staged []string
+		installerNodes, stagedNodes  []string
+		visited                      = make([]compat.Node, 0, len(pending))
 	)
 
 	for _, n := range pending {
@@ -43,10 +39,7 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 			stagedNodes = append(stagedNodes, n.Name)
 		}
 
-		if err := upgradePath(r.target, n.version); err != nil {
-			path = append(path, fmt.Sprintf("%s: %v", n.Name, err))
-			pathNodes = append(pathNodes, n.Name)
-		}
+		visited = append(visited, compat.Node{Name: n.Name, Talos: n.version})
 
 		if _, err := r.installer(ctx, n.Node, n.cfg); err != nil {
 			installers = append(installers, err.Error())
@@ -58,23 +51,32 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 		}
 	}
 
-	running, err := kube.Observe(ctx, r.e.Kube)
-	if err != nil {
-		return r.e.pause(ctx, stage, "", "checks: read what the cluster runs: "+err.Error(), actionResume, err)
-	}
+	// The version rules the plan's rows ask: the target installable from each node's
+	// Talos, and supporting the Kubernetes the cluster runs (held nodes apart), as
+	// the stage's start read it.
+	target := compat.Version(r.target)
+	for _, v := range []struct {
+		check   string
+		verdict compat.Verdict
+	}{
+		{checkUpgradePath, compat.TalosUpgradeable(visited, target)},
+		{checkKubeOnTarget, compat.TalosSupports(compat.FromNodes(r.nodes), target)},
+	} {
+		if !v.verdict.Allowed {
+			reason, action, nodes := verdictPause(v.check, v.verdict)
+			if v.check == checkUpgradePath && len(nodes) == 0 {
+				// A target refused as such (a minor this build does not know)
+				// refuses every node it would upgrade.
+				for _, n := range visited {
+					nodes = append(nodes, n.Name)
+				}
+			}
 
-	unsupported, err := kubernetesUnsupported(r.target, running)
-	if err != nil {
-		return r.refuse(ctx, nil, err.Error(), "upgrade kubectl-ichor to a release that knows the target (kubectl krew upgrade ichor)")
+			return r.refuse(ctx, nodes, reason, action)
+		}
 	}
 
 	switch {
-	case len(path) > 0:
-		return r.refuse(ctx, pathNodes, "upgrade path: "+text.Summarize(path),
-			"upgrade through an intermediate Talos release first (see the Talos upgrade notes), or hold the nodes")
-	case len(unsupported) > 0:
-		return r.refuse(ctx, nil, fmt.Sprintf("Talos %s does not support the Kubernetes the cluster runs: %s", r.target, text.Summarize(unsupported)),
-			"move Kubernetes into the range the target supports first (kubectl ichor plan kubernetes --to ...)")
 	case len(installers) > 0:
 		return r.refuse(ctx, installerNodes, "installer: "+text.Summarize(installers),
 			installerAction(installerNodes, r.target))
@@ -114,78 +116,4 @@ func (r *talosRun) refuse(ctx context.Context, nodes []string, reason, action st
 	}
 
 	return r.e.pause(ctx, r.stage.Name(), node, "checks: "+reason, action, errors.New(reason))
-}
-
-// upgradePath says whether a node running the Talos version running may be
-// upgraded to target: not a downgrade, and allowed by machinery's upgrade
-// table (which also refuses a target minor it does not know).
-func upgradePath(target stages.Version, running string) error {
-	v, err := stages.ParseVersion(running)
-	if err != nil {
-		return fmt.Errorf("running Talos version: %w", err)
-	}
-
-	if target.Compare(v) < 0 {
-		return fmt.Errorf("%s is older than the running %s: downgrades are not supported", target, v)
-	}
-
-	host, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: running})
-	if err != nil {
-		return fmt.Errorf("running Talos version %q: %w", running, err)
-	}
-
-	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target.String()})
-	if err != nil {
-		return fmt.Errorf("target %s: %w", target, err)
-	}
-
-	return tv.UpgradeableFrom(host)
-}
-
-// kubernetesUnsupported returns one line for each Kubernetes version the
-// cluster runs that Talos target does not support, naming the nodes that run
-// it. Versions that do not parse are not judged.
-func kubernetesUnsupported(target stages.Version, running []kube.Running) ([]string, error) {
-	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target.String()})
-	if err != nil {
-		return nil, fmt.Errorf("target %s: %w", target, err)
-	}
-
-	where := map[string][]string{}
-
-	var versions []string
-
-	for _, run := range running {
-		if _, err := stages.ParseVersion(run.Version); err != nil {
-			continue
-		}
-
-		if _, seen := where[run.Version]; !seen {
-			versions = append(versions, run.Version)
-		}
-
-		if !slices.Contains(where[run.Version], run.Node) {
-			where[run.Version] = append(where[run.Version], run.Node)
-		}
-	}
-
-	slices.Sort(versions)
-
-	var out []string
-
-	for _, v := range versions {
-		kv, err := compatibility.ParseKubernetesVersion(strings.TrimPrefix(v, "v"))
-		if err != nil {
-			continue
-		}
-
-		if err := kv.SupportedWith(tv); err != nil {
-			nodes := where[v]
-			slices.Sort(nodes)
-
-			out = append(out, fmt.Sprintf("Kubernetes %s on %s", v, strings.Join(nodes, ", ")))
-		}
-	}
-
-	return out, nil
 }

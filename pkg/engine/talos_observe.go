@@ -44,6 +44,8 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 		held       []discovery.Node
 	)
 
+	r.nodes = snap.Nodes
+
 	for _, n := range snap.Nodes {
 		if n.ControlPlane {
 			r.controlPlanes++

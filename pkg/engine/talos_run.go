@@ -9,6 +9,7 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
@@ -46,6 +47,9 @@ type talosRun struct {
 	// etcdNodes are the control-plane Nodes, held ones included: where
 	// etcd's health is read (see etcd_gate.go).
 	etcdNodes []stages.EtcdNode
+	// nodes are the cluster's Nodes as the stage's start read them, held ones
+	// marked: what the version rules judge the Kubernetes it runs from.
+	nodes []discovery.Node
 }
 
 // osNode is a node the Talos upgrade visits, as read at the stage's start.
@@ -230,11 +234,11 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 
 	installer := choice.Image
 
-	if err := upgradePath(r.target, version); err != nil {
-		err = fmt.Errorf("node %q: upgrade path: %w", name, err)
+	// The plan's upgrade path rule again, on the version the node runs at its turn.
+	if v := compat.TalosUpgradeable([]compat.Node{{Name: name, Talos: version}}, compat.Version(r.target)); !v.Allowed {
+		reason, action, _ := verdictPause(checkUpgradePath, v)
 
-		return r.e.pause(ctx, stage, name, "checks: "+err.Error(),
-			"upgrade through an intermediate Talos release first (see the Talos upgrade notes), or hold the node", err)
+		return r.e.pause(ctx, stage, name, "checks: "+reason, action, v.Err())
 	}
 
 	node, ok := r.cache.Node(name)

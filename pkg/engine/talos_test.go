@@ -312,13 +312,13 @@ func TestTalosChecksRefuse(t *testing.T) {
 			spec:   clusterSpec{controlPlanes: 1, kubernetes: "v1.35.4", talos: "v1.13.9"},
 			target: "v1.15.0",
 			node:   "cp-1",
-			reason: []string{"upgrades to version 1.15.0 are not supported"},
+			reason: []string{"checks: upgrade path: Talos 1.15 is newer than this build knows"},
 		},
 		{
 			name:   "a Kubernetes the target does not support",
 			spec:   clusterSpec{controlPlanes: 1, workers: 1, kubernetes: "v1.30.14", talos: "v1.12.4"},
 			target: "v1.13.9",
-			reason: []string{"Talos v1.13.9 does not support the Kubernetes the cluster runs: Kubernetes v1.30.14 on cp-1, worker-1"},
+			reason: []string{"checks: kubernetes on target: Talos v1.13.9 supports Kubernetes 1.31-1.36: Kubernetes v1.30.14 (kubelet on cp-1) is outside 1.31-1.36"},
 		},
 		{
 			name:   "a node not Ready",

@@ -129,6 +129,13 @@ func UnknownAction(inv Invariant) string {
 		node, discovery.StaticPodNamespace, discovery.ComponentLabel, discovery.APIServer)
 }
 
+// HeldBehindAction says what to do about held control plane node, whose kube-apiserver
+// stays behind the target: the plan warns with it, and the engine pauses with it before
+// the ControlPlaneComponents stage would move a controller-manager past that apiserver.
+func HeldBehindAction(node string) string {
+	return fmt.Sprintf("remove the hold before, or when the upgrade pauses there (kubectl annotate node %s %s-), then resume", node, discovery.HoldAnnotation)
+}
+
 // UnreadableAction says what to do about a component of node whose image in the
 // machine config has no version to judge the step from.
 func UnreadableAction(node string) string {
