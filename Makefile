@@ -14,8 +14,8 @@ NEED_LOCAL := go root
 NEED_KIND  := go root docker debootstrap:debootstrap busybox-static ionice:util-linux tar:tar
 need = @hack/need.sh $(1) $(2)
 
-.PHONY: build cluster-bins test unit e2e demo bench verify dist dist-host image kind-image kind-e2e clean
-.PHONY: need-test need-e2e need-demo need-bench need-kind-e2e
+.PHONY: build cluster-bins test unit e2e demo soak bench verify dist dist-host image kind-image kind-e2e clean
+.PHONY: need-test need-e2e need-demo need-soak need-bench need-kind-e2e
 
 build: ## Build _output/bin/kubectl-ichor and _output/bin/ichor-sim
 	$(call need,build,$(NEED_GO))
@@ -44,6 +44,11 @@ demo: need-demo build cluster-bins ## Start a 3+2 local cluster, show it, plan a
 	@hack/demo.sh
 need-demo:
 	$(call need,demo,$(NEED_LOCAL))
+
+soak: need-soak build cluster-bins ## The fault soak: SOAK_RUNS seeded upgrades under random faults, judged apart (SOAK_SEED, SOAK_TIMEOUT); not part of make test
+	@hack/soak.sh
+need-soak:
+	$(call need,soak,$(NEED_LOCAL))
 
 bench: need-bench build cluster-bins ## Benchmarks (never fail on a timing)
 	@hack/bench.sh

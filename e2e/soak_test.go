@@ -1,0 +1,612 @@
+//go:build e2e && soak
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
+	"github.com/ichor-dev/kubectl-ichor/e2e/soak"
+	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+)
+
+// The soak's bounds: how long one run may take from its launch, how many times the
+// operator resumes a paused operation before the run is judged as it stands, and how
+// long the runner's credentials may take to go once it ended.
+const (
+	soakRunBound    = 20 * time.Minute
+	soakMaxResumes  = 5
+	soakCleanupWait = time.Minute
+)
+
+// soakReport is one run's record in _output/soak.
+type soakReport struct {
+	Run      soak.Run     `json:"run"`
+	Outcome  soak.Outcome `json:"outcome"`
+	Problems []string     `json:"problems,omitempty"`
+	// Injected and Skipped are the faults applied, and those whose moment came after
+	// the operation had ended (or, for a second operation, once it had).
+	Injected []string     `json:"injected,omitempty"`
+	Skipped  []string     `json:"skipped,omitempty"`
+	Pauses   []soak.Pause `json:"pauses,omitempty"`
+	Resumes  int          `json:"resumes"`
+	Final    soak.Final   `json:"final"`
+	Seconds  float64      `json:"seconds"`
+}
+
+// soakSummary is _output/soak/summary.json.
+type soakSummary struct {
+	FirstSeed           uint64         `json:"firstSeed"`
+	Runs                int            `json:"runs"`
+	Succeeded           int            `json:"succeeded"`
+	PausedThenSucceeded int            `json:"pausedThenSucceeded"`
+	Broken              int            `json:"broken"`
+	BrokenSeeds         []uint64       `json:"brokenSeeds,omitempty"`
+	SelfCheck           soak.Outcome   `json:"selfCheck,omitempty"`
+	FaultsByKind        map[string]int `json:"faultsByKind"`
+	Seconds             float64        `json:"seconds"`
+	// Stopped says why fewer runs than asked were made (the time bound).
+	Stopped string `json:"stopped,omitempty"`
+}
+
+func (s soakSummary) line() string {
+	return fmt.Sprintf("soak: %d runs, %d succeeded, %d paused then succeeded, %d broken", s.Runs, s.Succeeded, s.PausedThenSucceeded, s.Broken)
+}
+
+// TestSoak runs SOAK_RUNS upgrades (default 3) of seeds SOAK_SEED, SOAK_SEED+1, ... (default
+// the clock), each on a fresh local cluster under its seed's faults, judges each with the
+// independent checker of package soak, and writes the report to SOAK_OUT (default
+// _output/soak). A self-check run comes first (SOAK_SELF_CHECK=0 skips it). No run
+// starts once SOAK_TIMEOUT (default 50m) has passed.
+func TestSoak(t *testing.T) {
+	runs := soakEnvInt(t, "SOAK_RUNS", 3)
+	first := uint64(time.Now().UnixNano())
+	if s := os.Getenv("SOAK_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("SOAK_SEED=%q: pass a whole number, the first run's seed", s)
+		}
+		first = v
+	}
+	bound := 50 * time.Minute
+	if s := os.Getenv("SOAK_TIMEOUT"); s != "" {
+		v, err := time.ParseDuration(s)
+		if err != nil || v <= 0 {
+			t.Fatalf("SOAK_TIMEOUT=%q: pass a duration such as 50m", s)
+		}
+		bound = v
+	}
+	out := os.Getenv("SOAK_OUT")
+	if out == "" {
+		out = filepath.Join("..", "_output", "soak")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	sum := soakSummary{FirstSeed: first, FaultsByKind: map[string]int{}}
+
+	finish := func() {
+		sum.Seconds = time.Since(start).Round(time.Second).Seconds()
+		writeJSON(t, filepath.Join(out, "summary.json"), sum)
+		if err := os.WriteFile(filepath.Join(out, "summary.txt"), []byte(sum.line()+"\n"), 0o644); err != nil {
+			t.Error(err)
+		}
+		t.Log(sum.line())
+	}
+	defer finish()
+
+	if os.Getenv("SOAK_SELF_CHECK") != "0" {
+		rep := soakRun(t, soak.SelfCheck(first))
+		writeJSON(t, filepath.Join(out, fmt.Sprintf("self-check-%d.json", first)), rep)
+		sum.SelfCheck = rep.Outcome
+		if rep.Outcome != soak.PausedAsExpected {
+			t.Errorf("self-check (seed %d): %s: %s", first, rep.Outcome, strings.Join(rep.Problems, "; "))
+		}
+	}
+
+	for i := range runs {
+		if time.Since(start) > bound {
+			sum.Stopped = fmt.Sprintf("SOAK_TIMEOUT %s passed after %d of %d runs", bound, i, runs)
+			t.Log(sum.Stopped)
+			break
+		}
+		seed := first + uint64(i)
+		rep := soakRun(t, soak.Generate(seed))
+		writeJSON(t, filepath.Join(out, fmt.Sprintf("run-%d.json", seed)), rep)
+
+		sum.Runs++
+		for _, f := range rep.Injected {
+			kind, _, _ := strings.Cut(f, " ")
+			sum.FaultsByKind[kind]++
+		}
+		switch rep.Outcome {
+		case soak.Succeeded:
+			sum.Succeeded++
+		case soak.PausedThenSucceeded:
+			sum.PausedThenSucceeded++
+		default:
+			sum.Broken++
+			sum.BrokenSeeds = append(sum.BrokenSeeds, seed)
+			t.Errorf("run %d broken (replay: SOAK_SEED=%d SOAK_RUNS=1 SOAK_SELF_CHECK=0 make soak): %s", seed, seed, strings.Join(rep.Problems, "; "))
+		}
+	}
+}
+
+// soakRun makes one run in a subtest and returns its record; a run the driver itself
+// could not carry out (the cluster did not start) is broken, saying why.
+func soakRun(t *testing.T, r soak.Run) soakReport {
+	rep := soakReport{Run: r}
+	name := fmt.Sprintf("seed-%d", r.Seed)
+	if r.SelfCheck {
+		name = "self-check-" + strconv.FormatUint(r.Seed, 10)
+	}
+	start := time.Now()
+	ok := t.Run(name, func(t *testing.T) {
+		t.Logf("%s on %s, max-unavailable %d; faults: %v", r.Scenario, r.Shape, r.MaxUnavailable, r.Faults)
+		d := &soakDriver{run: r, rep: &rep}
+		d.do(t)
+	})
+	rep.Seconds = time.Since(start).Round(time.Second).Seconds()
+	if !ok && rep.Outcome == "" {
+		rep.Outcome = soak.Broken
+		rep.Problems = append(rep.Problems, "the driver could not carry the run out: see the test log of "+name)
+	}
+	t.Logf("%s: %s in %.0fs, %d pause(s), %d resume(s)", name, rep.Outcome, rep.Seconds, len(rep.Pauses), rep.Resumes)
+	return rep
+}
+
+// soakDriver carries one run out: the cluster, the launch, the faults at their moments,
+// the operator's resumes, and the facts the checker judges.
+type soakDriver struct {
+	run soak.Run
+	rep *soakReport
+
+	c      *Cluster
+	env    []string // the plugin's environment
+	faults string   // the faults file
+
+	mu      sync.Mutex
+	active  map[int]soak.Fault // the faults file's faults now on, by index in the schedule
+	cordons []soak.Window
+	ended   bool // the operation ended (Succeeded, or Paused for the self-check)
+}
+
+func (d *soakDriver) do(t *testing.T) {
+	r := d.run
+	d.env = cleanEnv(t, nil)
+	d.faults = filepath.Join(t.TempDir(), "faults.yaml")
+	if err := os.WriteFile(d.faults, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.active = map[int]soak.Fault{}
+
+	args := []string{"--control-planes", strconv.Itoa(r.Shape.ControlPlanes), "--workers", strconv.Itoa(r.Shape.Workers),
+		"--kubernetes", r.Scenario.Kubernetes, "--talos", r.Scenario.Talos, "--faults", d.faults,
+		"--image", "ghcr.io/ichor-dev/kubectl-ichor=" + jobImageRoot(t)}
+	if r.Scenario.Layout != "" {
+		args = append(args, "--config-layout", r.Scenario.Layout)
+	}
+	d.c = startCluster(t, args...)
+	if r.Shape.Workers > 0 {
+		addWorkload(t, d.c, 2)
+	}
+
+	upgrade := []string{"upgrade", r.Scenario.Upgrade, "--to", r.Scenario.To, "--yes", "--detach",
+		"--max-unavailable", strconv.Itoa(r.MaxUnavailable)}
+	if r.Scenario.Upgrade == soak.Kubernetes {
+		// A blocked apply pauses in seconds, not the default five minutes.
+		upgrade = append(upgrade, "--apply-timeout", "20s")
+	} else {
+		upgrade = append(upgrade, "--upgrade-timeout", "1m")
+	}
+	res, err := d.ichor(3*time.Minute, upgrade...)
+	if err != nil || res.code != 0 {
+		t.Fatalf("launch: %v (exit %d)\nstdout:\n%s\nstderr:\n%s", err, res.code, res.stdout, res.stderr)
+	}
+	launched := time.Now()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		d.schedule(ctx, t, launched, upgrade)
+	}()
+
+	d.follow(t, launched)
+	cancel()
+	wg.Wait()
+	d.clearAll(t)
+	d.judge(t)
+}
+
+// follow watches the status document until the operation ends, resuming a paused
+// operation once the faults are over, as an operator would.
+func (d *soakDriver) follow(t *testing.T, launched time.Time) {
+	deadline := launched.Add(soakRunBound)
+	lastPause := ""
+	for time.Now().Before(deadline) {
+		op, err := d.status()
+		if err != nil {
+			t.Logf("status: %v", err)
+			time.Sleep(2 * time.Second)
+			continue
+		}
+		switch op.Status.Phase {
+		case api.PhaseSucceeded, api.PhaseAborted:
+			d.end()
+			return
+		case api.PhasePaused:
+			key := fmt.Sprintf("%d %s %s %s", op.Status.Attempt, op.Status.Stage, op.Status.PausedNode, op.Status.Reason)
+			if key != lastPause {
+				lastPause = key
+				p := soak.Pause{Stage: op.Status.Stage, Node: op.Status.PausedNode, Reason: op.Status.Reason, Action: op.Status.Action}
+				d.rep.Pauses = append(d.rep.Pauses, p)
+				t.Logf("paused: %s %s: %s (what to do: %s)", p.Stage, p.Node, p.Reason, p.Action)
+			}
+			if d.run.SelfCheck {
+				d.end()
+				return
+			}
+			if d.rep.Resumes >= soakMaxResumes {
+				t.Logf("paused after %d resumes: judged as it stands", d.rep.Resumes)
+				d.end()
+				return
+			}
+			// The operator clears the faults (they end by the schedule) and resumes.
+			if wait := time.Until(d.faultsOver(launched)); wait > 0 {
+				time.Sleep(wait)
+			}
+			d.rep.Resumes++
+			res, err := d.ichor(3*time.Minute, "resume", "--detach")
+			t.Logf("resume %d: exit %d %v %s", d.rep.Resumes, res.code, err, strings.TrimSpace(res.stderr))
+		}
+		time.Sleep(2 * time.Second)
+	}
+	t.Logf("the operation did not end within %s of its launch", soakRunBound)
+	d.end()
+}
+
+// faultsOver is when the last lasting fault of the schedule is cleared.
+func (d *soakDriver) faultsOver(launched time.Time) time.Time {
+	over := launched
+	for _, f := range d.run.Faults {
+		if f.Kind == soak.AllEtcdStopped {
+			continue
+		}
+		if end := launched.Add(f.At.Duration + f.For.Duration); end.After(over) {
+			over = end
+		}
+	}
+	return over
+}
+
+func (d *soakDriver) end() {
+	d.mu.Lock()
+	d.ended = true
+	d.mu.Unlock()
+}
+
+func (d *soakDriver) hasEnded() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ended
+}
+
+// schedule applies each fault at its moment and clears the lasting ones after theirs.
+func (d *soakDriver) schedule(ctx context.Context, t *testing.T, launched time.Time, upgrade []string) {
+	type event struct {
+		at    time.Time
+		i     int
+		clear bool
+	}
+	var evs []event
+	for i, f := range d.run.Faults {
+		evs = append(evs, event{at: launched.Add(f.At.Duration), i: i})
+		if f.For.Duration > 0 {
+			evs = append(evs, event{at: launched.Add(f.At.Duration + f.For.Duration), i: i, clear: true})
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b event) int { return a.at.Compare(b.at) })
+	applied := map[int]bool{}
+	for _, e := range evs {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(e.at)):
+		}
+		f := d.run.Faults[e.i]
+		if e.clear {
+			if applied[e.i] {
+				d.clearFault(t, e.i, f)
+			}
+			continue
+		}
+		if d.hasEnded() && !d.run.SelfCheck {
+			d.rep.Skipped = append(d.rep.Skipped, f.String())
+			continue
+		}
+		if err := d.apply(t, e.i, f, upgrade); err != nil {
+			t.Logf("fault %s: %v", f, err)
+			d.rep.Skipped = append(d.rep.Skipped, f.String()+": "+err.Error())
+			continue
+		}
+		applied[e.i] = true
+		d.rep.Injected = append(d.rep.Injected, f.String())
+		t.Logf("fault on: %s", f)
+	}
+}
+
+func (d *soakDriver) apply(t *testing.T, i int, f soak.Fault, upgrade []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	switch f.Kind {
+	case soak.RunnerKilled, soak.RunnerEvicted:
+		pod := d.runnerPod(ctx)
+		if pod == "" {
+			return errors.New("no runner holds the lock")
+		}
+		if f.Kind == soak.RunnerKilled {
+			zero := int64(0)
+			return d.c.Client.CoreV1().Pods(jobNamespace).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		}
+		return d.c.Client.CoreV1().Pods(jobNamespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: jobNamespace}})
+	case soak.NodeCordoned:
+		if err := d.setUnschedulable(ctx, f.Node, true); err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: time.Now()})
+		d.mu.Unlock()
+		return nil
+	case soak.SecondOperation:
+		res, err := d.ichor(3*time.Minute, upgrade...)
+		if err != nil {
+			return err
+		}
+		if res.code == 0 {
+			d.rep.Problems = append(d.rep.Problems, "a second operation was launched while the first one ran: "+strings.TrimSpace(res.stdout))
+		}
+		return nil
+	default:
+		d.mu.Lock()
+		d.active[i] = f
+		err := d.writeFaults()
+		d.mu.Unlock()
+		return err
+	}
+}
+
+func (d *soakDriver) clearFault(t *testing.T, i int, f soak.Fault) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	switch f.Kind {
+	case soak.NodeCordoned:
+		if err := d.setUnschedulable(ctx, f.Node, false); err != nil {
+			t.Logf("uncordon %s: %v", f.Node, err)
+		}
+		d.mu.Lock()
+		for j := range d.cordons {
+			if d.cordons[j].Node == f.Node && d.cordons[j].To.IsZero() {
+				d.cordons[j].To = time.Now()
+			}
+		}
+		d.mu.Unlock()
+	default:
+		d.mu.Lock()
+		delete(d.active, i)
+		if err := d.writeFaults(); err != nil {
+			t.Logf("clear %s: %v", f, err)
+		}
+		d.mu.Unlock()
+	}
+	t.Logf("fault off: %s", f)
+}
+
+// clearAll clears what is still on at the end (the self-check's etcd, a cordon whose
+// moment had not come).
+func (d *soakDriver) clearAll(t *testing.T) {
+	for i, f := range d.run.Faults {
+		d.mu.Lock()
+		_, on := d.active[i]
+		open := false
+		for _, w := range d.cordons {
+			open = open || (w.Node == f.Node && w.To.IsZero() && f.Kind == soak.NodeCordoned)
+		}
+		d.mu.Unlock()
+		if on || open {
+			d.clearFault(t, i, f)
+		}
+	}
+}
+
+// writeFaults writes the faults file from the active faults; d.mu is held.
+func (d *soakDriver) writeFaults() error {
+	file := faults.File{Nodes: map[string]faults.Node{}}
+	for _, f := range d.active {
+		nodes := []string{f.Node}
+		if f.Kind == soak.AllEtcdStopped {
+			nodes = d.run.Shape.Nodes()[:d.run.Shape.ControlPlanes]
+		}
+		for _, name := range nodes {
+			n := file.Nodes[name]
+			switch f.Kind {
+			case soak.TalosUnavailable:
+				n.Unreachable = true
+			case soak.TalosSlow:
+				if d.run.Scenario.Upgrade == soak.Kubernetes {
+					n.ApplyBlocks = true
+				} else {
+					n.InstallHangs = true
+				}
+			case soak.TalosStreamReset:
+				n.UpgradeUnavailable = true
+			case soak.EtcdStopped, soak.AllEtcdStopped:
+				n.EtcdStopped = true
+			}
+			file.Nodes[name] = n
+		}
+	}
+	b, err := yaml.Marshal(file)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(d.faults, b, 0o644)
+}
+
+func (d *soakDriver) setUnschedulable(ctx context.Context, node string, on bool) error {
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
+	_, err := d.c.Client.CoreV1().Nodes().Patch(ctx, node, "application/strategic-merge-patch+json", []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// runnerPod is the pod holding the lock, "" when none does.
+func (d *soakDriver) runnerPod(ctx context.Context) string {
+	l, err := d.c.Client.CoordinationV1().Leases("kube-system").Get(ctx, "ichor-lock", metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	ns, pod, found := strings.Cut(*l.Spec.HolderIdentity, "/")
+	if !found || ns != jobNamespace {
+		return ""
+	}
+	return pod
+}
+
+// status reads the operation as `kubectl ichor status -o json` prints it.
+func (d *soakDriver) status() (*api.Operation, error) {
+	res, err := d.ichor(time.Minute, "status", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	if res.code != 0 {
+		return nil, fmt.Errorf("status exit %d: %s", res.code, strings.TrimSpace(res.stderr))
+	}
+	var op api.Operation
+	if err := json.Unmarshal([]byte(res.stdout), &op); err != nil {
+		return nil, fmt.Errorf("status -o json: %w", err)
+	}
+	return &op, nil
+}
+
+// judge gathers the facts at the end and has the checker judge them.
+func (d *soakDriver) judge(t *testing.T) {
+	ctx := context.Background()
+	facts := soak.Facts{Run: d.run, Pauses: d.rep.Pauses}
+	d.mu.Lock()
+	facts.Cordons = append([]soak.Window(nil), d.cordons...)
+	d.mu.Unlock()
+
+	op, err := d.status()
+	if err != nil {
+		facts.Final.StateError = err.Error()
+	} else {
+		facts.Final.Phase = string(op.Status.Phase)
+	}
+
+	if facts.Final.Phase == string(api.PhaseSucceeded) {
+		// The runner's credentials go as its Job ends.
+		deadline := time.Now().Add(soakCleanupWait)
+		for {
+			left, err := runnerCredentials(ctx, t, d.c)
+			if err == nil && (len(left) == 0 || time.Now().After(deadline)) {
+				facts.Final.CredentialsLeft = left
+				break
+			}
+			if err != nil && time.Now().After(deadline) {
+				facts.Final.CredentialsLeft = []string{"(not read: " + err.Error() + ")"}
+				break
+			}
+			time.Sleep(2 * time.Second)
+		}
+	}
+
+	nodes, err := d.c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list nodes: %v", err)
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if n.Spec.Unschedulable || kube.CordonedByIchor(n) {
+			facts.Final.Unschedulable = append(facts.Final.Unschedulable, n.Name)
+		}
+	}
+	facts.Events = d.c.Events(t)
+
+	outcome, problems := soak.Judge(facts)
+	if len(d.rep.Problems) > 0 {
+		outcome = soak.Broken
+	}
+	d.rep.Outcome, d.rep.Final = outcome, facts.Final
+	d.rep.Problems = append(d.rep.Problems, problems...)
+	if outcome == soak.Broken {
+		t.Errorf("%s: %s", outcome, strings.Join(d.rep.Problems, "; "))
+	}
+}
+
+// ichor runs the plugin against the run's cluster for at most timeout; unlike
+// Cluster.ichor it returns what went wrong instead of failing the test.
+func (d *soakDriver) ichor(timeout time.Duration, args ...string) (pluginResult, error) {
+	full := append(append([]string{}, args...), "--kubeconfig", d.c.Kubeconfig, "--talosconfig", d.c.Talosconfig)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Getenv("ICHOR_PLUGIN"), full...)
+	cmd.Env = d.env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := pluginResult{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		return r, fmt.Errorf("kubectl-ichor %s: not done after %s", strings.Join(args, " "), timeout)
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		return r, err
+	}
+	return r, nil
+}
+
+func soakEnvInt(t *testing.T, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 0 {
+		t.Fatalf("%s=%q: pass a whole number", name, s)
+	}
+	return v
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		t.Error(err)
+	}
+}
