@@ -86,13 +86,26 @@ func startJobCluster(t *testing.T, args ...string) *Cluster {
 func (c *Cluster) ichor(t *testing.T, timeout time.Duration, args ...string) pluginResult {
 	t.Helper()
 
+	r, err := c.runIchor(env(t, "ICHOR_PLUGIN"), cleanEnv(t, nil), timeout, args...)
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, r.stdout, r.stderr)
+	}
+
+	t.Logf("kubectl-ichor %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+
+	return r
+}
+
+// runIchor runs plugin against c in environ for at most timeout, and says what went
+// wrong instead of failing a test (a non-zero exit is the result's code, not an error).
+func (c *Cluster) runIchor(plugin string, environ []string, timeout time.Duration, args ...string) (pluginResult, error) {
 	full := append(append([]string{}, args...), "--kubeconfig", c.Kubeconfig, "--talosconfig", c.Talosconfig)
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 
-	cmd := exec.CommandContext(ctx, env(t, "ICHOR_PLUGIN"), full...)
-	cmd.Env = cleanEnv(t, nil)
+	cmd := exec.CommandContext(ctx, plugin, full...)
+	cmd.Env = environ
 
 	var stdout, stderr bytes.Buffer
 
@@ -104,16 +117,14 @@ func (c *Cluster) ichor(t *testing.T, timeout time.Duration, args ...string) plu
 
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("kubectl-ichor %s: not done after %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), timeout, r.stdout, r.stderr)
+		return r, fmt.Errorf("kubectl-ichor %s: not done after %s", strings.Join(args, " "), timeout)
 	case errors.As(err, &exit):
 		r.code = exit.ExitCode()
 	case err != nil:
-		t.Fatalf("run kubectl-ichor %s: %v", strings.Join(args, " "), err)
+		return r, fmt.Errorf("run kubectl-ichor %s: %w", strings.Join(args, " "), err)
 	}
 
-	t.Logf("kubectl-ichor %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
-
-	return r
+	return r, nil
 }
 
 // control is the operator's handle on c's operations, for the tests' own reads.

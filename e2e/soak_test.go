@@ -3,13 +3,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -564,28 +562,10 @@ func (d *soakDriver) judge(t *testing.T) {
 	}
 }
 
-// ichor runs the plugin against the run's cluster for at most timeout; unlike
-// Cluster.ichor it returns what went wrong instead of failing the test.
+// ichor runs the plugin against the run's cluster for at most timeout, saying what
+// went wrong instead of failing the run.
 func (d *soakDriver) ichor(timeout time.Duration, args ...string) (pluginResult, error) {
-	full := append(append([]string{}, args...), "--kubeconfig", d.c.Kubeconfig, "--talosconfig", d.c.Talosconfig)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Getenv("ICHOR_PLUGIN"), full...)
-	cmd.Env = d.env
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	r := pluginResult{args: args, stdout: stdout.String(), stderr: stderr.String()}
-	var exit *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		return r, fmt.Errorf("kubectl-ichor %s: not done after %s", strings.Join(args, " "), timeout)
-	case errors.As(err, &exit):
-		r.code = exit.ExitCode()
-	case err != nil:
-		return r, err
-	}
-	return r, nil
+	return d.c.runIchor(os.Getenv("ICHOR_PLUGIN"), d.env, timeout, args...)
 }
 
 func soakEnvInt(t *testing.T, name string, def int) int {
