@@ -72,8 +72,8 @@ func (s soakSummary) line() string {
 // TestSoak runs SOAK_RUNS upgrades (default 3) of seeds SOAK_SEED, SOAK_SEED+1, ... (default
 // the clock), each on a fresh local cluster under its seed's faults, judges each with the
 // independent checker of package soak, and writes the report to SOAK_OUT (default
-// _output/soak). A self-check run comes first (SOAK_SELF_CHECK=0 skips it). No run
-// starts once SOAK_TIMEOUT (default 50m) has passed.
+// _output/soak). A self-check run goes with them (SOAK_SELF_CHECK=0 leaves it out). No
+// run starts once SOAK_TIMEOUT (default 50m) has passed.
 func TestSoak(t *testing.T) {
 	runs := soakEnvInt(t, "SOAK_RUNS", 3)
 	first := uint64(time.Now().UnixNano())
@@ -113,24 +113,44 @@ func TestSoak(t *testing.T) {
 	}
 	defer finish()
 
+	var runList []soak.Run
 	if os.Getenv("SOAK_SELF_CHECK") != "0" {
-		rep := soakRun(t, soak.SelfCheck(first))
-		writeJSON(t, filepath.Join(out, fmt.Sprintf("self-check-%d.json", first)), rep)
-		sum.SelfCheck = rep.Outcome
-		if rep.Outcome != soak.PausedAsExpected {
-			t.Errorf("self-check (seed %d): %s: %s", first, rep.Outcome, strings.Join(rep.Problems, "; "))
-		}
+		runList = append(runList, soak.SelfCheck(first))
+	}
+	for i := range runs {
+		runList = append(runList, soak.Generate(first+uint64(i)))
 	}
 
-	for i := range runs {
-		if time.Since(start) > bound {
-			sum.Stopped = fmt.Sprintf("SOAK_TIMEOUT %s passed after %d of %d runs", bound, i, runs)
-			t.Log(sum.Stopped)
-			break
+	// The runs go side by side, as many as go test's -parallel (SOAK_PARALLEL in
+	// hack/soak.sh); the group returns when every one has ended.
+	reps := make([]*soakReport, len(runList))
+	t.Run("runs", func(t *testing.T) {
+		for i, r := range runList {
+			t.Run(soakName(r), func(t *testing.T) {
+				t.Parallel()
+				if time.Since(start) > bound {
+					t.Skipf("SOAK_TIMEOUT %s has passed", bound)
+				}
+				reps[i] = &soakReport{Run: r}
+				soakRun(t, reps[i], out)
+			})
 		}
-		seed := first + uint64(i)
-		rep := soakRun(t, soak.Generate(seed))
-		writeJSON(t, filepath.Join(out, fmt.Sprintf("run-%d.json", seed)), rep)
+	})
+
+	for i, rep := range reps {
+		r := runList[i]
+		if rep == nil {
+			sum.Stopped = fmt.Sprintf("SOAK_TIMEOUT %s passed: %d of %d runs made", bound, sum.Runs, runs)
+			continue
+		}
+		t.Logf("%s: %s in %.0fs, %d pause(s), %d resume(s)", soakName(r), rep.Outcome, rep.Seconds, len(rep.Pauses), rep.Resumes)
+		if r.SelfCheck {
+			sum.SelfCheck = rep.Outcome
+			if rep.Outcome != soak.PausedAsExpected {
+				t.Errorf("self-check (seed %d): %s: %s", r.Seed, rep.Outcome, strings.Join(rep.Problems, "; "))
+			}
+			continue
+		}
 
 		sum.Runs++
 		for _, f := range rep.Injected {
@@ -144,33 +164,38 @@ func TestSoak(t *testing.T) {
 			sum.PausedThenSucceeded++
 		default:
 			sum.Broken++
-			sum.BrokenSeeds = append(sum.BrokenSeeds, seed)
-			t.Errorf("run %d broken (replay: SOAK_SEED=%d SOAK_RUNS=1 SOAK_SELF_CHECK=0 make soak): %s", seed, seed, strings.Join(rep.Problems, "; "))
+			sum.BrokenSeeds = append(sum.BrokenSeeds, r.Seed)
+			t.Errorf("run %d broken (replay: SOAK_SEED=%d SOAK_RUNS=1 SOAK_SELF_CHECK=0 make soak): %s", r.Seed, r.Seed, strings.Join(rep.Problems, "; "))
 		}
+	}
+	if sum.Stopped != "" {
+		t.Log(sum.Stopped)
 	}
 }
 
-// soakRun makes one run in a subtest and returns its record; a run the driver itself
-// could not carry out (the cluster did not start) is broken, saying why.
-func soakRun(t *testing.T, r soak.Run) soakReport {
-	rep := soakReport{Run: r}
-	name := fmt.Sprintf("seed-%d", r.Seed)
+func soakName(r soak.Run) string {
 	if r.SelfCheck {
-		name = "self-check-" + strconv.FormatUint(r.Seed, 10)
+		return "self-check-" + strconv.FormatUint(r.Seed, 10)
 	}
+	return "seed-" + strconv.FormatUint(r.Seed, 10)
+}
+
+// soakRun makes one run and writes its record to out; a run the driver itself could
+// not carry out (the cluster did not start) is broken, saying why.
+func soakRun(t *testing.T, rep *soakReport, out string) {
+	r := rep.Run
 	start := time.Now()
-	ok := t.Run(name, func(t *testing.T) {
-		t.Logf("%s on %s, max-unavailable %d; faults: %v", r.Scenario, r.Shape, r.MaxUnavailable, r.Faults)
-		d := &soakDriver{run: r, rep: &rep}
-		d.do(t)
-	})
-	rep.Seconds = time.Since(start).Round(time.Second).Seconds()
-	if !ok && rep.Outcome == "" {
-		rep.Outcome = soak.Broken
-		rep.Problems = append(rep.Problems, "the driver could not carry the run out: see the test log of "+name)
-	}
-	t.Logf("%s: %s in %.0fs, %d pause(s), %d resume(s)", name, rep.Outcome, rep.Seconds, len(rep.Pauses), rep.Resumes)
-	return rep
+	defer func() {
+		rep.Seconds = time.Since(start).Round(time.Second).Seconds()
+		if rep.Outcome == "" {
+			rep.Outcome = soak.Broken
+			rep.Problems = append(rep.Problems, "the driver could not carry the run out: see the test log of "+soakName(r))
+		}
+		writeJSON(t, filepath.Join(out, soakName(r)+".json"), rep)
+	}()
+	t.Logf("%s on %s, max-unavailable %d; faults: %v", r.Scenario, r.Shape, r.MaxUnavailable, r.Faults)
+	d := &soakDriver{run: r, rep: rep}
+	d.do(t)
 }
 
 // soakDriver carries one run out: the cluster, the launch, the faults at their moments,
@@ -216,6 +241,11 @@ func (d *soakDriver) do(t *testing.T) {
 		upgrade = append(upgrade, "--apply-timeout", "20s")
 	} else {
 		upgrade = append(upgrade, "--upgrade-timeout", "1m")
+		if r.Shape.ControlPlanes < 3 {
+			// What the plan asks of an operator whose etcd cannot keep quorum
+			// through a control plane's reboot.
+			upgrade = append(upgrade, "--allow-etcd-outage")
+		}
 	}
 	res, err := d.ichor(3*time.Minute, upgrade...)
 	if err != nil || res.code != 0 {
