@@ -23,6 +23,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 	"github.com/ichor-dev/kubectl-ichor/e2e/soak"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
@@ -510,7 +511,7 @@ func (d *soakDriver) setUnschedulable(ctx context.Context, node string, on bool)
 
 // runnerPod is the pod holding the lock, "" when none does.
 func (d *soakDriver) runnerPod(ctx context.Context) string {
-	l, err := d.c.Client.CoordinationV1().Leases("kube-system").Get(ctx, "ichor-lock", metav1.GetOptions{})
+	l, err := d.c.Client.CoordinationV1().Leases(job.LockNamespace).Get(ctx, job.LockName, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil {
 		return ""
 	}
