@@ -18,7 +18,7 @@ import (
 type VersionSkew struct{}
 
 // Name implements Check.
-func (VersionSkew) Name() string { return "version skew" }
+func (VersionSkew) Name() string { return compat.NameKubernetesStep }
 
 // Run implements Check.
 func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
@@ -30,7 +30,7 @@ func (VersionSkew) Run(_ context.Context, in *Input) api.Check {
 type TalosPairing struct{}
 
 // Name implements Check.
-func (TalosPairing) Name() string { return "talos pairing" }
+func (TalosPairing) Name() string { return compat.NameKubernetesSupported }
 
 // Run implements Check.
 func (TalosPairing) Run(_ context.Context, in *Input) api.Check {

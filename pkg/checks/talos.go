@@ -12,7 +12,7 @@ import (
 type UpgradePath struct{}
 
 // Name implements Check.
-func (UpgradePath) Name() string { return "upgrade path" }
+func (UpgradePath) Name() string { return compat.NameTalosUpgradeable }
 
 // Run implements Check.
 func (UpgradePath) Run(_ context.Context, in *Input) api.Check {
@@ -24,7 +24,7 @@ func (UpgradePath) Run(_ context.Context, in *Input) api.Check {
 type KubernetesSupported struct{}
 
 // Name implements Check.
-func (KubernetesSupported) Name() string { return "kubernetes on target" }
+func (KubernetesSupported) Name() string { return compat.NameTalosSupports }
 
 // Run implements Check.
 func (KubernetesSupported) Run(_ context.Context, in *Input) api.Check {

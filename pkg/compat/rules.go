@@ -99,6 +99,14 @@ func active(nodes []Node) []Node {
 	return out
 }
 
+// The rules' names: a plan's check row and an engine's pause name a rule alike.
+const (
+	NameKubernetesStep      = "version skew"
+	NameKubernetesSupported = "talos pairing"
+	NameTalosUpgradeable    = "upgrade path"
+	NameTalosSupports       = "kubernetes on target"
+)
+
 // KubernetesStep is "one Kubernetes minor at a time, no downgrade": every component
 // every node runs (held nodes apart) may move to target, judged per node against what
 // it runs. The same problem on several nodes is said once, naming them.

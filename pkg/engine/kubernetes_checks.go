@@ -68,20 +68,12 @@ func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pend
 
 	cluster, target := compat.FromNodes(nodes), compat.Version(r.target)
 
-	if err := r.refuseVerdict(ctx, stage, checkVersionSkew, compat.KubernetesStep(cluster, target)); err != nil {
+	if err := r.refuseVerdict(ctx, stage, compat.NameKubernetesStep, compat.KubernetesStep(cluster, target)); err != nil {
 		return err
 	}
 
-	return r.refuseVerdict(ctx, stage, checkTalosPairing, compat.KubernetesSupported(cluster, target))
+	return r.refuseVerdict(ctx, stage, compat.NameKubernetesSupported, compat.KubernetesSupported(cluster, target))
 }
-
-// The names of the plan's check rows whose rules the engine asks again (pkg/checks).
-const (
-	checkVersionSkew  = "version skew"
-	checkTalosPairing = "talos pairing"
-	checkUpgradePath  = "upgrade path"
-	checkKubeOnTarget = "kubernetes on target"
-)
 
 // verdictPause is the reason, action and nodes a pause gives for a refused version
 // rule: the plan's row, named as the plan names it.

@@ -59,12 +59,12 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 		check   string
 		verdict compat.Verdict
 	}{
-		{checkUpgradePath, compat.TalosUpgradeable(visited, target)},
-		{checkKubeOnTarget, compat.TalosSupports(compat.FromNodes(r.nodes), target)},
+		{compat.NameTalosUpgradeable, compat.TalosUpgradeable(visited, target)},
+		{compat.NameTalosSupports, compat.TalosSupports(compat.FromNodes(r.nodes), target)},
 	} {
 		if !v.verdict.Allowed {
 			reason, action, nodes := verdictPause(v.check, v.verdict)
-			if v.check == checkUpgradePath && len(nodes) == 0 {
+			if v.check == compat.NameTalosUpgradeable && len(nodes) == 0 {
 				// A target refused as such (a minor this build does not know)
 				// refuses every node it would upgrade.
 				for _, n := range visited {

@@ -236,7 +236,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 
 	// The plan's upgrade path rule again, on the version the node runs at its turn.
 	if v := compat.TalosUpgradeable([]compat.Node{{Name: name, Talos: version}}, compat.Version(r.target)); !v.Allowed {
-		reason, action, _ := verdictPause(checkUpgradePath, v)
+		reason, action, _ := verdictPause(compat.NameTalosUpgradeable, v)
 
 		return r.e.pause(ctx, stage, name, "checks: "+reason, action, v.Err())
 	}
