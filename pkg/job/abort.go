@@ -43,6 +43,10 @@ type AbortResult struct {
 	StateMissing bool
 	// Removed are the credentials deleted (RemoveCredentials).
 	Removed []string
+	// Path are the hops of an aborted path (UpgradeCluster), HopsDone those of them
+	// done before the abort.
+	Path     []api.HopSpec
+	HopsDone []api.HopStatus
 }
 
 // nothing reports whether abort found nothing to do.
@@ -106,6 +110,7 @@ func (c *Control) Abort(ctx context.Context) (*AbortResult, error) {
 		return c.cleanUpSucceeded(ctx, res)
 	default:
 		res.Operation, res.Was = op.Spec.ID, op.Status.Phase
+		res.Path, res.HopsDone = op.Spec.Hops, op.Status.HopsDone()
 
 		if err := c.markAborted(ctx, op); err != nil {
 			return nil, err

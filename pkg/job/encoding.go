@@ -152,8 +152,18 @@ func DecodeState(cm *corev1.ConfigMap) (*api.Operation, error) {
 		return nil, corrupt("%s has no spec.id", key)
 	case !op.Status.Phase.Known():
 		return nil, corrupt("%s: unknown status.phase %q", key, op.Status.Phase)
-	case op.Spec.Upgrade != api.UpgradeKubernetes && op.Spec.Upgrade != api.UpgradeTalos:
+	case op.Spec.Upgrade != api.UpgradeKubernetes && op.Spec.Upgrade != api.UpgradeTalos && op.Spec.Upgrade != api.UpgradeCluster:
 		return nil, corrupt("%s: unknown spec.upgrade %q", key, op.Spec.Upgrade)
+	case op.Spec.Upgrade == api.UpgradeCluster && len(op.Spec.Hops) == 0:
+		return nil, corrupt("%s: spec.upgrade %s has no spec.hops", key, api.UpgradeCluster)
+	case op.Status.Hop < 0 || op.Status.Hop > len(op.Spec.Runs()):
+		return nil, corrupt("%s: status.hop %d is not a hop of the %d in spec.hops", key, op.Status.Hop, len(op.Spec.Runs()))
+	}
+
+	for i, h := range op.Spec.Hops {
+		if h.Upgrade != api.UpgradeKubernetes && h.Upgrade != api.UpgradeTalos {
+			return nil, corrupt("%s: spec.hops[%d]: unknown upgrade %q", key, i, h.Upgrade)
+		}
 	}
 
 	return &op, nil

@@ -67,6 +67,20 @@ func TestCorruptState(t *testing.T) {
 			name: "unknown kind of upgrade", want: `unknown spec.upgrade "os"`,
 			data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"os"},"status":{"phase":"Running"}}`)},
 		},
+		{
+			name: "a path without hops", want: `spec.upgrade cluster has no spec.hops`,
+			data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"cluster"},"status":{"phase":"Running"}}`)},
+		},
+		{
+			name: "a hop of an unknown kind", want: `spec.hops[1]: unknown upgrade "os"`,
+			data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"cluster",` +
+				`"hops":[{"upgrade":"talos","to":"v1.14.1"},{"upgrade":"os","to":"v1.2.3"}]},"status":{"phase":"Running"}}`)},
+		},
+		{
+			name: "a hop past the path", want: `status.hop 3 is not a hop of the 2 in spec.hops`,
+			data: map[string][]byte{OperationKey: gz(`{"apiVersion":"ichor.dev/v1alpha1","kind":"Operation","spec":{"id":"x","upgrade":"cluster",` +
+				`"hops":[{"upgrade":"talos","to":"v1.14.1"},{"upgrade":"kubernetes","to":"v1.35.4"}]},"status":{"phase":"Running","hop":3}}`)},
+		},
 	}
 
 	for _, tt := range tests {

@@ -191,13 +191,19 @@ const stateWriteTimeout = 30 * time.Second
 // with why it is not after a deadline (a write refused by an admission webhook or
 // policy, the ConfigMap deleted, its size limit, the lock lost).
 func (r *reporter) Set(ctx context.Context, key, value string) error {
-	v := r.change(func(s *api.OperationStatus) {
+	return r.record(ctx, func(s *api.OperationStatus) {
 		if s.Memo == nil {
 			s.Memo = map[string]string{}
 		}
 
 		s.Memo[key] = value
 	})
+}
+
+// record applies mutate to the status and returns once it is in the state ConfigMap, or
+// with why it is not after a deadline (as Set).
+func (r *reporter) record(ctx context.Context, mutate func(s *api.OperationStatus)) error {
+	v := r.change(mutate)
 
 	timeout := r.setTimeout
 	if timeout <= 0 {
@@ -431,6 +437,8 @@ func cloneStatus(s api.OperationStatus) api.OperationStatus {
 	s.Memo = maps.Clone(s.Memo)
 	s.Steps = slices.Clone(s.Steps)
 	s.Runners = slices.Clone(s.Runners)
+	s.Hops = slices.Clone(s.Hops)
+	s.Pauses = slices.Clone(s.Pauses)
 
 	return s
 }

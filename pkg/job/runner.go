@@ -401,25 +401,71 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	rep.identity, rep.fence, rep.lost, rep.setTimeout = r.Identity, fence, func() { stop(errLostLock) }, r.StateWriteTimeout
 	go rep.loop(engCtx)
 
-	opts := engineOptions(op.Spec, r.Node)
-	opts.SelfPod = r.Namespace + "/" + r.Identity
-	opts.StayOnNode = r.StayOnNode
+	err = r.runHops(engCtx, op, rep, events)
 
-	eng, closeEngine, err := r.NewEngine(engCtx, EngineConfig{
-		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
-		Talos: r.Talos,
-	})
-	if err == nil {
-		err = eng.Run(engCtx)
+	return r.finish(ctx, engCtx, rep, events, err)
+}
+
+// runHops runs the operation's upgrades in order from the one its state is at: the one
+// upgrade of a plain operation, or a path's hops. A path records each hop's start and
+// end in the state before it goes on, so that a replaced runner continues at the hop it
+// was in, and pauses after each hop but the last when asked to.
+func (r *Runner) runHops(ctx context.Context, op *api.Operation, rep *reporter, events *eventRecorder) error {
+	runs := op.Spec.Runs()
+	path := op.Spec.Upgrade == api.UpgradeCluster
+	ns := nsFlag(r.Namespace)
+
+	for n := op.Status.NextHop(); n <= len(runs); n++ {
+		hop := runs[n-1]
+
+		if path {
+			if err := rep.record(ctx, func(s *api.OperationStatus) { s.StartHop(op.Spec, n, r.now()) }); err != nil {
+				return fmt.Errorf("hop %d/%d (%s): record its start: %w", n, len(runs), hop.Label(), err)
+			}
+
+			r.logf("hop %d/%d: %s upgrade to %s", n, len(runs), hop.Upgrade, hop.To)
+			events.operation(ctx, "Hop", fmt.Sprintf("hop %d/%d started: %s", n, len(runs), hop.Label()), false)
+		}
+
+		opts := engineOptions(op.Spec, hop, r.Node)
+		opts.SelfPod = r.Namespace + "/" + r.Identity
+		opts.StayOnNode = r.StayOnNode
+
+		eng, closeEngine, err := r.NewEngine(ctx, EngineConfig{
+			Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
+			Talos: r.Talos,
+		})
+		if err != nil {
+			return &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + ns, Err: err}
+		}
+
+		err = eng.Run(ctx)
 
 		if closeEngine != nil {
 			closeEngine()
 		}
-	} else {
-		err = &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
+
+		if err != nil || !path {
+			return err
+		}
+
+		if err := rep.record(ctx, func(s *api.OperationStatus) { s.EndHop(n, r.now()) }); err != nil {
+			return fmt.Errorf("hop %d/%d (%s) is done, but the state could not say so: %w", n, len(runs), hop.Label(), err)
+		}
+
+		r.logf("hop %d/%d done: every node at %s %s", n, len(runs), hop.Upgrade, hop.To)
+		events.operation(ctx, "Hop", fmt.Sprintf("hop %d/%d done: %s", n, len(runs), hop.Label()), false)
+
+		if op.Spec.PauseBetweenHops && n < len(runs) {
+			return &engine.PauseError{
+				Reason: fmt.Sprintf("hop %d/%d (%s) is done; the path pauses between hops (--pause-between-hops), hop %d/%d (%s) is next",
+					n, len(runs), hop.Label(), n+1, len(runs), runs[n].Label()),
+				Action: "check the cluster and its workloads, then kubectl ichor resume" + ns,
+			}
+		}
 	}
 
-	return r.finish(ctx, engCtx, rep, events, err)
+	return nil
 }
 
 // fence is the reporter's check before each write to the state, from what the elector
@@ -535,11 +581,12 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 	return &ExitError{Code: ExitPaused, Err: fmt.Errorf("paused: %w", pause)}
 }
 
-// engineOptions are the engine's options for an operation, run from node.
-func engineOptions(spec api.OperationSpec, node string) engine.Options {
+// engineOptions are the engine's options for one upgrade of an operation (the operation's
+// own, or a hop of its path), run from node.
+func engineOptions(spec api.OperationSpec, hop api.HopSpec, node string) engine.Options {
 	return engine.Options{
-		Kind:            engine.Kind(spec.Upgrade),
-		Target:          spec.Target,
+		Kind:            engine.Kind(hop.Upgrade),
+		Target:          hop.To,
 		Installers:      stages.InstallerFlags(spec.Installers),
 		MaxUnavailable:  spec.MaxUnavailable,
 		ManifestsForce:  spec.ManifestsForce,

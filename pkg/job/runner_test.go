@@ -442,7 +442,8 @@ func TestRunnerRefuses(t *testing.T) {
 
 func TestEngineOptionsCarryAllowEtcdOutage(t *testing.T) {
 	for _, allow := range []bool{false, true} {
-		opts := engineOptions(api.OperationSpec{Upgrade: api.UpgradeTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}, "cp-1")
+		spec := api.OperationSpec{Upgrade: api.UpgradeTalos, Target: "v1.13.9", MaxUnavailable: 1, AllowEtcdOutage: allow}
+		opts := engineOptions(spec, spec.Runs()[0], "cp-1")
 		if opts.AllowEtcdOutage != allow {
 			t.Fatalf("spec allowEtcdOutage %v: engine option %v", allow, opts.AllowEtcdOutage)
 		}

@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -45,7 +47,7 @@ func (o *ResumeOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	if op.Spec.Upgrade == api.UpgradeKubernetes {
+	if runsKubernetes(op.Spec) {
 		// The manifests as they are now (the target's, past the KubeProxy stage); without
 		// them the Job keeps the permissions it was given at launch.
 		if access, err := o.f.manifestAccess(ctx); err == nil {
@@ -149,6 +151,10 @@ func (o *AbortOptions) Run(ctx context.Context) error {
 		writef(o.Out, "Operation %s succeeded: it stays Succeeded; cleaned up what its end left\n", res.Operation)
 	default:
 		writef(o.Out, "Aborted operation %s (it was %s)\n", res.Operation, res.Was)
+
+		if len(res.Path) > 0 {
+			writef(o.Out, "  %s\n", hopsDone(res.Path, res.HopsDone))
+		}
 	}
 
 	for _, j := range res.Jobs {
@@ -199,4 +205,35 @@ func newAbortCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Comm
 		Args:  cobra.NoArgs,
 		RunE:  runCommand(f, o),
 	}
+}
+
+// runsKubernetes reports whether an operation runs a Kubernetes upgrade (its own, or a
+// hop of its path): the Job then needs access to the bootstrap manifests' objects.
+func runsKubernetes(spec api.OperationSpec) bool {
+	return slices.ContainsFunc(spec.Runs(), func(h api.HopSpec) bool { return h.Upgrade == api.UpgradeKubernetes })
+}
+
+// hopsDone says which of a path's hops were done, and which were not run.
+func hopsDone(path []api.HopSpec, done []api.HopStatus) string {
+	if len(done) == 0 {
+		return fmt.Sprintf("no hop of the path's %d was done", len(path))
+	}
+
+	var did, left []string
+
+	for i, h := range path {
+		label := fmt.Sprintf("%d/%d %s", i+1, len(path), h.Label())
+		if slices.ContainsFunc(done, func(d api.HopStatus) bool { return d.Number == i+1 }) {
+			did = append(did, label)
+		} else {
+			left = append(left, label)
+		}
+	}
+
+	out := fmt.Sprintf("hops done: %s", strings.Join(did, ", "))
+	if len(left) > 0 {
+		out += "; not done: " + strings.Join(left, ", ")
+	}
+
+	return out
 }

@@ -41,6 +41,10 @@ func (v view) frame() []string {
 	lines := []string{fmt.Sprintf("Operation %s: %s to %s  %s  %s%s", op.Spec.ID, kindTitle(op.Spec.Upgrade), op.Spec.Target,
 		s.Phase, duration(v.elapsed()), v.runner())}
 
+	if line := hopLine(op); line != "" {
+		lines = append(lines, line)
+	}
+
 	switch {
 	case s.StageIndex == 0 && !s.Phase.Finished():
 		lines = append(lines, fmt.Sprintf("  waiting for the runner (job %s)", s.Job))
@@ -228,11 +232,38 @@ func bar(done, total int) string {
 }
 
 func kindTitle(upgrade string) string {
-	if upgrade == api.UpgradeTalos {
+	switch upgrade {
+	case api.UpgradeTalos:
 		return "Talos"
+	case api.UpgradeCluster:
+		return "Path"
 	}
 
 	return "Kubernetes"
+}
+
+// hopLine says where a path is: the hop under way (or the last done, and the next), ""
+// for an operation that is not a path.
+func hopLine(op *api.Operation) string {
+	path := op.Spec.Runs()
+	if op.Spec.Upgrade != api.UpgradeCluster || len(path) == 0 {
+		return ""
+	}
+
+	done := len(op.Status.HopsDone())
+	n := max(op.Status.Hop, 1)
+	hop := path[min(n, len(path))-1]
+
+	switch {
+	case done == len(path):
+		return fmt.Sprintf("Hops %d/%d done", done, len(path))
+	case op.Status.NextHop() > n:
+		return fmt.Sprintf("Hop %d/%d %s done; next: hop %d/%d %s", n, len(path), hop.Label(), n+1, len(path), path[n].Label())
+	case op.Status.Hop == 0:
+		return fmt.Sprintf("Hop 1/%d %s (not started)", len(path), hop.Label())
+	}
+
+	return fmt.Sprintf("Hop %d/%d %s  (%d done)", n, len(path), hop.Label(), done)
 }
 
 // duration prints a duration as 1h02m03s, 4m05s or 6s.

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,10 +57,16 @@ type Operation struct {
 type OperationSpec struct {
 	// ID names the operation, e.g. kubernetes-v1-36-3-7kq2x.
 	ID string `json:"id"`
-	// Upgrade is UpgradeKubernetes or UpgradeTalos.
+	// Upgrade is UpgradeKubernetes, UpgradeTalos or UpgradeCluster (a path of hops).
 	Upgrade string `json:"upgrade"`
-	// Target is the version to reach, vX.Y.Z.
+	// Target is the version to reach, vX.Y.Z; for UpgradeCluster the targets asked
+	// for, in words ("talos v1.14.1, kubernetes v1.37.2").
 	Target string `json:"target"`
+	// Hops are the path's upgrades, run in this order (UpgradeCluster only).
+	Hops []HopSpec `json:"hops,omitempty"`
+	// PauseBetweenHops pauses the operation after every hop but the last
+	// (--pause-between-hops): `resume` goes on with the next.
+	PauseBetweenHops bool `json:"pauseBetweenHops,omitempty"`
 	// Installers are the operator's explicit Talos installers
 	// (--installer-image, --drop-extensions); a node without one gets the
 	// one chosen from what it runs.
@@ -84,6 +91,30 @@ type OperationSpec struct {
 	CreatedAt metav1.Time `json:"createdAt"`
 	// CreatedBy says which plugin launched it ("kubectl-ichor <version>").
 	CreatedBy string `json:"createdBy,omitempty"`
+}
+
+// HopSpec is one hop of a path as the operation runs it: an upgrade of one kind to
+// one version.
+type HopSpec struct {
+	// Upgrade is UpgradeKubernetes or UpgradeTalos.
+	Upgrade string `json:"upgrade"`
+	// To is the version the hop goes to, vX.Y.Z.
+	To string `json:"to"`
+	// Source says where To came from (SourceTarget, SourceVia, SourceRegistry).
+	Source string `json:"source,omitempty"`
+}
+
+// Label is the hop in words, "kubernetes v1.35.4".
+func (h HopSpec) Label() string { return h.Upgrade + " " + h.To }
+
+// Runs are the upgrades an operation runs, in order: its hops, or the one
+// upgrade of a plain operation.
+func (s OperationSpec) Runs() []HopSpec {
+	if s.Upgrade == UpgradeCluster {
+		return s.Hops
+	}
+
+	return []HopSpec{{Upgrade: s.Upgrade, To: s.Target, Source: SourceTarget}}
 }
 
 // Timeouts are the engine's bounds an operator may change with flags.
@@ -169,6 +200,12 @@ type OperationStatus struct {
 	Runner string `json:"runner,omitempty"`
 	// Runs counts the runner pods that took the lock for this operation.
 	Runs int `json:"runs,omitempty"`
+	// Hop is the number (from 1) of the path's hop under way, or to run next when
+	// the operation paused between hops (UpgradeCluster only).
+	Hop int `json:"hop,omitempty"`
+	// Hops record the path's hops started so far, in order: when each started and
+	// was done. The stage, nodes and steps above are the current hop's.
+	Hops []HopStatus `json:"hops,omitempty"`
 	// Nodes is every node's last known step, in the order the engine first reported them.
 	Nodes []NodeStatus `json:"nodes,omitempty"`
 	// Pauses are where and why the operation paused, oldest first (the last
@@ -192,6 +229,69 @@ type OperationStatus struct {
 	StartedAt  *metav1.Time `json:"startedAt,omitempty"`
 	UpdatedAt  *metav1.Time `json:"updatedAt,omitempty"`
 	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+}
+
+// HopStatus is one hop of a path that started.
+type HopStatus struct {
+	// Number numbers the hop from 1; Upgrade and To are its spec's.
+	Number  int    `json:"number"`
+	Upgrade string `json:"upgrade"`
+	To      string `json:"to"`
+	// Started is when its first runner began it; Done when it was done.
+	Started metav1.MicroTime  `json:"started"`
+	Done    *metav1.MicroTime `json:"done,omitempty"`
+	// Nodes counts the nodes it visited.
+	Nodes int `json:"nodes,omitempty"`
+}
+
+// HopsDone are the hops done, in order.
+func (s *OperationStatus) HopsDone() []HopStatus {
+	var out []HopStatus
+
+	for _, h := range s.Hops {
+		if h.Done != nil {
+			out = append(out, h)
+		}
+	}
+
+	return out
+}
+
+// NextHop is the number of the hop a runner begins with: the one the status is in
+// (the first when none), or the next when that one is done.
+func (s *OperationStatus) NextHop() int {
+	n := max(s.Hop, 1)
+	if slices.ContainsFunc(s.Hops, func(h HopStatus) bool { return h.Number == n && h.Done != nil }) {
+		return n + 1
+	}
+
+	return n
+}
+
+// StartHop records hop number (from 1) of spec as under way from now, once: a resumed
+// runner keeps its first start. The stage, nodes and steps of the hop before are
+// cleared (the hop records how many nodes it visited).
+func (s *OperationStatus) StartHop(spec OperationSpec, number int, now time.Time) {
+	s.Hop = number
+
+	if slices.ContainsFunc(s.Hops, func(h HopStatus) bool { return h.Number == number }) {
+		return
+	}
+
+	h := spec.Runs()[number-1]
+	s.Hops = append(s.Hops, HopStatus{Number: number, Upgrade: h.Upgrade, To: h.To, Started: metav1.NewMicroTime(now.UTC())})
+	s.Stage, s.StageIndex, s.StageCount, s.Step = "", 0, 0, ""
+	s.Nodes, s.Steps = nil, nil
+}
+
+// EndHop records hop number as done at now, with the nodes it visited.
+func (s *OperationStatus) EndHop(number int, now time.Time) {
+	for i := range s.Hops {
+		if h := &s.Hops[i]; h.Number == number && h.Done == nil {
+			at := metav1.NewMicroTime(now.UTC())
+			h.Done, h.Nodes = &at, len(s.Nodes)
+		}
+	}
 }
 
 // MaxPauses bounds OperationStatus.Pauses.
@@ -289,6 +389,8 @@ func (s *OperationStatus) EndRunner(now time.Time) {
 type PauseRecord struct {
 	// At is when it paused.
 	At metav1.Time `json:"at"`
+	// Hop is the path's hop it paused in (UpgradeCluster only).
+	Hop int `json:"hop,omitempty"`
 	// Stage and Node are where (Node empty for a stage's own step).
 	Stage string `json:"stage,omitempty"`
 	Node  string `json:"node,omitempty"`
@@ -298,7 +400,7 @@ type PauseRecord struct {
 
 // AddPause records a pause, keeping the last MaxPauses.
 func (s *OperationStatus) AddPause(stage, node, reason string, now time.Time) {
-	s.Pauses = append(s.Pauses, PauseRecord{At: metav1.NewTime(now.UTC().Truncate(time.Second)), Stage: stage, Node: node, Reason: reason})
+	s.Pauses = append(s.Pauses, PauseRecord{At: metav1.NewTime(now.UTC().Truncate(time.Second)), Hop: s.Hop, Stage: stage, Node: node, Reason: reason})
 	if len(s.Pauses) > MaxPauses {
 		s.Pauses = s.Pauses[len(s.Pauses)-MaxPauses:]
 	}

@@ -12,6 +12,9 @@ const (
 	UpgradeKubernetes = "kubernetes"
 	// UpgradeTalos moves the Talos OS of every node.
 	UpgradeTalos = "talos"
+	// UpgradeCluster is an operation that runs a path: Kubernetes and Talos upgrades
+	// (hops) one after another (an Operation's spec.upgrade; no Plan is of it).
+	UpgradeCluster = "cluster"
 )
 
 // Check results.
