@@ -351,7 +351,10 @@ func TestStageWorkFromTheStageTypes(t *testing.T) {
 // hop to come; until every kind still to come is measured it says what it waits for.
 func TestOfPath(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	at := func(s int) *metav1.MicroTime { m := metav1.NewMicroTime(t0.Add(time.Duration(s) * time.Second)); return &m }
+	at := func(s int) *metav1.MicroTime {
+		m := metav1.NewMicroTime(t0.Add(time.Duration(s) * time.Second))
+		return &m
+	}
 
 	op := &api.Operation{Spec: api.OperationSpec{Upgrade: api.UpgradeCluster, Hops: []api.HopSpec{
 		{Upgrade: api.UpgradeTalos, To: "v1.14.1"},
