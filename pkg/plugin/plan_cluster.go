@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,8 +15,11 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/releases"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // pathOptions are what the path commands (plan cluster, upgrade cluster) share: the
@@ -126,6 +130,9 @@ func (p *pathOptions) plan(ctx context.Context, o *planOptions, snap *discovery.
 		return &d, nil, nil
 	}
 
+	measured, err := o.measured(ctx)
+	estimatePath(&d, measured, err)
+
 	first, err := o.planHop(ctx, snap, kube, path.Hops[0])
 	if err != nil {
 		return nil, nil, fmt.Errorf("hop 1 (%s %s): %w", path.Hops[0].Kind, path.Hops[0].To, err)
@@ -141,6 +148,69 @@ func (p *pathOptions) plan(ctx context.Context, o *planOptions, snap *discovery.
 	}
 
 	return &d, nil, nil
+}
+
+// measured are the upgrades of the namespace's ended operations (its history, and the
+// state when its operation ended), and an error when they could not be read.
+func (o *planOptions) measured(ctx context.Context) (progress.Measured, error) {
+	store := &job.Store{Client: o.clients.Kube.CoreV1(), Namespace: o.f.flags.namespace()}
+
+	records, err := store.History(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	var ops []*api.Operation
+
+	for _, r := range records {
+		ops = append(ops, r.Operation)
+	}
+
+	if op, _, err := store.Get(ctx); err == nil && op.Status.Phase.Finished() &&
+		!slices.ContainsFunc(ops, func(h *api.Operation) bool { return h.Spec.ID == op.Spec.ID }) {
+		ops = append(ops, op)
+	}
+
+	return progress.MeasuredFrom(ops), nil
+}
+
+// estimatePath gives each hop of doc the median time of the upgrades of its kind the
+// cluster's history measured, and the path their sum when every hop has one.
+func estimatePath(doc *api.UpgradePath, m progress.Measured, err error) {
+	if err != nil {
+		doc.EstimateBasis = "no estimate: the history could not be read (" + text.OneLine(err.Error()) + ")"
+
+		return
+	}
+
+	var (
+		total time.Duration
+		kinds []string
+		all   = true
+	)
+
+	for i := range doc.Hops {
+		h := &doc.Hops[i]
+		kinds = append(kinds, h.Upgrade)
+
+		d, _, ok := m.Estimate(h.Upgrade)
+		if !ok {
+			all = false
+
+			continue
+		}
+
+		secs := int64(d.Round(time.Second).Seconds())
+		h.EstimateSeconds = &secs
+		total += d
+	}
+
+	if all {
+		secs := int64(total.Round(time.Second).Seconds())
+		doc.EstimateSeconds = &secs
+	}
+
+	doc.EstimateBasis = m.Basis(kinds)
 }
 
 // PlanClusterOptions are the options of `kubectl ichor plan cluster`: the upgrade path
