@@ -636,7 +636,7 @@ func engineOptions(spec api.OperationSpec, hop api.HopSpec, node string) engine.
 	return engine.Options{
 		Kind:            engine.Kind(hop.Upgrade),
 		Target:          hop.To,
-		Installers:      stages.InstallerFlags(spec.Installers),
+		Installers:      stages.InstallerFlags(hop.Installers),
 		MaxUnavailable:  spec.MaxUnavailable,
 		ManifestsForce:  spec.ManifestsForce,
 		Self:            node,

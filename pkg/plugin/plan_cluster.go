@@ -34,6 +34,10 @@ type pathOptions struct {
 	// RegistryTimeout is --registry-timeout: how long one repository's tag listing may
 	// take when an intermediate Kubernetes release is looked up.
 	RegistryTimeout time.Duration
+	// installerOptions are --installer-image and --drop-extensions, for the path's
+	// Talos hops (tagged with --talos; an earlier Talos hop takes the same repository
+	// with its own tag).
+	installerOptions
 
 	targets compat.Targets
 	via     []compat.Version
@@ -45,6 +49,7 @@ func (p *pathOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringSliceVar(&p.Via, "via", nil,
 		"Releases of the minors the path goes through, e.g. v1.35.4,v1.36.3 (default: the newest patch of each tagged in the nodes' own image repositories)")
 	cmd.Flags().DurationVar(&p.RegistryTimeout, "registry-timeout", releases.DefaultTimeout, "How long one image repository's tag listing may take")
+	p.addInstallerFlags(cmd.Flags())
 }
 
 // complete parses the targets and --via.
@@ -82,7 +87,26 @@ func (p *pathOptions) complete() error {
 		p.via = append(p.via, v)
 	}
 
-	return nil
+	if len(p.InstallerImages) == 0 && len(p.DropExtensions) == 0 {
+		return nil
+	}
+
+	if p.targets.Talos == nil {
+		return errors.New("--installer-image and --drop-extensions are for the path's Talos hops: pass --talos too")
+	}
+
+	talos, err := stages.ParseVersion(p.targets.Talos.String())
+	if err != nil {
+		return err
+	}
+
+	return p.validateInstallers(talos)
+}
+
+// hopInstallers are the operator's installers for a Talos hop to to: --installer-image
+// retagged (none when none was given).
+func (p *pathOptions) hopInstallers(to stages.Version) (stages.InstallerFlags, error) {
+	return p.installers.Retag(to)
 }
 
 func (p *pathOptions) validate() error {
@@ -133,7 +157,7 @@ func (p *pathOptions) plan(ctx context.Context, o *planOptions, snap *discovery.
 	measured, err := o.measured(ctx)
 	estimatePath(&d, measured, err)
 
-	first, err := o.planHop(ctx, snap, kube, path.Hops[0])
+	first, err := o.planHop(ctx, snap, kube, path.Hops[0], p.hopInstallers)
 	if err != nil {
 		return nil, nil, fmt.Errorf("hop 1 (%s %s): %w", path.Hops[0].Kind, path.Hops[0].To, err)
 	}
@@ -271,7 +295,9 @@ func (o *PlanClusterOptions) Run(ctx context.Context) error {
 
 // planHop plans hop h from the cluster as it is, with the checks of its kind: the
 // first hop of a path (the next ones start from a cluster that does not exist yet).
-func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop) (*api.Plan, error) {
+func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop,
+	installersFor func(stages.Version) (stages.InstallerFlags, error),
+) (*api.Plan, error) {
 	target, err := stages.ParseVersion(h.To.String())
 	if err != nil {
 		return nil, err
@@ -286,7 +312,7 @@ func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kub
 	)
 
 	if h.Kind == api.UpgradeTalos {
-		installers, err := stages.ParseInstallerFlags(nil, nil, target)
+		installers, err := installersFor(target)
 		if err != nil {
 			return nil, err
 		}
