@@ -237,6 +237,33 @@ func estimatePath(doc *api.UpgradePath, m progress.Measured, err error) {
 	doc.EstimateBasis = m.Basis(kinds)
 }
 
+// show discovers the cluster as o reads it, plans the path and its first hop, prints
+// them as o.Output asks, and returns the path and the cluster's name; a refused path is
+// the error (after it was printed).
+func (p *pathOptions) show(ctx context.Context, o *planOptions) (*api.UpgradePath, string, error) {
+	p.reads(o)
+
+	snap, kube, err := o.discover(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+
+	doc, refused, err := p.plan(ctx, o, snap, kube)
+	if err != nil {
+		return nil, "", err
+	}
+
+	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
+		return nil, "", err
+	}
+
+	if refused != nil {
+		return nil, "", refused
+	}
+
+	return doc, kube.cluster, nil
+}
+
 // PlanClusterOptions are the options of `kubectl ichor plan cluster`: the upgrade path
 // from what the cluster runs to a Talos and/or a Kubernetes target.
 type PlanClusterOptions struct {
@@ -274,23 +301,9 @@ func (o *PlanClusterOptions) Validate() error {
 func (o *PlanClusterOptions) Run(ctx context.Context) error {
 	defer o.printStats()
 
-	o.reads(&o.planOptions)
+	_, _, err := o.show(ctx, &o.planOptions)
 
-	snap, kube, err := o.discover(ctx)
-	if err != nil {
-		return err
-	}
-
-	doc, refused, err := o.pathOptions.plan(ctx, &o.planOptions, snap, kube)
-	if err != nil {
-		return err
-	}
-
-	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
-		return err
-	}
-
-	return refused
+	return err
 }
 
 // planHop plans hop h from the cluster as it is, with the checks of its kind: the

@@ -51,24 +51,9 @@ func (o *UpgradeClusterOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	o.reads(&o.planOptions)
-
-	snap, kube, err := o.discover(ctx)
+	doc, cluster, err := o.show(ctx, &o.planOptions)
 	if err != nil {
 		return err
-	}
-
-	doc, refused, err := o.pathOptions.plan(ctx, &o.planOptions, snap, kube)
-	if err != nil {
-		return err
-	}
-
-	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
-		return err
-	}
-
-	if refused != nil {
-		return refused
 	}
 
 	if len(doc.Hops) == 0 {
@@ -77,7 +62,7 @@ func (o *UpgradeClusterOptions) Run(ctx context.Context) error {
 		return nil
 	}
 
-	l, err := pathLaunch(doc, kube.cluster, o.hopInstallers)
+	l, err := pathLaunch(doc, cluster, o.hopInstallers)
 	if err != nil {
 		return err
 	}
