@@ -203,8 +203,9 @@ type OperationStatus struct {
 	Runner string `json:"runner,omitempty"`
 	// Runs counts the runner pods that took the lock for this operation.
 	Runs int `json:"runs,omitempty"`
-	// Hop is the number (from 1) of the path's hop under way, or to run next when
-	// the operation paused between hops (UpgradeCluster only).
+	// Hop is the number (from 1) of the path's hop under way, or of the last one done
+	// while the path waits between hops (NextHop is the one to run next; UpgradeCluster
+	// only).
 	Hop int `json:"hop,omitempty"`
 	// Hops record the path's hops started so far, in order: when each started and
 	// was done. The stage, nodes and steps above are the current hop's.
