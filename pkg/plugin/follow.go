@@ -379,7 +379,7 @@ func (f *follower) run(ctx context.Context) error {
 		tick  int
 	)
 
-	plan, err := storedPlan(ctx, f.ctl)
+	stored, err := storedPlan(ctx, f.ctl)
 	if err != nil {
 		return err
 	}
@@ -396,7 +396,7 @@ func (f *follower) run(ctx context.Context) error {
 			return err
 		}
 
-		cur := view{op: op, plan: plan, now: f.now()}
+		cur := view{op: op, plan: stored.planOf(op), now: f.now()}
 
 		if err != nil {
 			// The API may be away a moment (an apiserver restarting): keep looking.

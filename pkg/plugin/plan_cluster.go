@@ -18,11 +18,9 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
-// PlanClusterOptions are the options of `kubectl ichor plan cluster`: the upgrade path
-// from what the cluster runs to a Talos and/or a Kubernetes target.
-type PlanClusterOptions struct {
-	planOptions
-
+// pathOptions are what the path commands (plan cluster, upgrade cluster) share: the
+// targets, the intermediate releases, and how the path is planned.
+type pathOptions struct {
 	// Talos is --talos, the Talos target ("" leaves Talos as it runs).
 	Talos string
 	// Kubernetes is --kubernetes, the Kubernetes target ("" leaves it as it runs).
@@ -37,18 +35,26 @@ type PlanClusterOptions struct {
 	via     []compat.Version
 }
 
-// Complete fills the options from the command line.
-func (o *PlanClusterOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
-	o.use(f)
+func (p *pathOptions) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&p.Talos, "talos", "", "The Talos version to reach, vA.B.C (leave out to keep Talos as it runs)")
+	cmd.Flags().StringVar(&p.Kubernetes, "kubernetes", "", "The Kubernetes version to reach, vX.Y.Z (leave out to keep Kubernetes as it runs)")
+	cmd.Flags().StringSliceVar(&p.Via, "via", nil,
+		"Releases of the minors the path goes through, e.g. v1.35.4,v1.36.3 (default: the newest patch of each tagged in the nodes' own image repositories)")
+	cmd.Flags().DurationVar(&p.RegistryTimeout, "registry-timeout", releases.DefaultTimeout, "How long one image repository's tag listing may take")
+}
 
-	if o.Talos == "" && o.Kubernetes == "" {
+// complete parses the targets and --via.
+func (p *pathOptions) complete() error {
+	if p.Talos == "" && p.Kubernetes == "" {
 		return errors.New("pass --talos, --kubernetes or both: the versions the path goes to, e.g. --talos v1.14.1 --kubernetes v1.37.2")
 	}
+
+	p.targets = compat.Targets{}
 
 	for _, t := range []struct {
 		flag, value string
 		into        **compat.Version
-	}{{"--talos", o.Talos, &o.targets.Talos}, {"--kubernetes", o.Kubernetes, &o.targets.Kubernetes}} {
+	}{{"--talos", p.Talos, &p.targets.Talos}, {"--kubernetes", p.Kubernetes, &p.targets.Kubernetes}} {
 		if t.value == "" {
 			continue
 		}
@@ -61,18 +67,94 @@ func (o *PlanClusterOptions) Complete(f *factory, _ *cobra.Command, _ []string) 
 		*t.into = &v
 	}
 
-	o.via = nil
+	p.via = nil
 
-	for _, s := range o.Via {
+	for _, s := range p.Via {
 		v, err := compat.ParseVersion(s)
 		if err != nil {
 			return fmt.Errorf("--via %q: %w: pass releases vX.Y.Z, comma-separated", s, err)
 		}
 
-		o.via = append(o.via, v)
+		p.via = append(p.via, v)
 	}
 
 	return nil
+}
+
+func (p *pathOptions) validate() error {
+	if p.RegistryTimeout <= 0 {
+		return fmt.Errorf("--registry-timeout %s: pass a duration above 0, e.g. 30s", p.RegistryTimeout)
+	}
+
+	return nil
+}
+
+// reads makes o read what a Talos hop's plan and checks read, when a Talos hop may come.
+func (p *pathOptions) reads(o *planOptions) {
+	if p.targets.Talos != nil {
+		o.installed, o.staged, o.readEtcd = true, true, true
+	}
+}
+
+// plan plans the path from the cluster o discovered, and its first hop as `plan
+// kubernetes` or `plan talos` would from the cluster as it is. It returns the path
+// document, and refused: the path's refusal or its first hop's (an *exitError with
+// ExitRefused), nil when the path can run; err is an error that left no document.
+func (p *pathOptions) plan(ctx context.Context, o *planOptions, snap *discovery.Snapshot, kube *kubeTarget) (doc *api.UpgradePath, refused, err error) {
+	req := compat.Request{Nodes: compat.FromSnapshot(snap), Targets: p.targets, Via: p.via}
+	planner := compat.Planner{Kubernetes: releases.Registry{Repositories: releases.KubernetesRepositories(snap), Timeout: p.RegistryTimeout}}
+
+	path, planErr := planner.Plan(ctx, req)
+	if planErr != nil && ctx.Err() != nil {
+		return nil, nil, planErr
+	}
+
+	d := compat.Document(req, path, planErr)
+
+	if planErr != nil {
+		msg := planErr.Error()
+
+		var r *compat.Refusal
+		if errors.As(planErr, &r) && r.Action != "" {
+			msg = r.Reason + ": " + r.Action
+		}
+
+		return &d, &exitError{code: ExitRefused, err: fmt.Errorf("path refused: %s", msg)}, nil
+	}
+
+	if len(path.Hops) == 0 {
+		return &d, nil, nil
+	}
+
+	first, err := o.planHop(ctx, snap, kube, path.Hops[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("hop 1 (%s %s): %w", path.Hops[0].Kind, path.Hops[0].To, err)
+	}
+
+	d.Hops[0].Plan = first
+	d.Runnable = d.Runnable && first.Runnable
+
+	if !d.Runnable {
+		if err := refusal(first); err != nil {
+			return &d, &exitError{code: ExitRefused, err: fmt.Errorf("hop 1: %w", err)}, nil
+		}
+	}
+
+	return &d, nil, nil
+}
+
+// PlanClusterOptions are the options of `kubectl ichor plan cluster`: the upgrade path
+// from what the cluster runs to a Talos and/or a Kubernetes target.
+type PlanClusterOptions struct {
+	planOptions
+	pathOptions
+}
+
+// Complete fills the options from the command line.
+func (o *PlanClusterOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
+	o.use(f)
+
+	return o.pathOptions.complete()
 }
 
 // Validate checks the options.
@@ -81,8 +163,8 @@ func (o *PlanClusterOptions) Validate() error {
 		return fmt.Errorf("--max-unavailable %d: pass 1 or more", o.MaxUnavailable)
 	}
 
-	if o.RegistryTimeout <= 0 {
-		return fmt.Errorf("--registry-timeout %s: pass a duration above 0, e.g. 30s", o.RegistryTimeout)
+	if err := o.pathOptions.validate(); err != nil {
+		return err
 	}
 
 	switch o.Output {
@@ -94,70 +176,32 @@ func (o *PlanClusterOptions) Validate() error {
 	return nil
 }
 
-// Run discovers the cluster, plans the path, plans its first hop as `plan kubernetes` or
-// `plan talos` would from the cluster as it is, and prints the path.
+// Run discovers the cluster, plans the path and its first hop, and prints the path.
 func (o *PlanClusterOptions) Run(ctx context.Context) error {
 	defer o.printStats()
 
-	if o.targets.Talos != nil {
-		// A Talos hop may come first: read what its plan and checks read.
-		o.installed, o.staged, o.readEtcd = true, true, true
-	}
+	o.reads(&o.planOptions)
 
 	snap, kube, err := o.discover(ctx)
 	if err != nil {
 		return err
 	}
 
-	req := compat.Request{Nodes: compat.FromSnapshot(snap), Targets: o.targets, Via: o.via}
-	planner := compat.Planner{Kubernetes: releases.Registry{Repositories: releases.KubernetesRepositories(snap), Timeout: o.RegistryTimeout}}
-
-	path, planErr := planner.Plan(ctx, req)
-	if planErr != nil && ctx.Err() != nil {
-		return planErr
-	}
-
-	doc := compat.Document(req, path, planErr)
-
-	if planErr == nil && len(path.Hops) > 0 {
-		first, err := o.planHop(ctx, snap, kube, path.Hops[0])
-		if err != nil {
-			return fmt.Errorf("hop 1 (%s %s): %w", path.Hops[0].Kind, path.Hops[0].To, err)
-		}
-
-		doc.Hops[0].Plan = first
-		doc.Runnable = doc.Runnable && first.Runnable
-	}
-
-	if err := printPath(o.Out, o.Output, kube.cluster, &doc); err != nil {
+	doc, refused, err := o.pathOptions.plan(ctx, &o.planOptions, snap, kube)
+	if err != nil {
 		return err
 	}
 
-	if planErr != nil {
-		msg := planErr.Error()
-
-		var r *compat.Refusal
-		if errors.As(planErr, &r) && r.Action != "" {
-			msg = r.Reason + ": " + r.Action
-		}
-
-		return &exitError{code: ExitRefused, err: fmt.Errorf("path refused: %s", msg)}
+	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
+		return err
 	}
 
-	if doc.Runnable {
-		return nil
-	}
-
-	if err := refusal(doc.Hops[0].Plan); err != nil {
-		return &exitError{code: ExitRefused, err: fmt.Errorf("hop 1: %w", err)}
-	}
-
-	return nil
+	return refused
 }
 
 // planHop plans hop h from the cluster as it is, with the checks of its kind: the
 // first hop of a path (the next ones start from a cluster that does not exist yet).
-func (o *PlanClusterOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop) (*api.Plan, error) {
+func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop) (*api.Plan, error) {
 	target, err := stages.ParseVersion(h.To.String())
 	if err != nil {
 		return nil, err
@@ -223,11 +267,7 @@ func newPlanClusterCommand(streams genericiooptions.IOStreams, f *factory) *cobr
 		RunE: runCommand(f, o),
 	}
 
-	cmd.Flags().StringVar(&o.Talos, "talos", "", "The Talos version to reach, vA.B.C (leave out to keep Talos as it runs)")
-	cmd.Flags().StringVar(&o.Kubernetes, "kubernetes", "", "The Kubernetes version to reach, vX.Y.Z (leave out to keep Kubernetes as it runs)")
-	cmd.Flags().StringSliceVar(&o.Via, "via", nil,
-		"Releases of the minors the path goes through, e.g. v1.35.4,v1.36.3 (default: the newest patch of each tagged in the nodes' own image repositories)")
-	cmd.Flags().DurationVar(&o.RegistryTimeout, "registry-timeout", releases.DefaultTimeout, "How long one image repository's tag listing may take")
+	o.pathOptions.addFlags(cmd)
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "Output format: json or yaml prints the versioned UpgradePath document")
 	cmd.Flags().IntVar(&o.MaxUnavailable, "max-unavailable", 1, "How many workers are upgraded at once")
 	cmd.Flags().BoolVar(&o.RequestStats, "request-stats", false, "Print the number of Kubernetes requests and Talos calls made on stderr")

@@ -80,16 +80,19 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 			return err
 		}
 
-		if plan, err = storedPlan(ctx, ctl); err != nil {
+		stored, err := storedPlan(ctx, ctl)
+		if err != nil {
 			return err
 		}
+
+		plan = stored.planOf(op)
 	} else {
 		rec, err := ctl.Store().Find(ctx, o.Operation)
 		if err != nil {
 			return err
 		}
 
-		op, plan = rec.Operation, decodePlan(rec.Plan)
+		op, plan = rec.Operation, decodePlan(rec.Plan).planOf(rec.Operation)
 	}
 
 	doc := statusDocument{Operation: op, Progress: progress.Of(op, plan, o.f.deps.job.now())}
@@ -151,10 +154,32 @@ type statusDocument struct {
 	Progress progress.Progress `json:"progress"`
 }
 
-// storedPlan is the plan the operation was confirmed with, nil when the
-// state holds none or cannot be read a moment; a plan the state holds but
-// that cannot be unpacked is the state's *job.CorruptStateError.
-func storedPlan(ctx context.Context, ctl *job.Control) (*api.Plan, error) {
+// confirmed is what an operation was confirmed with, as its state keeps it: the Plan
+// of a plain operation, or the UpgradePath of a path (whose first hop alone has a plan).
+type confirmed struct {
+	plan *api.Plan
+	path *api.UpgradePath
+}
+
+// planOf is the plan of the upgrade op is in: the operation's, or its path's first hop's
+// while that hop runs; nil when none is known (a later hop is planned by its runner).
+func (c *confirmed) planOf(op *api.Operation) *api.Plan {
+	switch {
+	case c == nil:
+		return nil
+	case c.path == nil:
+		return c.plan
+	case op == nil || len(c.path.Hops) == 0 || op.Status.NextHop() > 1:
+		return nil
+	}
+
+	return c.path.Hops[0].Plan
+}
+
+// storedPlan is what the operation was confirmed with, nil when the state holds none or
+// cannot be read a moment; a plan the state holds but that cannot be unpacked is the
+// state's *job.CorruptStateError.
+func storedPlan(ctx context.Context, ctl *job.Control) (*confirmed, error) {
 	raw, err := ctl.Store().Plan(ctx)
 
 	var corrupt *job.CorruptStateError
@@ -169,9 +194,26 @@ func storedPlan(ctx context.Context, ctl *job.Control) (*api.Plan, error) {
 	return decodePlan(raw), nil
 }
 
-func decodePlan(raw []byte) *api.Plan {
+func decodePlan(raw []byte) *confirmed {
 	if len(raw) == 0 {
 		return nil
+	}
+
+	var kind struct {
+		Kind string `json:"kind"`
+	}
+
+	if json.Unmarshal(raw, &kind) != nil {
+		return nil
+	}
+
+	if kind.Kind == api.KindUpgradePath {
+		var p api.UpgradePath
+		if json.Unmarshal(raw, &p) != nil {
+			return nil
+		}
+
+		return &confirmed{path: &p}
 	}
 
 	var p api.Plan
@@ -179,7 +221,7 @@ func decodePlan(raw []byte) *api.Plan {
 		return nil
 	}
 
-	return &p
+	return &confirmed{plan: &p}
 }
 
 func newStatusCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {

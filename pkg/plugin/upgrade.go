@@ -34,7 +34,7 @@ func newUpgradeCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Co
 		Args:  cobra.NoArgs,
 	}
 
-	cmd.AddCommand(newUpgradeKubernetesCommand(streams, f), newUpgradeTalosCommand(streams, f))
+	cmd.AddCommand(newUpgradeKubernetesCommand(streams, f), newUpgradeTalosCommand(streams, f), newUpgradeClusterCommand(streams, f))
 
 	return cmd
 }
@@ -57,6 +57,8 @@ type upgradeOptions struct {
 	PullTimeout time.Duration
 	// PullConcurrency is --pull-concurrency: how many nodes pre-pull at once.
 	PullConcurrency int
+	// PauseBetweenHops is --pause-between-hops (upgrade cluster).
+	PauseBetweenHops bool
 
 	// beforeLaunch, when set, runs once the upgrade is confirmed, before anything
 	// is created in the cluster; an error stops the launch.
@@ -135,11 +137,56 @@ func (o *upgradeOptions) plan(ctx context.Context, ctl *job.Control, makePlan fu
 	return plan, nil
 }
 
-// launch confirms, launches the operation and follows it (unless --detach).
-func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api.Plan, kind engine.Kind, installers stages.InstallerFlags) error {
-	access := job.ManifestAccess{}
+// launching is what an upgrade command launches once its plan was printed.
+type launching struct {
+	// upgrade, target and hops are the operation's spec (api.OperationSpec).
+	upgrade, target string
+	hops            []api.HopSpec
+	installers      stages.InstallerFlags
+	// document is what the operator confirmed (the Plan, or the UpgradePath), kept in
+	// the state.
+	document any
+	// question is what the confirmation asks, without its end.
+	question string
+}
 
-	if kind == engine.KindKubernetes {
+// launchPlan is the launch of a plain upgrade of plan's kind and target. The Job needs
+// the stages, not the drain preview (its size grows with the cluster's pods; the runner
+// drains by the same rules anyway).
+func (o *upgradeOptions) launchPlan(plan *api.Plan, installers stages.InstallerFlags) launching {
+	forJob := *plan
+	forJob.Drains = nil
+
+	return launching{
+		upgrade: plan.Upgrade, target: o.target.String(), installers: installers, document: &forJob,
+		question: fmt.Sprintf("Upgrade %s of cluster %q to %s", kindTitle(plan.Upgrade), confirmName(plan.Cluster), plan.Target),
+	}
+}
+
+// confirmName is how the confirmation names a cluster.
+func confirmName(c api.Cluster) string {
+	if c.Name != "" {
+		return c.Name
+	}
+
+	return c.Endpoint
+}
+
+// id is a new operation ID: its kind and target; a path's is named by its last hop.
+func (l launching) id() string {
+	if n := len(l.hops); n > 0 {
+		return job.NewOperationID("path", l.hops[n-1].To)
+	}
+
+	return job.NewOperationID(l.upgrade, l.target)
+}
+
+// launch confirms, launches the operation and follows it (unless --detach).
+func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, l launching) error {
+	access := job.ManifestAccess{}
+	spec := api.OperationSpec{Upgrade: l.upgrade, Target: l.target, Hops: l.hops}
+
+	if runsKubernetes(spec) {
 		var err error
 		if access, err = o.f.manifestAccess(ctx); err != nil {
 			return fmt.Errorf("read the bootstrap manifests through Talos (the Job may re-apply exactly their objects): %w: "+
@@ -154,7 +201,7 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 	ctl.Access = &access
 
 	if !o.Yes {
-		if err := o.confirm(ctx, plan, ctl.Namespace); err != nil {
+		if err := o.confirm(ctx, l.question, ctl.Namespace); err != nil {
 			return err
 		}
 	}
@@ -179,27 +226,24 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 			"it is deleted when the operation ends\n", ctl.Namespace, job.LocalTalosconfigName)
 	}
 
-	// The Job needs the stages, not the drain preview (its size grows with
-	// the cluster's pods; the runner drains by the same rules anyway).
-	forJob := *plan
-	forJob.Drains = nil
-
-	planJSON, err := json.Marshal(&forJob)
+	planJSON, err := json.Marshal(l.document)
 	if err != nil {
 		return fmt.Errorf("encode plan: %w", err)
 	}
 
-	spec := api.OperationSpec{
-		ID:              job.NewOperationID(string(kind), o.target.String()),
-		Upgrade:         string(kind),
-		Target:          o.target.String(),
-		Installers:      api.Installers(installers),
-		MaxUnavailable:  o.MaxUnavailable,
-		PullConcurrency: o.PullConcurrency,
-		AllowEtcdOutage: o.AllowEtcdOutage,
-		ManifestsForce:  o.ManifestsForce,
-		Image:           o.JobImage,
-		Credentials:     creds,
+	spec = api.OperationSpec{
+		ID:               l.id(),
+		Upgrade:          l.upgrade,
+		Target:           l.target,
+		Hops:             l.hops,
+		PauseBetweenHops: o.PauseBetweenHops,
+		Installers:       api.Installers(l.installers),
+		MaxUnavailable:   o.MaxUnavailable,
+		PullConcurrency:  o.PullConcurrency,
+		AllowEtcdOutage:  o.AllowEtcdOutage,
+		ManifestsForce:   o.ManifestsForce,
+		Image:            o.JobImage,
+		Credentials:      creds,
 		Timeouts: api.Timeouts{
 			Apply: api.NewTimeout(o.ApplyTimeout), Verify: api.NewTimeout(o.VerifyTimeout), Drain: api.NewTimeout(o.DrainTimeout),
 			Upgrade: api.NewTimeout(o.UpgradeTimeout), Reboot: api.NewTimeout(o.RebootTimeout), Pull: api.NewTimeout(o.PullTimeout),
@@ -236,17 +280,12 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, plan *api
 }
 
 // confirm asks on the terminal; without one it refuses (--yes). Ctrl-C (ctx) is a no.
-func (o *upgradeOptions) confirm(ctx context.Context, plan *api.Plan, namespace string) error {
+func (o *upgradeOptions) confirm(ctx context.Context, question, namespace string) error {
 	if !o.f.deps.job.terminal(o.In) {
 		return errors.New("no terminal to confirm on: pass --yes to upgrade without confirmation")
 	}
 
-	name := plan.Cluster.Name
-	if name == "" {
-		name = plan.Cluster.Endpoint
-	}
-
-	writef(o.Out, "\nUpgrade %s of cluster %q to %s, run by a Job in namespace %s? [y/N]: ", kindTitle(plan.Upgrade), name, plan.Target, namespace)
+	writef(o.Out, "\n%s, run by a Job in namespace %s? [y/N]: ", question, namespace)
 
 	answers := make(chan string, 1)
 
@@ -332,7 +371,7 @@ func (o *UpgradeKubernetesOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	return o.launch(ctx, ctl, plan, engine.KindKubernetes, stages.InstallerFlags{})
+	return o.launch(ctx, ctl, o.launchPlan(plan, stages.InstallerFlags{}))
 }
 
 func newUpgradeKubernetesCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
@@ -441,7 +480,7 @@ func (o *UpgradeTalosOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	return o.launch(ctx, ctl, plan, engine.KindTalos, o.installers)
+	return o.launch(ctx, ctl, o.launchPlan(plan, o.installers))
 }
 
 func newUpgradeTalosCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {
