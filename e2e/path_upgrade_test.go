@@ -246,13 +246,22 @@ func TestPathUpgradePauseBetweenHops(t *testing.T) {
 
 		require.Equal(t, api.PhasePaused, op.Status.Phase)
 		assert.Equal(t, launched.Spec.ID, op.Spec.ID, "one operation")
+		// status.hop is documented (pkg/api) as the hop to run next while paused between
+		// hops; NextHop, which the runner starts from, says the same either way.
 		assert.Equal(t, done+1, op.Status.Hop, "the next hop is the one to run")
+		assert.Equal(t, done+1, op.Status.NextHop(), "a resume runs the next hop")
 		assert.Contains(t, op.Status.Reason, fmt.Sprintf("hop %d/%d (%s %s) is done", done, len(want), hop.upgrade, hop.to), "the reason names the hop done")
 		assert.Contains(t, op.Status.Reason, fmt.Sprintf("hop %d/%d (%s %s) is next", done+1, len(want), want[done].upgrade, want[done].to))
 		assert.Empty(t, op.Status.PausedNode, "a pause between hops is no node's")
 		require.Len(t, op.Status.Hops, done, "the hops started so far")
 		assert.NotNil(t, op.Status.Hops[done-1].Done, "hop %d done", done)
 		requireNothingCordoned(t, c)
+
+		r = c.ichor(t, time.Minute, "status")
+		r.requireExit(t, 0)
+		assert.Contains(t, r.stdout, fmt.Sprintf("Hop %d/%d %s %s done; next: hop %d/%d %s %s",
+			done, len(want), hop.upgrade, hop.to, done+1, len(want), want[done].upgrade, want[done].to))
+
 		t.Logf("paused after hop %d/%d (%s %s): %s", done, len(want), hop.upgrade, hop.to, op.Status.Reason)
 
 		r = c.ichor(t, 3*time.Minute, "resume", "--detach")
@@ -421,7 +430,7 @@ func requireHopsInRecord(t *testing.T, evs []events.Event, op *api.Operation, ma
 		return replay(evs[:i])
 	}
 
-	at := func(n *nodeRun, upgrade, to string) (all, any bool) {
+	at := func(n *nodeRun, upgrade, to string) (all, some bool) {
 		if n == nil {
 			return false, false
 		}
@@ -433,10 +442,10 @@ func requireHopsInRecord(t *testing.T, evs []events.Event, op *api.Operation, ma
 		all = len(n.kube) > 0
 		for _, v := range n.kube {
 			all = all && v == to
-			any = any || v == to
+			some = some || v == to
 		}
 
-		return all, any
+		return all, some
 	}
 
 	for _, h := range op.Status.Hops {
