@@ -89,7 +89,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		return fmt.Errorf("unknown upgrade kind %q: want %q or %q", opts.Kind, KindKubernetes, KindTalos)
 	}
 
-	if err != nil {
+	if err != nil || opts.PullOnly {
 		return err
 	}
 
@@ -200,6 +200,11 @@ type Options struct {
 	// reboots (or restarts the kubelet of) its own node and the Job's next pod
 	// continues from the state.
 	StayOnNode bool
+	// PullOnly pre-pulls what the upgrade needs on the nodes that would take it, every
+	// stage's images (a Talos upgrade's installers), and changes nothing: no check,
+	// cordon, drain or apply. A path runs it for each of its hops before its first
+	// change, so that an image missing anywhere on the path stops it with nothing done.
+	PullOnly bool
 
 	// Bounds. Zero values take the defaults below.
 	ApplyTimeout   time.Duration // one ApplyConfiguration call (a control-plane apply blocks while static pods restart)

@@ -115,7 +115,18 @@ func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *d
 
 	var nodes []nodePulls
 
+	if r.pulled == nil {
+		r.pulled = map[string]bool{}
+	}
+
 	add := func(n discovery.Node, p pull) {
+		key := n.Name + " " + p.ref
+		if r.pulled[key] {
+			return
+		}
+
+		r.pulled[key] = true
+
 		i, seen := index[n.Name]
 		if !seen {
 			i = len(nodes)
@@ -149,6 +160,10 @@ func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *d
 				add(n, pull{ref: proxyImage, ns: talos.NamespaceCRI})
 			}
 		}
+	}
+
+	if len(nodes) == 0 {
+		return nil
 	}
 
 	r.e.stepTime(stage, StepPrePull, StepTiming{})

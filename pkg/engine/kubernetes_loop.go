@@ -38,6 +38,9 @@ type kubeRun struct {
 	// joined, and joins how often each did (see runJoined).
 	restarts int
 	joins    map[string]int
+	// pulled are the images this run pulled, "node ref": a later stage does not pull
+	// them again (with PullOnly every stage's render holds the earlier stages' images).
+	pulled map[string]bool
 }
 
 // stageNode is a node a stage visits, as read at the stage's start.
@@ -83,6 +86,10 @@ func (e *Engine) runKubernetes(ctx context.Context, opts Options) error {
 		if err := r.runStage(ctx, i+1, len(all), s); err != nil {
 			return err
 		}
+	}
+
+	if opts.PullOnly {
+		return nil
 	}
 
 	return e.leftBehind(ctx, all[len(all)-1].Name(), target, kubeletBehind(target),
@@ -197,6 +204,14 @@ func (r *kubeRun) runNodes(ctx context.Context, s stages.KubernetesStage, only m
 			pending = append(pending, n)
 			r.e.node(name, n.Name, PhasePending, "to apply: %s", describeChanges(n.changes))
 		}
+	}
+
+	if r.opts.PullOnly {
+		if len(pending) == 0 {
+			return held, nil
+		}
+
+		return held, r.prePull(ctx, s, snap, pending)
 	}
 
 	if len(pending) > 0 {

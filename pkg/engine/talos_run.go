@@ -138,6 +138,16 @@ func (r *talosRun) run(ctx context.Context) error {
 		}
 	}
 
+	if r.opts.PullOnly {
+		for _, group := range visit {
+			if err := r.prePull(ctx, group); err != nil {
+				return err
+			}
+		}
+
+		return nil
+	}
+
 	if len(pending) > 0 {
 		if err := r.checkStage(ctx, pending); err != nil {
 			return err

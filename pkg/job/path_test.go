@@ -27,14 +27,27 @@ func testPath(id string, phase api.Phase) *api.Operation {
 }
 
 // hopEngine records each engine the runner builds (kind and target) and reports a node
-// done in it; fail, when it returns an error for a target, pauses that hop.
+// done in it; fail, when it returns an error for a target, pauses that hop. A PullOnly
+// engine is recorded in pulled, and pauses when pullFail returns an error.
 type hopEngine struct {
-	ran  []string
-	fail func(target string) error
+	ran, pulled []string
+	fail        func(target string) error
+	pullFail    func(target string) error
 }
 
 func (h *hopEngine) run(_ context.Context, cfg EngineConfig) error {
 	o := cfg.Options
+
+	if o.PullOnly {
+		h.pulled = append(h.pulled, fmt.Sprintf("%s %s", o.Kind, o.Target))
+
+		if h.pullFail != nil {
+			return h.pullFail(o.Target)
+		}
+
+		return nil
+	}
+
 	h.ran = append(h.ran, fmt.Sprintf("%s %s", o.Kind, o.Target))
 
 	cfg.Progress.Stage(1, 1, "Stage-"+o.Target)
@@ -56,6 +69,7 @@ func TestRunnerRunsPathHops(t *testing.T) {
 
 	require.NoError(t, f.runner.Run(context.Background()), f.out.String())
 
+	assert.Equal(t, []string{"talos v1.14.1", "kubernetes v1.34.5", "kubernetes v1.35.4"}, h.pulled, "every hop's images first")
 	assert.Equal(t, []string{"talos v1.14.1", "kubernetes v1.34.5", "kubernetes v1.35.4"}, h.ran)
 
 	s := f.state(t).Status
@@ -108,6 +122,7 @@ func TestRunnerContinuesPathAtItsHop(t *testing.T) {
 
 			require.NoError(t, f.runner.Run(context.Background()), f.out.String())
 			assert.Equal(t, tt.want, h.ran)
+			assert.Empty(t, h.pulled, "the path's pre-pull comes before its first hop only")
 
 			s := f.state(t).Status
 			require.Len(t, s.Hops, 3)
@@ -189,6 +204,40 @@ func TestRunnerPathHopPauses(t *testing.T) {
 	require.NoError(t, f.runner.Run(ctx), f.out.String())
 	assert.Equal(t, []string{"talos v1.14.1", "kubernetes v1.34.5", "kubernetes v1.34.5", "kubernetes v1.35.4"}, h.ran)
 	assert.Len(t, f.state(t).Status.HopsDone(), 3)
+}
+
+// TestRunnerPathPrePullRefuses: an image of a later hop that does not pull stops the
+// path before its first change, naming the hop and the node; resumed, the pre-pull runs
+// again, then the hops.
+func TestRunnerPathPrePullRefuses(t *testing.T) {
+	op := testPath("path-1", api.PhasePending)
+
+	h := &hopEngine{pullFail: func(target string) error {
+		if target == "v1.35.4" {
+			return &engine.PauseError{Stage: "KubeProxy", Node: "worker-2", Reason: "pre-pull: node \"worker-2\": pull kube-proxy:v1.35.4: not found", Action: "make it pullable"}
+		}
+
+		return nil
+	}}
+	f := newRunner(t, op, h.run)
+	ctx := context.Background()
+
+	err := f.runner.Run(ctx)
+	require.Equal(t, ExitPaused, exitCode(err), f.out.String())
+	assert.Empty(t, h.ran, "no hop started")
+
+	s := f.state(t).Status
+	assert.Equal(t, `before the path's first change, hop 3/3 (kubernetes v1.35.4): pre-pull: node "worker-2": pull kube-proxy:v1.35.4: not found; nothing was changed`, s.Reason)
+	assert.Equal(t, "make it pullable", s.Action)
+	assert.Equal(t, "worker-2", s.PausedNode)
+	assert.Empty(t, s.Hops)
+
+	h.pullFail = nil
+
+	resumeForTest(t, f)
+	require.NoError(t, f.runner.Run(ctx), f.out.String())
+	assert.Len(t, h.pulled, 6, "pulled again on resume")
+	assert.Len(t, h.ran, 3)
 }
 
 // resumeForTest puts a paused operation back to Pending, as `kubectl ichor resume` does

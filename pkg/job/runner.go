@@ -415,6 +415,12 @@ func (r *Runner) runHops(ctx context.Context, op *api.Operation, rep *reporter, 
 	path := op.Spec.Upgrade == api.UpgradeCluster
 	ns := nsFlag(r.Namespace)
 
+	if path && len(op.Status.Hops) == 0 {
+		if err := r.prePullPath(ctx, op, rep, events); err != nil {
+			return err
+		}
+	}
+
 	for n := op.Status.NextHop(); n <= len(runs); n++ {
 		hop := runs[n-1]
 
@@ -431,21 +437,7 @@ func (r *Runner) runHops(ctx context.Context, op *api.Operation, rep *reporter, 
 		opts.SelfPod = r.Namespace + "/" + r.Identity
 		opts.StayOnNode = r.StayOnNode
 
-		eng, closeEngine, err := r.NewEngine(ctx, EngineConfig{
-			Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: rep, Memo: rep, Out: r.Out,
-			Talos: r.Talos,
-		})
-		if err != nil {
-			return &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + ns, Err: err}
-		}
-
-		err = eng.Run(ctx)
-
-		if closeEngine != nil {
-			closeEngine()
-		}
-
-		if err != nil || !path {
+		if err := r.runEngine(ctx, opts, rep, rep); err != nil || !path {
 			return err
 		}
 
@@ -464,6 +456,63 @@ func (r *Runner) runHops(ctx context.Context, op *api.Operation, rep *reporter, 
 			}
 		}
 	}
+
+	return nil
+}
+
+// runEngine builds the engine of one upgrade and runs it.
+func (r *Runner) runEngine(ctx context.Context, opts engine.Options, progress engine.Progress, rep *reporter) error {
+	eng, closeEngine, err := r.NewEngine(ctx, EngineConfig{
+		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: progress, Memo: rep, Out: r.Out,
+		Talos: r.Talos,
+	})
+	if err != nil {
+		return &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}
+	}
+
+	defer func() {
+		if closeEngine != nil {
+			closeEngine()
+		}
+	}()
+
+	return eng.Run(ctx)
+}
+
+// prePullPath pulls, before a path's first change, what every hop will need on the
+// nodes that will run it (each hop's engine with PullOnly: its stages' images, its
+// installers): an image missing anywhere stops the path with nothing changed. Its
+// progress is the state's step, not the hops' stages.
+func (r *Runner) prePullPath(ctx context.Context, op *api.Operation, rep *reporter, events *eventRecorder) error {
+	runs := op.Spec.Runs()
+
+	for n, hop := range runs {
+		what := fmt.Sprintf("pre-pull of the path's images: hop %d/%d (%s)", n+1, len(runs), hop.Label())
+		rep.change(func(s *api.OperationStatus) { s.Step = what })
+		r.logf("%s", what)
+
+		opts := engineOptions(op.Spec, hop, r.Node)
+		opts.PullOnly = true
+
+		err := r.runEngine(ctx, opts, nil, rep)
+		if err == nil {
+			continue
+		}
+
+		var pause *engine.PauseError
+		if errors.As(err, &pause) {
+			p := *pause
+			p.Reason = fmt.Sprintf("before the path's first change, hop %d/%d (%s): %s; nothing was changed", n+1, len(runs), hop.Label(), pause.Reason)
+			p.Stage = ""
+
+			return &p
+		}
+
+		return err
+	}
+
+	events.operation(ctx, "PrePulled", fmt.Sprintf("every image of the path's %d hops pulled on the nodes that run them", len(runs)), false)
+	rep.change(func(s *api.OperationStatus) { s.Step = "" })
 
 	return nil
 }
@@ -587,7 +636,7 @@ func engineOptions(spec api.OperationSpec, hop api.HopSpec, node string) engine.
 	return engine.Options{
 		Kind:            engine.Kind(hop.Upgrade),
 		Target:          hop.To,
-		Installers:      stages.InstallerFlags(spec.Installers),
+		Installers:      stages.InstallerFlags(hop.Installers),
 		MaxUnavailable:  spec.MaxUnavailable,
 		ManifestsForce:  spec.ManifestsForce,
 		Self:            node,

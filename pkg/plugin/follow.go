@@ -42,6 +42,10 @@ func (v view) frame() []string {
 		s.Phase, duration(v.elapsed()), v.runner())}
 
 	if line := hopLine(op); line != "" {
+		if left := v.pathLeft(); left != "" {
+			line += "; " + left
+		}
+
 		lines = append(lines, line)
 	}
 
@@ -132,6 +136,24 @@ func (v view) progressLine() string {
 	}
 
 	return fmt.Sprintf("Overall %d/%d node steps, %s elapsed, %s", p.Done, p.Total, duration(time.Duration(p.ElapsedSeconds)*time.Second), left)
+}
+
+// pathLeft is a running path's time left, or what its estimate waits for.
+func (v view) pathLeft() string {
+	if v.op.Status.Phase != api.PhaseRunning {
+		return ""
+	}
+
+	p := progress.Of(v.op, v.plan, v.now).Path
+
+	switch {
+	case p == nil:
+		return ""
+	case p.RemainingSeconds != nil:
+		return "about " + duration(time.Duration(*p.RemainingSeconds)*time.Second) + " left for the path"
+	}
+
+	return p.Basis
 }
 
 func (v view) elapsed() time.Duration { return progress.Elapsed(v.op, v.now) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,8 +15,11 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/checks"
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
 	"github.com/ichor-dev/kubectl-ichor/pkg/releases"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // pathOptions are what the path commands (plan cluster, upgrade cluster) share: the
@@ -30,6 +34,10 @@ type pathOptions struct {
 	// RegistryTimeout is --registry-timeout: how long one repository's tag listing may
 	// take when an intermediate Kubernetes release is looked up.
 	RegistryTimeout time.Duration
+	// installerOptions are --installer-image and --drop-extensions, for the path's
+	// Talos hops (tagged with --talos; an earlier Talos hop takes the same repository
+	// with its own tag).
+	installerOptions
 
 	targets compat.Targets
 	via     []compat.Version
@@ -41,6 +49,7 @@ func (p *pathOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringSliceVar(&p.Via, "via", nil,
 		"Releases of the minors the path goes through, e.g. v1.35.4,v1.36.3 (default: the newest patch of each tagged in the nodes' own image repositories)")
 	cmd.Flags().DurationVar(&p.RegistryTimeout, "registry-timeout", releases.DefaultTimeout, "How long one image repository's tag listing may take")
+	p.addInstallerFlags(cmd.Flags())
 }
 
 // complete parses the targets and --via.
@@ -78,7 +87,26 @@ func (p *pathOptions) complete() error {
 		p.via = append(p.via, v)
 	}
 
-	return nil
+	if len(p.InstallerImages) == 0 && len(p.DropExtensions) == 0 {
+		return nil
+	}
+
+	if p.targets.Talos == nil {
+		return errors.New("--installer-image and --drop-extensions are for the path's Talos hops: pass --talos too")
+	}
+
+	talos, err := stages.ParseVersion(p.targets.Talos.String())
+	if err != nil {
+		return err
+	}
+
+	return p.validateInstallers(talos)
+}
+
+// hopInstallers are the operator's installers for a Talos hop to to: --installer-image
+// retagged (none when none was given).
+func (p *pathOptions) hopInstallers(to stages.Version) (stages.InstallerFlags, error) {
+	return p.installers.Retag(to)
 }
 
 func (p *pathOptions) validate() error {
@@ -126,7 +154,10 @@ func (p *pathOptions) plan(ctx context.Context, o *planOptions, snap *discovery.
 		return &d, nil, nil
 	}
 
-	first, err := o.planHop(ctx, snap, kube, path.Hops[0])
+	measured, err := o.measured(ctx)
+	estimatePath(&d, measured, err)
+
+	first, err := o.planHop(ctx, snap, kube, path.Hops[0], p.hopInstallers)
 	if err != nil {
 		return nil, nil, fmt.Errorf("hop 1 (%s %s): %w", path.Hops[0].Kind, path.Hops[0].To, err)
 	}
@@ -141,6 +172,96 @@ func (p *pathOptions) plan(ctx context.Context, o *planOptions, snap *discovery.
 	}
 
 	return &d, nil, nil
+}
+
+// measured are the upgrades of the namespace's ended operations (its history, and the
+// state when its operation ended), and an error when they could not be read.
+func (o *planOptions) measured(ctx context.Context) (progress.Measured, error) {
+	store := &job.Store{Client: o.clients.Kube.CoreV1(), Namespace: o.f.flags.namespace()}
+
+	records, err := store.History(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	var ops []*api.Operation
+
+	for _, r := range records {
+		ops = append(ops, r.Operation)
+	}
+
+	if op, _, err := store.Get(ctx); err == nil && op.Status.Phase.Finished() &&
+		!slices.ContainsFunc(ops, func(h *api.Operation) bool { return h.Spec.ID == op.Spec.ID }) {
+		ops = append(ops, op)
+	}
+
+	return progress.MeasuredFrom(ops), nil
+}
+
+// estimatePath gives each hop of doc the median time of the upgrades of its kind the
+// cluster's history measured, and the path their sum when every hop has one.
+func estimatePath(doc *api.UpgradePath, m progress.Measured, err error) {
+	if err != nil {
+		doc.EstimateBasis = "no estimate: the history could not be read (" + text.OneLine(err.Error()) + ")"
+
+		return
+	}
+
+	var (
+		total time.Duration
+		kinds []string
+		all   = true
+	)
+
+	for i := range doc.Hops {
+		h := &doc.Hops[i]
+		kinds = append(kinds, h.Upgrade)
+
+		d, _, ok := m.Estimate(h.Upgrade)
+		if !ok {
+			all = false
+
+			continue
+		}
+
+		secs := int64(d.Round(time.Second).Seconds())
+		h.EstimateSeconds = &secs
+		total += d
+	}
+
+	if all {
+		secs := int64(total.Round(time.Second).Seconds())
+		doc.EstimateSeconds = &secs
+	}
+
+	doc.EstimateBasis = m.Basis(kinds)
+}
+
+// show discovers the cluster as o reads it, plans the path and its first hop, prints
+// them as o.Output asks, and returns the path and the cluster's name; a refused path is
+// the error (after it was printed).
+func (p *pathOptions) show(ctx context.Context, o *planOptions) (*api.UpgradePath, string, error) {
+	p.reads(o)
+
+	snap, kube, err := o.discover(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+
+	doc, refused, err := p.plan(ctx, o, snap, kube)
+	if err != nil {
+		return nil, "", err
+	}
+
+	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
+		return nil, "", err
+	}
+
+	if refused != nil {
+		return nil, "", refused
+	}
+
+	return doc, kube.cluster, nil
 }
 
 // PlanClusterOptions are the options of `kubectl ichor plan cluster`: the upgrade path
@@ -180,28 +301,16 @@ func (o *PlanClusterOptions) Validate() error {
 func (o *PlanClusterOptions) Run(ctx context.Context) error {
 	defer o.printStats()
 
-	o.reads(&o.planOptions)
+	_, _, err := o.show(ctx, &o.planOptions)
 
-	snap, kube, err := o.discover(ctx)
-	if err != nil {
-		return err
-	}
-
-	doc, refused, err := o.pathOptions.plan(ctx, &o.planOptions, snap, kube)
-	if err != nil {
-		return err
-	}
-
-	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
-		return err
-	}
-
-	return refused
+	return err
 }
 
 // planHop plans hop h from the cluster as it is, with the checks of its kind: the
 // first hop of a path (the next ones start from a cluster that does not exist yet).
-func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop) (*api.Plan, error) {
+func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kube *kubeTarget, h compat.Hop,
+	installersFor func(stages.Version) (stages.InstallerFlags, error),
+) (*api.Plan, error) {
 	target, err := stages.ParseVersion(h.To.String())
 	if err != nil {
 		return nil, err
@@ -216,7 +325,7 @@ func (o *planOptions) planHop(ctx context.Context, snap *discovery.Snapshot, kub
 	)
 
 	if h.Kind == api.UpgradeTalos {
-		installers, err := stages.ParseInstallerFlags(nil, nil, target)
+		installers, err := installersFor(target)
 		if err != nil {
 			return nil, err
 		}

@@ -1,12 +1,14 @@
 package plugin
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -14,11 +16,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
+	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 )
 
 // mirror starts a real OCI registry in-process (go-containerregistry's pkg/registry),
@@ -244,4 +249,56 @@ func TestPlanClusterYAMLIsTheSameDocument(t *testing.T) {
 	var fromYAML api.UpgradePath
 	require.NoError(t, yaml.Unmarshal([]byte(y), &fromYAML))
 	assert.Equal(t, pathOf(t, j), fromYAML)
+}
+
+// TestPlanClusterEstimates: with upgrades of both kinds in the namespace's history, each
+// hop is estimated at the median of its kind and the path at their sum; with none of a
+// kind, the path says there is no estimate and why.
+func TestPlanClusterEstimates(t *testing.T) {
+	c := discoverytest.ThreePlusTwo()
+	cs := c.Clientset()
+	store := &job.Store{Client: cs.CoreV1(), Namespace: job.DefaultNamespace}
+
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	archive := func(id, kind string, secs int) {
+		start, end := metav1.NewTime(t0), metav1.NewTime(t0.Add(time.Duration(secs)*time.Second))
+		op := api.NewOperation(api.OperationSpec{ID: id, Upgrade: kind, Target: "v1.0.0"})
+		op.Status.Phase, op.Status.StartedAt, op.Status.FinishedAt = api.PhaseSucceeded, &start, &end
+		require.NoError(t, store.Archive(context.Background(), job.Record{Operation: op}))
+	}
+
+	d := fakeDeps(c, nil)
+	d.kube = func(*genericclioptions.ConfigFlags) (*kubeTarget, error) {
+		return &kubeTarget{client: cs, endpoint: discoverytest.Endpoint, cluster: "lab", metrics: fakeMetrics{body: removedAPIMetrics}}, nil
+	}
+
+	args := []string{"plan", "cluster", "--talos", "v1.14.1", "--kubernetes", "v1.37.2", "--via", "v1.36.3"}
+
+	archive("kubernetes-a", api.UpgradeKubernetes, 60)
+	stdout, stderr, code := runWith(t, d, args...)
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Contains(t, stdout, "Estimate: none for the whole path (measured in this cluster's history: kubernetes 1m0s (median of 1); "+
+		"no talos upgrade in the history to measure)")
+
+	archive("kubernetes-b", api.UpgradeKubernetes, 80)
+	archive("kubernetes-c", api.UpgradeKubernetes, 100)
+	archive("talos-a", api.UpgradeTalos, 300)
+
+	stdout, stderr, code = runWith(t, d, append(args, "-o", "json")...)
+	require.Equal(t, ExitOK, code, stderr)
+
+	doc := pathOf(t, stdout)
+	require.Len(t, doc.Hops, 3)
+
+	for i, want := range []int64{300, 80, 80} {
+		require.NotNil(t, doc.Hops[i].EstimateSeconds, "hop %d", i+1)
+		assert.Equal(t, want, *doc.Hops[i].EstimateSeconds, "hop %d", i+1)
+	}
+
+	require.NotNil(t, doc.EstimateSeconds)
+	assert.Equal(t, int64(460), *doc.EstimateSeconds)
+
+	stdout, _, _ = runWith(t, d, args...)
+	assert.Contains(t, stdout, "        estimate: about 5m00s\n")
+	assert.Contains(t, stdout, "Estimate: about 7m40s for the path (measured in this cluster's history: talos 5m0s (median of 1), kubernetes 1m20s (median of 3))")
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -38,6 +39,16 @@ func PrintPath(w io.Writer, cluster string, doc *api.UpgradePath) error {
 		for _, h := range doc.Hops {
 			p.printf("  %d/%d  %-10s  %s -> %s  (%s)\n", h.Number, n, h.Upgrade, strings.Join(h.From, ", "), h.To, hopSource(h))
 			p.printf("        legal: %s\n", h.Reason)
+
+			if h.EstimateSeconds != nil {
+				p.printf("        estimate: about %s\n", duration(time.Duration(*h.EstimateSeconds)*time.Second))
+			}
+		}
+
+		if doc.EstimateSeconds != nil {
+			p.printf("Estimate: about %s for the path (%s)\n", duration(time.Duration(*doc.EstimateSeconds)*time.Second), doc.EstimateBasis)
+		} else if doc.EstimateBasis != "" {
+			p.printf("Estimate: none for the whole path (%s)\n", doc.EstimateBasis)
 		}
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
 )
 
@@ -50,24 +51,9 @@ func (o *UpgradeClusterOptions) Run(ctx context.Context) error {
 		return err
 	}
 
-	o.reads(&o.planOptions)
-
-	snap, kube, err := o.discover(ctx)
+	doc, cluster, err := o.show(ctx, &o.planOptions)
 	if err != nil {
 		return err
-	}
-
-	doc, refused, err := o.pathOptions.plan(ctx, &o.planOptions, snap, kube)
-	if err != nil {
-		return err
-	}
-
-	if err := printPath(o.Out, o.Output, kube.cluster, doc); err != nil {
-		return err
-	}
-
-	if refused != nil {
-		return refused
 	}
 
 	if len(doc.Hops) == 0 {
@@ -76,12 +62,17 @@ func (o *UpgradeClusterOptions) Run(ctx context.Context) error {
 		return nil
 	}
 
-	return o.launch(ctx, ctl, pathLaunch(doc, kube.cluster))
+	l, err := pathLaunch(doc, cluster, o.hopInstallers)
+	if err != nil {
+		return err
+	}
+
+	return o.launch(ctx, ctl, l)
 }
 
 // pathLaunch is the launch of the path doc plans: its hops, and the document with hop
 // 1's plan without its drain preview (as a plain upgrade's).
-func pathLaunch(doc *api.UpgradePath, cluster string) launching {
+func pathLaunch(doc *api.UpgradePath, cluster string, installersFor func(stages.Version) (stages.InstallerFlags, error)) (launching, error) {
 	forJob := *doc
 	forJob.Hops = append([]api.Hop(nil), doc.Hops...)
 
@@ -97,6 +88,22 @@ func pathLaunch(doc *api.UpgradePath, cluster string) launching {
 	for i, h := range doc.Hops {
 		hops[i] = api.HopSpec{Upgrade: h.Upgrade, To: h.To, Source: h.Source}
 		labels[i] = hops[i].Label()
+
+		if h.Upgrade != api.UpgradeTalos {
+			continue
+		}
+
+		to, err := stages.ParseVersion(h.To)
+		if err != nil {
+			return launching{}, err
+		}
+
+		installers, err := installersFor(to)
+		if err != nil {
+			return launching{}, err
+		}
+
+		hops[i].Installers = api.Installers(installers)
 	}
 
 	var targets []string
@@ -112,7 +119,7 @@ func pathLaunch(doc *api.UpgradePath, cluster string) launching {
 	return launching{
 		upgrade: api.UpgradeCluster, target: strings.Join(targets, ", "), hops: hops, document: &forJob,
 		question: fmt.Sprintf("Upgrade cluster %q along the path of %d hops (%s)", cluster, len(hops), strings.Join(labels, ", ")),
-	}
+	}, nil
 }
 
 func newUpgradeClusterCommand(streams genericiooptions.IOStreams, f *factory) *cobra.Command {

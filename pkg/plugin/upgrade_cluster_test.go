@@ -124,3 +124,30 @@ func TestHopLine(t *testing.T) {
 
 	assert.Empty(t, hopLine(&api.Operation{Spec: api.OperationSpec{Upgrade: api.UpgradeKubernetes, Target: "v1.37.2"}}), "not a path")
 }
+
+// TestPathInstallers: --installer-image goes with --talos, tagged with it; the first
+// hop's plan and the launched hop carry it; without --talos it is refused before the
+// cluster is read.
+func TestPathInstallers(t *testing.T) {
+	const image = "factory.talos.dev/metal-installer/abc123:v1.14.1"
+
+	_, stderr, code := runWith(t, fakeDeps(fixture(), nil), "plan", "cluster", "--kubernetes", "v1.36.3", "--installer-image", image)
+	assert.Equal(t, ExitError, code)
+	assert.Equal(t, "error: --installer-image and --drop-extensions are for the path's Talos hops: pass --talos too\n", stderr)
+
+	stdout, stderr, code := runWith(t, fakeDeps(fixture(), nil), "plan", "cluster", "--talos", "v1.14.1", "--installer-image", image, "-o", "json")
+	require.Equal(t, ExitOK, code, stderr)
+
+	doc := pathOf(t, stdout)
+	require.NotNil(t, doc.Hops[0].Plan)
+	assert.Contains(t, stdout, `"to": "`+image+`"`, "the first hop's plan installs it")
+
+	c := newJobCluster(talosSecret())
+	_, stderr, code = runWith(t, c.with(fakeDeps(fixture(), nil)), "upgrade", "cluster", "--talos", "v1.14.1", "--installer-image", image, "--yes", "--detach")
+	require.Equal(t, ExitOK, code, stderr)
+
+	op, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+	require.NoError(t, err)
+	require.Len(t, op.Spec.Hops, 1)
+	assert.Equal(t, api.Installers{Image: image}, op.Spec.Hops[0].Installers)
+}

@@ -35,6 +35,9 @@ type Progress struct {
 	RemainingSeconds *int64 `json:"remainingSeconds,omitempty"`
 	// Basis says what the estimate was made from.
 	Basis string `json:"basis,omitempty"`
+	// Path is how far a path has come over its hops (an UpgradeCluster operation; the
+	// fields above are then its current hop's).
+	Path *Path `json:"path,omitempty"`
 }
 
 // Stage is one stage's nodes done.
@@ -73,7 +76,16 @@ type Stage struct {
 //
 // The item under way has been going since the last batch or step done (a
 // rollout: since it was last observed).
+//
+// For a path, Path estimates the rest of the path (OfPath).
 func Of(op *api.Operation, plan *api.Plan, now time.Time) Progress {
+	p := of(op, plan, now)
+	p.Path = OfPath(op, p, now)
+
+	return p
+}
+
+func of(op *api.Operation, plan *api.Plan, now time.Time) Progress {
 	s := &op.Status
 	p := Progress{ElapsedSeconds: int64(Elapsed(op, now).Seconds())}
 

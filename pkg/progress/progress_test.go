@@ -345,3 +345,58 @@ func TestStageWorkFromTheStageTypes(t *testing.T) {
 	assert.True(t, stages.WorkReboot.Drains())
 	assert.False(t, stages.WorkStaticPods.Drains())
 }
+
+// TestOfPath: a path's time left is the hop under way's own estimate, or the median of
+// the done hops of its kind less what it has run, plus the median of its kind for each
+// hop to come; until every kind still to come is measured it says what it waits for.
+func TestOfPath(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	at := func(s int) *metav1.MicroTime {
+		m := metav1.NewMicroTime(t0.Add(time.Duration(s) * time.Second))
+		return &m
+	}
+
+	op := &api.Operation{Spec: api.OperationSpec{Upgrade: api.UpgradeCluster, Hops: []api.HopSpec{
+		{Upgrade: api.UpgradeTalos, To: "v1.14.1"},
+		{Upgrade: api.UpgradeKubernetes, To: "v1.34.5"},
+		{Upgrade: api.UpgradeKubernetes, To: "v1.35.4"},
+		{Upgrade: api.UpgradeKubernetes, To: "v1.36.3"},
+	}}}
+	op.Status.Phase = api.PhaseRunning
+	op.Status.Hop = 2
+	op.Status.Hops = []api.HopStatus{
+		{Number: 1, Upgrade: api.UpgradeTalos, Started: *at(0), Done: at(120)},
+		{Number: 2, Upgrade: api.UpgradeKubernetes, Started: *at(120)},
+	}
+
+	p := progress.OfPath(op, progress.Progress{}, t0.Add(150*time.Second))
+	require.NotNil(t, p)
+	assert.Equal(t, 2, p.Hop)
+	assert.Equal(t, 4, p.Hops)
+	assert.Equal(t, 1, p.Done)
+	assert.Nil(t, p.RemainingSeconds, "no Kubernetes hop measured yet")
+	assert.Equal(t, "no estimate until a kubernetes hop is measured", p.Basis)
+
+	// Hop 2 done in 60s; hop 3 has run 20s of its 60s.
+	op.Status.Hops[1].Done = at(180)
+	op.Status.Hop = 3
+	op.Status.Hops = append(op.Status.Hops, api.HopStatus{Number: 3, Upgrade: api.UpgradeKubernetes, Started: *at(185)})
+
+	p = progress.OfPath(op, progress.Progress{}, t0.Add(205*time.Second))
+	require.NotNil(t, p.RemainingSeconds)
+	assert.Equal(t, int64(40+60), *p.RemainingSeconds)
+	assert.Equal(t, "hops done: talos 2m0s (1 measured), kubernetes 1m0s (1 measured)", p.Basis)
+
+	// The hop under way's own estimate, when its plan gives one, comes first.
+	own := int64(10)
+	p = progress.OfPath(op, progress.Progress{RemainingSeconds: &own}, t0.Add(205*time.Second))
+	assert.Equal(t, int64(10+60), *p.RemainingSeconds)
+
+	// Between hops (hop 3 done, paused): every hop after it.
+	op.Status.Hops[2].Done = at(245)
+	op.Status.Phase = api.PhasePaused
+	p = progress.OfPath(op, progress.Progress{}, t0.Add(300*time.Second))
+	assert.Equal(t, int64(60), *p.RemainingSeconds)
+
+	assert.Nil(t, progress.OfPath(&api.Operation{Spec: api.OperationSpec{Upgrade: api.UpgradeKubernetes, Target: "v1.36.3"}}, progress.Progress{}, t0), "not a path")
+}

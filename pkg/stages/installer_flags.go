@@ -78,6 +78,46 @@ func ParseInstallerFlags(images, drop []string, target Version) (InstallerFlags,
 	return f, nil
 }
 
+// Retag returns the installers for a path's Talos hop to another version: the same ones, each repository kept
+// and tagged to (an image the operator gave for the path's Talos target serves each Talos
+// hop on the way).
+func (f InstallerFlags) Retag(to Version) (InstallerFlags, error) {
+	retag := func(image string) (string, error) {
+		out, err := render.WithTag(image, to.String())
+		if err != nil {
+			return "", fmt.Errorf("--installer-image %q: %w", image, err)
+		}
+
+		return out, nil
+	}
+
+	out := InstallerFlags{DropExtensions: slices.Clone(f.DropExtensions)}
+
+	if f.Image != "" {
+		image, err := retag(f.Image)
+		if err != nil {
+			return InstallerFlags{}, err
+		}
+
+		out.Image = image
+	}
+
+	for node, image := range f.Nodes {
+		image, err := retag(image)
+		if err != nil {
+			return InstallerFlags{}, err
+		}
+
+		if out.Nodes == nil {
+			out.Nodes = map[string]string{}
+		}
+
+		out.Nodes[node] = image
+	}
+
+	return out, nil
+}
+
 // checkInstallerTag checks an installer image is tagged with the target.
 func checkInstallerTag(image string, target Version) error {
 	tag := render.TagOf(image)

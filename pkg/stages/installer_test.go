@@ -339,3 +339,24 @@ func TestPlanTalosShowsTheSchematicInstaller(t *testing.T) {
 	_, err = stages.PlanTalos(c.Snapshot(t), stages.MustParseVersion("v1.14.1"), stages.InstallerFlags{DropExtensions: []string{"worker-1"}}, stages.Options{})
 	require.EqualError(t, err, `--drop-extensions worker-1: no --installer-image is given for it: the installer chosen for a node without one keeps what it runs`)
 }
+
+// TestInstallerFlagsRetag: a path's earlier Talos hop takes the operator's installers
+// with its own tag, repositories kept; the drops stay.
+func TestInstallerFlagsRetag(t *testing.T) {
+	f, err := stages.ParseInstallerFlags([]string{
+		"factory.talos.dev/metal-installer/abc123:v1.14.1", "worker-1=registry.example.com:5000/installer:v1.14.1",
+	}, []string{"worker-1"}, stages.MustParseVersion("v1.14.1"))
+	require.NoError(t, err)
+
+	got, err := f.Retag(stages.MustParseVersion("v1.13.9"))
+	require.NoError(t, err)
+	assert.Equal(t, stages.InstallerFlags{
+		Image:          "factory.talos.dev/metal-installer/abc123:v1.13.9",
+		Nodes:          map[string]string{"worker-1": "registry.example.com:5000/installer:v1.13.9"},
+		DropExtensions: []string{"worker-1"},
+	}, got)
+
+	none, err := stages.InstallerFlags{}.Retag(stages.MustParseVersion("v1.13.9"))
+	require.NoError(t, err)
+	assert.Equal(t, stages.InstallerFlags{}, none)
+}

@@ -102,6 +102,9 @@ type HopSpec struct {
 	To string `json:"to"`
 	// Source says where To came from (SourceTarget, SourceVia, SourceRegistry).
 	Source string `json:"source,omitempty"`
+	// Installers are the operator's explicit installers of a Talos hop, tagged with its
+	// version (none: each node's is chosen from what it runs).
+	Installers Installers `json:"installers,omitzero"`
 }
 
 // Label is the hop in words, "kubernetes v1.35.4".
@@ -114,7 +117,7 @@ func (s OperationSpec) Runs() []HopSpec {
 		return s.Hops
 	}
 
-	return []HopSpec{{Upgrade: s.Upgrade, To: s.Target, Source: SourceTarget}}
+	return []HopSpec{{Upgrade: s.Upgrade, To: s.Target, Source: SourceTarget, Installers: s.Installers}}
 }
 
 // Timeouts are the engine's bounds an operator may change with flags.

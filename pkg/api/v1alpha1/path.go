@@ -38,6 +38,12 @@ type UpgradePath struct {
 	Checks []Check `json:"checks"`
 	// Runnable is false when any check refused.
 	Runnable bool `json:"runnable"`
+	// EstimateSeconds is how long the whole path should take, the sum of its hops'
+	// estimates; absent when a hop has none.
+	EstimateSeconds *int64 `json:"estimateSeconds,omitempty"`
+	// EstimateBasis says what the estimates were made from (the upgrades of this
+	// cluster's history), or why there is none.
+	EstimateBasis string `json:"estimateBasis,omitempty"`
 }
 
 // PathTargets are the versions a path goes to; an empty one is left as the cluster runs
@@ -76,6 +82,9 @@ type Hop struct {
 	SourceDetail string `json:"sourceDetail,omitempty"`
 	// Reason says why the hop is legal when it starts, in one line.
 	Reason string `json:"reason"`
+	// EstimateSeconds is how long the hop should take: the median of the upgrades of
+	// its kind in the cluster's history; absent when there was none.
+	EstimateSeconds *int64 `json:"estimateSeconds,omitempty"`
 	// Plan is the hop's plan (its stages, checks and drains, as `kubectl ichor plan
 	// kubernetes|talos` prints it), when it was made; absent otherwise.
 	Plan *Plan `json:"plan,omitempty"`
