@@ -246,9 +246,9 @@ func TestPathUpgradePauseBetweenHops(t *testing.T) {
 
 		require.Equal(t, api.PhasePaused, op.Status.Phase)
 		assert.Equal(t, launched.Spec.ID, op.Spec.ID, "one operation")
-		// status.hop is documented (pkg/api) as the hop to run next while paused between
-		// hops; NextHop, which the runner starts from, says the same either way.
-		assert.Equal(t, done+1, op.Status.Hop, "the next hop is the one to run")
+		// Between hops status.hop is the hop done; NextHop, which the runner starts
+		// from, is the next.
+		assert.Equal(t, done, op.Status.Hop, "the hop done")
 		assert.Equal(t, done+1, op.Status.NextHop(), "a resume runs the next hop")
 		assert.Contains(t, op.Status.Reason, fmt.Sprintf("hop %d/%d (%s %s) is done", done, len(want), hop.upgrade, hop.to), "the reason names the hop done")
 		assert.Contains(t, op.Status.Reason, fmt.Sprintf("hop %d/%d (%s %s) is next", done+1, len(want), want[done].upgrade, want[done].to))

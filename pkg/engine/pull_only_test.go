@@ -38,7 +38,7 @@ func TestPullOnlyKubernetes(t *testing.T) {
 	f.machine("worker-2").faults.pullFails = true
 
 	err := f.engine("v1.37.2", func(o *Options) { o.PullOnly = true }).Run(context.Background())
-	pauseOf(t, err, "KubeProxy", "", "pre-pull: ", `worker-2`, "kube-proxy:v1.37.2")
+	_ = pauseOf(t, err, "KubeProxy", "", "pre-pull: ", `worker-2`, "kube-proxy:v1.37.2")
 	assert.Empty(t, f.realApplies(), "still nothing applied")
 }
 

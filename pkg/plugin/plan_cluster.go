@@ -52,8 +52,8 @@ func (p *pathOptions) addFlags(cmd *cobra.Command) {
 	p.addInstallerFlags(cmd.Flags())
 }
 
-// complete parses the targets and --via.
-func (p *pathOptions) complete() error {
+// completePath parses the targets, --via and the installer flags.
+func (p *pathOptions) completePath() error {
 	if p.Talos == "" && p.Kubernetes == "" {
 		return errors.New("pass --talos, --kubernetes or both: the versions the path goes to, e.g. --talos v1.14.1 --kubernetes v1.37.2")
 	}
@@ -275,7 +275,7 @@ type PlanClusterOptions struct {
 func (o *PlanClusterOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
 	o.use(f)
 
-	return o.pathOptions.complete()
+	return o.completePath()
 }
 
 // Validate checks the options.

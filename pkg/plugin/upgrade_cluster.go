@@ -25,7 +25,7 @@ type UpgradeClusterOptions struct {
 func (o *UpgradeClusterOptions) Complete(f *factory, _ *cobra.Command, _ []string) error {
 	o.use(f)
 
-	return o.pathOptions.complete()
+	return o.completePath()
 }
 
 // Validate checks the options.
