@@ -226,7 +226,11 @@ type Options struct {
 	// version, its static pods must stay Ready before the next node, unless that
 	// kubelet already restarted them (it may: see settleStaticPods).
 	StaticPodSettle time.Duration
-	Concurrency     int // parallel Talos reads (the nodes' versions and configs)
+	// UnreachableGrace is how long a Kubernetes stage reads a node's Talos side again
+	// while its Talos API is unreachable (apid restarting, a link flapping) before it
+	// pauses on it.
+	UnreachableGrace time.Duration
+	Concurrency      int // parallel Talos reads (the nodes' versions and configs)
 	// PullConcurrency is how many nodes pre-pull at once (each pulls its
 	// images together, under its own PullTimeout): a stage's component
 	// images, and a Talos batch's installers before its first cordon.
@@ -251,6 +255,7 @@ func (o Options) withDefaults() Options {
 	def(&o.RolloutStuckAfter, DefaultRolloutStuckAfter)
 	def(&o.MirrorPodTimeout, DefaultMirrorPodTimeout)
 	def(&o.StaticPodSettle, DefaultStaticPodSettle)
+	def(&o.UnreachableGrace, DefaultUnreachableGrace)
 
 	if o.Concurrency <= 0 {
 		o.Concurrency = DefaultConcurrency
@@ -278,6 +283,7 @@ const (
 	DefaultRenderTimeout    = 2 * time.Minute
 	DefaultMirrorPodTimeout = 2 * time.Minute
 	DefaultStaticPodSettle  = 30 * time.Second
+	DefaultUnreachableGrace = 30 * time.Second
 	DefaultConcurrency      = 32
 	DefaultPullConcurrency  = 32
 )

@@ -10,6 +10,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
@@ -22,7 +24,21 @@ type fakeTalos fakeCluster
 func (ft *fakeTalos) f() *fakeCluster { return (*fakeCluster)(ft) }
 
 func (ft *fakeTalos) Version(_ context.Context, ip string) (string, error) {
-	return ft.f().machine(ip).talos, nil
+	f := ft.f()
+	m := f.machine(ip)
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if m.faults.unreachable != 0 {
+		if m.faults.unreachable > 0 {
+			m.faults.unreachable--
+		}
+
+		return "", status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp "+ip+":50000: connect: connection refused\"")
+	}
+
+	return m.talos, nil
 }
 
 func (ft *fakeTalos) MachineConfig(_ context.Context, ip string) (config.Provider, error) {

@@ -71,6 +71,9 @@ type faults struct {
 	pullUnsup    bool
 	applyBlocks  bool          // a non-dry-run apply blocks until its context ends
 	pullDelay    time.Duration // each image pull takes this long, unless its context ends first
+	// unreachable is how many more Version calls answer Unavailable (connection
+	// refused), as a Talos whose apid restarts does; -1 for every one.
+	unreachable int
 }
 
 // fakeMachine is one node's Talos side.

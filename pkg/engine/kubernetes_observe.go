@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 
@@ -81,17 +82,9 @@ func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*disco
 	}
 
 	err = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
-		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-		defer cancel()
-
 		n := byIP[ip]
 
-		version, err := r.e.Talos.Version(ctx, ip)
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.Name, err)
-		}
-
-		cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+		version, cfg, err := r.readTalos(ctx, n.Name, ip)
 		if err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
@@ -230,4 +223,53 @@ func renderAction(node string, err error) string {
 	}
 
 	return actionResume
+}
+
+// unreachableRetry is the wait between two reads of a node whose Talos API is
+// unreachable (readTalos).
+const unreachableRetry = time.Second
+
+// readTalos reads a node's Talos version and active config, again while its Talos API is
+// unreachable, for up to UnreachableGrace: a Talos that restarts its API or a link that
+// flaps for a moment does not pause the stage; one that stays unreachable does, with how
+// long it was tried.
+func (r *kubeRun) readTalos(ctx context.Context, name, ip string) (string, config.Provider, error) {
+	deadline := time.Now().Add(r.opts.UnreachableGrace)
+
+	for attempt := 0; ; attempt++ {
+		version, cfg, err := r.readTalosOnce(ctx, ip)
+
+		switch {
+		case err == nil || !talos.IsUnreachable(err) || ctx.Err() != nil:
+			return version, cfg, err
+		case !time.Now().Before(deadline):
+			return "", nil, fmt.Errorf("%w (unreachable for %s)", err, r.opts.UnreachableGrace)
+		case attempt == 0:
+			r.e.line("  %s: Talos API unreachable (%s): reading it again for up to %s", name, stages.FirstLine(err), r.opts.UnreachableGrace)
+		}
+
+		select {
+		case <-ctx.Done():
+			return "", nil, ctx.Err()
+		case <-time.After(unreachableRetry):
+		}
+	}
+}
+
+// readTalosOnce reads a node's Talos version and active config, under talosReadTimeout.
+func (r *kubeRun) readTalosOnce(ctx context.Context, ip string) (string, config.Provider, error) {
+	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+	defer cancel()
+
+	version, err := r.e.Talos.Version(ctx, ip)
+	if err != nil {
+		return "", nil, err
+	}
+
+	cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+	if err != nil {
+		return "", nil, err
+	}
+
+	return version, cfg, nil
 }
