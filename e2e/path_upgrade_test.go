@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 )
 
 // The path of the upgrade-cluster tests: the cluster starts on Talos pathTalos with
@@ -464,4 +466,53 @@ func requireHopsInRecord(t *testing.T, evs []events.Event, op *api.Operation, ma
 				h.Number, h.Upgrade, h.To, m.Name, h.Done.Format(time.RFC3339Nano), done[m.Name])
 		}
 	}
+}
+
+// TestPathPrePullRefuses: an image of a later hop that the nodes' mirror does not serve
+// stops the path before its first change: the operation pauses naming that hop and the
+// image, no node's machine config or Talos moved, nothing is cordoned; abort says no
+// hop was done.
+func TestPathPrePullRefuses(t *testing.T) {
+	t.Parallel()
+
+	faultsFile := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(faultsFile, nil, 0o644))
+
+	c := startJobCluster(t, "--workers", "1", "--talos", pathTalos, "--kubernetes", pathKube,
+		"--faults", faultsFile, "--mirror", "v1.34.5,v1.35.4,v1.36.3,v1.37.2")
+	mirror := c.Info.Mirror
+	require.NotEmpty(t, mirror)
+
+	// The mirror stops serving kube-proxy v1.36.3, hop 4's.
+	missing := mirror + "/kube-proxy:v1.36.3"
+	require.NoError(t, os.WriteFile(faultsFile, []byte("unpublished: ["+missing+"]\n"), 0o644))
+
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	r := c.ichorTrusting(t, 3*time.Minute, "upgrade", "cluster", "--talos", talos114, "--kubernetes", kube137,
+		"--via", "v1.34.5,v1.35.4,v1.36.3", "--yes", "--detach")
+	r.requireExit(t, 0)
+
+	r = c.ichor(t, 10*time.Minute, "status", "--watch")
+	require.Equal(t, 3, r.code, "paused: %s", r.stdout)
+
+	op := c.operation(t)
+	require.Equal(t, api.PhasePaused, op.Status.Phase)
+	assert.Contains(t, op.Status.Reason, "before the path's first change, hop 4/5 (kubernetes v1.36.3): pre-pull: ")
+	assert.Contains(t, op.Status.Reason, missing)
+	assert.Contains(t, op.Status.Reason, "nothing was changed")
+	assert.Empty(t, op.Status.Hops, "no hop started")
+
+	after := machineConfigs(t, c, tc)
+	for node, cfg := range before {
+		assert.Equal(t, render.Images(cfg), render.Images(after[node]), "node %s's images unchanged", node)
+	}
+
+	requireTalosAt(t, c, tc, pathTalos)
+	requireNothingCordoned(t, c)
+
+	r = c.ichor(t, time.Minute, "abort")
+	r.requireExit(t, 0)
+	assert.Contains(t, r.stdout, "no hop of the path's 5 was done")
 }
