@@ -50,7 +50,18 @@ type reporter struct {
 	lastErr error  // the last write's error, nil once one succeeds
 	notify  chan struct{}
 	kick    chan struct{}
+	// urgent wakes the writer from its gap between two writes: a change is waited for
+	// (Memo.Set, record).
+	urgent chan struct{}
+	// gap is the least time between two writes of progress alone (progressWriteGap
+	// when zero): the changes of that time go in one write.
+	gap time.Duration
 }
+
+// progressWriteGap is the least time between two writes of the state that nobody waits
+// for: progress of that time (a batch of nodes entering a phase) is one write, not one
+// per node. A write that is waited for goes at once.
+const progressWriteGap = 500 * time.Millisecond
 
 var (
 	_ engine.Progress     = (*reporter)(nil)
@@ -65,6 +76,7 @@ func newReporter(store *Store, op *api.Operation, events *eventRecorder, now fun
 		op:     *op,
 		notify: make(chan struct{}),
 		kick:   make(chan struct{}, 1),
+		urgent: make(chan struct{}, 1),
 	}
 }
 
@@ -76,9 +88,16 @@ func (r *reporter) Stage(index, total int, name string) {
 	r.events.operation(context.Background(), "Stage", fmt.Sprintf("stage %d/%d %s started", index, total, name), false)
 }
 
-// Node implements engine.Progress. A step (a node entering a phase) is also a Kubernetes
-// event; the messages of the same phase that follow (a pod evicted, what verification
-// still waits for) are only in the state and the log.
+// nodeEventPhases are the node phases said as Kubernetes events (reporter.Node).
+var nodeEventPhases = []engine.NodePhase{
+	engine.PhaseCordoned, engine.PhaseApplying, engine.PhaseUpgrading, engine.PhaseDone, engine.PhaseFailed, engine.PhaseHeld,
+}
+
+// Node implements engine.Progress. A node entering a phase an operator looks for in
+// `kubectl get events` (nodeEventPhases: cordoned, its change begun, done, failed, held)
+// is also a Kubernetes event about the Node; the other phases (pending, draining,
+// verifying) and the messages within a phase (a pod evicted, what verification still
+// waits for) are only in the state and the log.
 func (r *reporter) Node(stage, node string, phase engine.NodePhase, message string) {
 	now := r.now()
 
@@ -90,7 +109,7 @@ func (r *reporter) Node(stage, node string, phase engine.NodePhase, message stri
 		SetNode(s, stage, node, phase, message, now)
 	})
 
-	if step {
+	if step && slices.Contains(nodeEventPhases, phase) {
 		r.events.node(context.Background(), node, string(phase), fmt.Sprintf("%s: %s", stage, message), phase == engine.PhaseFailed)
 	}
 }
@@ -247,6 +266,11 @@ func (r *reporter) change(mutate func(s *api.OperationStatus)) uint64 {
 
 // wait returns once version v is written, or the writes failed for good, or ctx ended.
 func (r *reporter) wait(ctx context.Context, v uint64) error {
+	select {
+	case r.urgent <- struct{}{}:
+	default:
+	}
+
 	for {
 		r.mu.Lock()
 		written, failed, notify := r.written, r.failed, r.notify
@@ -289,6 +313,21 @@ func (r *reporter) loop(ctx context.Context) {
 			case r.kick <- struct{}{}:
 			default:
 			}
+
+			continue
+		}
+
+		// The changes until the gap ends, or until one is waited for, go in the next write.
+		gap := r.gap
+		if gap <= 0 {
+			gap = progressWriteGap
+		}
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.urgent:
+		case <-time.After(gap):
 		}
 	}
 }

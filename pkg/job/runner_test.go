@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -448,4 +449,82 @@ func TestEngineOptionsCarryAllowEtcdOutage(t *testing.T) {
 			t.Fatalf("spec allowEtcdOutage %v: engine option %v", allow, opts.AllowEtcdOutage)
 		}
 	}
+}
+
+// TestNodeEventsOnlyWhereLookedFor: a node's steps an operator looks for in `kubectl get
+// events` (cordoned, its change begun, done) are events about the Node; pending,
+// draining and verifying are only in the state and the log.
+func TestNodeEventsOnlyWhereLookedFor(t *testing.T) {
+	op := testOperation("op-1", api.PhasePending)
+
+	f := newRunner(t, op, func(_ context.Context, cfg EngineConfig) error {
+		for _, phase := range []engine.NodePhase{
+			engine.PhasePending, engine.PhaseCordoned, engine.PhaseDraining, engine.PhaseApplying, engine.PhaseVerifying, engine.PhaseDone,
+		} {
+			cfg.Progress.Node("Kubelets", "cp-1", phase, "step "+string(phase))
+		}
+
+		return nil
+	})
+
+	require.NoError(t, f.runner.Run(context.Background()), f.out.String())
+
+	events, err := f.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+
+	var reasons []string
+	for _, e := range events.Items {
+		reasons = append(reasons, e.Reason)
+	}
+
+	assert.ElementsMatch(t, []string{"Cordoned", "Applying", "Done"}, reasons)
+
+	nodes := f.state(t).Status.Nodes
+	require.Len(t, nodes, 1)
+	assert.Equal(t, "step Done", nodes[0].Message, "the state has every step")
+}
+
+// TestProgressWritesCoalesce: progress that comes in a burst (a batch of nodes entering
+// a phase) is written in a few writes of the state, not one per change; a value the
+// engine waits for (Memo.Set) is in the state when Set returns.
+func TestProgressWritesCoalesce(t *testing.T) {
+	op := testOperation("op-1", api.PhasePending)
+
+	var f *runnerFixture
+
+	f = newRunner(t, op, func(ctx context.Context, cfg EngineConfig) error {
+		before := configMapUpdates(f)
+
+		// A change every 4ms, as a batch's nodes report one after another.
+		for i := range 100 {
+			cfg.Progress.Node("Kubelets", fmt.Sprintf("worker-%d", i), engine.PhaseApplying, "apply kubelet v1.36.3")
+			time.Sleep(4 * time.Millisecond)
+		}
+
+		if err := cfg.Memo.Set(ctx, "k", "v"); err != nil {
+			return err
+		}
+
+		state := f.state(t).Status
+		assert.Len(t, state.Nodes, 100, "every change is in the state once Set returned")
+		assert.Equal(t, "v", state.Memo["k"])
+		assert.LessOrEqual(t, configMapUpdates(f)-before, 5, "100 changes over 400ms and a Set in a few writes")
+
+		return nil
+	})
+
+	require.NoError(t, f.runner.Run(context.Background()), f.out.String())
+}
+
+// configMapUpdates counts the state writes the fake cluster took.
+func configMapUpdates(f *runnerFixture) int {
+	n := 0
+
+	for _, a := range f.client.Actions() {
+		if a.GetVerb() == "update" && a.GetResource().Resource == "configmaps" {
+			n++
+		}
+	}
+
+	return n
 }
