@@ -300,6 +300,7 @@ func TestEngineOptions(t *testing.T) {
 		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
 		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
+		UnreachableGrace: DefaultUnreachableGrace,
 		Concurrency: DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
 	}, Options{}.withDefaults())
 }
