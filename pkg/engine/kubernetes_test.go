@@ -301,6 +301,6 @@ func TestEngineOptions(t *testing.T) {
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
 		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
 		UnreachableGrace: DefaultUnreachableGrace,
-		Concurrency: DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
+		Concurrency:      DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
 	}, Options{}.withDefaults())
 }
