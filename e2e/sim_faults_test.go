@@ -200,6 +200,36 @@ func TestSimulatorFaults(t *testing.T) {
 		require.Equal(t, "v1.12.4", v.Messages[0].Version.Tag, "an A/B fallback keeps the old version")
 	})
 
+	t.Run("apiServerDown: the kube-apiserver stops, and starts again once cleared", func(t *testing.T) {
+		readyz := func(ctx context.Context) error {
+			return c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+		}
+		setFaults("apiServerDown: true\n")
+		eventually(t, 30*time.Second, "the kube-apiserver gone", func(ctx context.Context) error {
+			if readyz(ctx) == nil {
+				return errors.New("still answers")
+			}
+			return nil
+		})
+		// The Talos API is the machines', not the apiserver's: it still answers.
+		_, err := tc.Version(client.WithNode(ctx, ip("cp-1")))
+		require.NoError(t, err)
+		setFaults("")
+		eventually(t, 90*time.Second, "the kube-apiserver ready again", readyz)
+		eventually(t, 90*time.Second, "every Node Ready again", func(ctx context.Context) error {
+			nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			for i := range nodes.Items {
+				if !nodeReady(&nodes.Items[i]) {
+					return fmt.Errorf("%s not Ready", nodes.Items[i].Name)
+				}
+			}
+			return nil
+		})
+	})
+
 	t.Run("eviction: kubectl drain moves the pods off a node", func(t *testing.T) {
 		out, err := c.kubectl(t, "drain", "worker-2", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
 		require.NoError(t, err, out)

@@ -304,6 +304,9 @@ func Run(ctx context.Context, opts Options, selfExe string, log *slog.Logger, re
 			_ = os.Remove(filepath.Join(opts.Dir, ReadyFile))
 			return nil
 		case <-ticker.C:
+			if err := cp.followAPIServerFault(fs.APIServerDown(), log); err != nil {
+				return fmt.Errorf("control plane: restart the kube-apiserver: %w", err)
+			}
 			if err := cp.alive(); err != nil {
 				return errors.New("control plane failed: " + err.Error())
 			}

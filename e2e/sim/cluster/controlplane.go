@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -38,6 +39,15 @@ type controlPlane struct {
 	caPEM []byte
 	// etcdURL is the client URL of the real etcd.
 	etcdURL string
+
+	// apiserver is the kube-apiserver's index in procs, bin, args and logs
+	// what starts it again after the apiServerDown fault; down says the fault
+	// stopped it (alive does not count that as a failure).
+	apiserver     int
+	apiserverBin  string
+	apiserverArgs []string
+	logs          string
+	down          bool
 }
 
 func (c *controlPlane) stop() {
@@ -149,28 +159,31 @@ func startControlPlane(ctx context.Context, opts Options, addrs addressPlan, g *
 	}
 	cp.procs = append(cp.procs, etcd)
 
-	apiserver, err := startProcess("kube-apiserver", logs, bin("kube-apiserver"),
-		"--etcd-servers="+etcdURL,
-		"--bind-address="+host, "--advertise-address="+host, fmt.Sprintf("--secure-port=%d", apiPort),
-		"--cert-dir="+pki, "--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
-		"--client-ca-file="+p("ca.crt"),
-		"--kubelet-client-certificate="+p("apiserver-kubelet-client.crt"), "--kubelet-client-key="+p("apiserver-kubelet-client.key"),
+	cp.logs, cp.apiserverBin = logs, bin("kube-apiserver")
+	cp.apiserverArgs = []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=" + host, "--advertise-address=" + host, fmt.Sprintf("--secure-port=%d", apiPort),
+		"--cert-dir=" + pki, "--tls-cert-file=" + p("apiserver.crt"), "--tls-private-key-file=" + p("apiserver.key"),
+		"--client-ca-file=" + p("ca.crt"),
+		"--kubelet-client-certificate=" + p("apiserver-kubelet-client.crt"), "--kubelet-client-key=" + p("apiserver-kubelet-client.key"),
 		"--kubelet-preferred-address-types=InternalIP",
-		"--requestheader-client-ca-file="+p("front-proxy-ca.crt"),
+		"--requestheader-client-ca-file=" + p("front-proxy-ca.crt"),
 		"--requestheader-allowed-names=front-proxy-client",
 		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
-		"--proxy-client-cert-file="+p("front-proxy-client.crt"), "--proxy-client-key-file="+p("front-proxy-client.key"),
-		"--service-account-key-file="+p("sa.key"), "--service-account-signing-key-file="+p("sa.key"),
+		"--proxy-client-cert-file=" + p("front-proxy-client.crt"), "--proxy-client-key-file=" + p("front-proxy-client.key"),
+		"--service-account-key-file=" + p("sa.key"), "--service-account-signing-key-file=" + p("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range="+serviceCIDR,
+		"--service-cluster-ip-range=" + serviceCIDR,
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true", "--endpoint-reconciler-type=none",
 		"--profiling=false", "--v=1",
-	)
+	}
+	apiserver, err := startProcess("kube-apiserver", logs, cp.apiserverBin, cp.apiserverArgs...)
 	if err != nil {
 		return nil, err
 	}
+	cp.apiserver = len(cp.procs)
 	cp.procs = append(cp.procs, apiserver)
 
 	cp.restConfig, err = clientcmd.BuildConfigFromFlags("", adminKubeconfig)
@@ -237,9 +250,35 @@ func withAPIRate(machines, qps, burst int, args ...string) []string {
 	return append(args, fmt.Sprintf("--kube-api-qps=%d", machines/50), fmt.Sprintf("--kube-api-burst=%d", max(burst, 3*machines/100)))
 }
 
-// alive returns the error of the first control-plane process that ended.
+// followAPIServerFault stops the kube-apiserver when down is set (the
+// apiServerDown fault: SIGTERM, then SIGKILL after 10s, as a static pod's
+// restart does) and starts it again, with the same arguments, once it is
+// cleared. It does not wait for the apiserver to be ready: its clients find
+// out, as they would in a cluster.
+func (c *controlPlane) followAPIServerFault(down bool, log *slog.Logger) error {
+	switch {
+	case down && !c.down:
+		log.Info("stopping the kube-apiserver (fault)")
+		c.procs[c.apiserver].stop(10 * time.Second)
+		c.down = true
+	case !down && c.down:
+		log.Info("starting the kube-apiserver again (fault cleared)")
+		p, err := startProcess("kube-apiserver", c.logs, c.apiserverBin, c.apiserverArgs...)
+		if err != nil {
+			return err
+		}
+		c.procs[c.apiserver], c.down = p, false
+	}
+	return nil
+}
+
+// alive returns the error of the first control-plane process that ended
+// (the kube-apiserver stopped by the apiServerDown fault aside).
 func (c *controlPlane) alive() error {
-	for _, p := range c.procs {
+	for i, p := range c.procs {
+		if i == c.apiserver && c.down {
+			continue
+		}
 		if err := p.exited(); err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@
 //	    etcdStalled: true            # its etcd member answers, but its raft indexes stop where they are while the others move on
 //	    etcdStatusLatency: 2s        # its etcd status call answers this late (a loaded node: Talos dials etcd anew for each call)
 //	    poweredOff: true             # the machine is off: from `up` it boots (and joins) once cleared; set later, it loses power
+//	apiServerDown: true              # the cluster's kube-apiserver is stopped while set and started again once cleared (a restart)
 //	unpublished:                     # references no registry serves any more, for every node (see below)
 //	  - factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1
 //	  - registry.k8s.io/kube-proxy   # a repository without a tag: every tag of it
@@ -93,6 +94,11 @@ type File struct {
 	// Unpublished lists image references no registry serves (see the
 	// package comment).
 	Unpublished []string `json:"unpublished,omitempty"`
+	// APIServerDown stops the cluster's kube-apiserver (SIGTERM, as a static
+	// pod's restart does) while set; cleared, it starts again: an apiserver
+	// restart that lasts as long as the fault. Every client of the cluster,
+	// the simulated kubelets and the runner among them, sees the API gone.
+	APIServerDown bool `json:"apiServerDown,omitempty"`
 }
 
 // Duration is a time.Duration written as "20s" in the file.
@@ -176,6 +182,17 @@ func (s *Store) Unpublished() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.current.Unpublished...)
+}
+
+// APIServerDown reports whether the kube-apiserver is to be down.
+func (s *Store) APIServerDown() bool {
+	if s == nil || s.path == "" {
+		return false
+	}
+	s.refresh()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current.APIServerDown
 }
 
 func (s *Store) refresh() {

@@ -95,3 +95,20 @@ func TestUnpublishedFollowsTheFile(t *testing.T) {
 	var none *Store
 	require.Empty(t, none.Unpublished())
 }
+
+func TestAPIServerDownFollowsTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "faults.yaml")
+	s, err := Load(path)
+	require.NoError(t, err)
+	require.False(t, s.APIServerDown())
+
+	require.NoError(t, os.WriteFile(path, []byte("apiServerDown: true\n"), 0o644))
+	require.True(t, s.APIServerDown())
+	require.Equal(t, Node{}, s.For("cp-1"), "the cluster's fault is nobody's node fault")
+
+	require.NoError(t, os.WriteFile(path, []byte("nodes: {}\n"), 0o644))
+	require.False(t, s.APIServerDown(), "cleared: the apiserver starts again")
+
+	var none *Store
+	require.False(t, none.APIServerDown())
+}
