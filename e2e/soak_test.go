@@ -3,21 +3,30 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/kubectl/pkg/drain"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
@@ -212,7 +221,11 @@ type soakDriver struct {
 	mu      sync.Mutex
 	active  map[int]soak.Fault // the faults file's faults now on, by index in the schedule
 	cordons []soak.Window
-	ended   bool // the operation ended (Succeeded, or Paused for the self-check)
+	ended   bool                   // the operation ended (Succeeded, or Paused for the self-check)
+	applied map[int]bool           // the faults applied, by index in the schedule
+	cleared map[int]bool           // the lasting faults cleared
+	follows map[int]*followProcess // the FollowerInterrupted faults' `status --watch`
+	drains  sync.WaitGroup         // the NodeDrained faults' evictions
 }
 
 func (d *soakDriver) do(t *testing.T) {
@@ -222,7 +235,7 @@ func (d *soakDriver) do(t *testing.T) {
 	if err := os.WriteFile(d.faults, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d.active = map[int]soak.Fault{}
+	d.active, d.applied, d.cleared, d.follows = map[int]soak.Fault{}, map[int]bool{}, map[int]bool{}, map[int]*followProcess{}
 
 	args := []string{"--control-planes", strconv.Itoa(r.Shape.ControlPlanes), "--workers", strconv.Itoa(r.Shape.Workers),
 		"--kubernetes", r.Scenario.Kubernetes, "--talos", r.Scenario.Talos, "--faults", d.faults,
@@ -235,12 +248,18 @@ func (d *soakDriver) do(t *testing.T) {
 		addWorkload(t, d.c, 2)
 	}
 
-	upgrade := []string{"upgrade", r.Scenario.Upgrade, "--to", r.Scenario.To, "--yes", "--detach",
-		"--max-unavailable", strconv.Itoa(r.MaxUnavailable)}
-	if r.Scenario.Upgrade == soak.Kubernetes {
+	upgrade := []string{"upgrade", r.Scenario.Upgrade}
+	if r.Scenario.Upgrade == soak.Path {
+		upgrade = append(upgrade, "--talos", r.Scenario.To, "--kubernetes", r.Scenario.ToKubernetes)
+	} else {
+		upgrade = append(upgrade, "--to", r.Scenario.To)
+	}
+	upgrade = append(upgrade, "--yes", "--detach", "--max-unavailable", strconv.Itoa(r.MaxUnavailable))
+	if r.Scenario.Changes() {
 		// A blocked apply pauses in seconds, not the default five minutes.
 		upgrade = append(upgrade, "--apply-timeout", "20s")
-	} else {
+	}
+	if r.Scenario.Reboots() {
 		upgrade = append(upgrade, "--upgrade-timeout", "1m")
 		if r.Shape.ControlPlanes < 3 {
 			// What the plan asks of an operator whose etcd cannot keep quorum
@@ -357,7 +376,6 @@ func (d *soakDriver) schedule(ctx context.Context, t *testing.T, launched time.T
 		}
 	}
 	slices.SortStableFunc(evs, func(a, b event) int { return a.at.Compare(b.at) })
-	applied := map[int]bool{}
 	for _, e := range evs {
 		select {
 		case <-ctx.Done():
@@ -366,7 +384,10 @@ func (d *soakDriver) schedule(ctx context.Context, t *testing.T, launched time.T
 		}
 		f := d.run.Faults[e.i]
 		if e.clear {
-			if applied[e.i] {
+			d.mu.Lock()
+			on := d.applied[e.i] && !d.cleared[e.i]
+			d.mu.Unlock()
+			if on {
 				d.clearFault(t, e.i, f)
 			}
 			continue
@@ -380,7 +401,9 @@ func (d *soakDriver) schedule(ctx context.Context, t *testing.T, launched time.T
 			d.rep.Skipped = append(d.rep.Skipped, f.String()+": "+err.Error())
 			continue
 		}
-		applied[e.i] = true
+		d.mu.Lock()
+		d.applied[e.i] = true
+		d.mu.Unlock()
 		d.rep.Injected = append(d.rep.Injected, f.String())
 		t.Logf("fault on: %s", f)
 	}
@@ -400,14 +423,31 @@ func (d *soakDriver) apply(t *testing.T, i int, f soak.Fault, upgrade []string) 
 			return d.c.Client.CoreV1().Pods(jobNamespace).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 		}
 		return d.c.Client.CoreV1().Pods(jobNamespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: jobNamespace}})
-	case soak.NodeCordoned:
+	case soak.NodeCordoned, soak.NodeDrained:
 		if err := d.setUnschedulable(ctx, f.Node, true); err != nil {
 			return err
 		}
 		d.mu.Lock()
 		d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: time.Now()})
 		d.mu.Unlock()
+		if f.Kind == soak.NodeDrained {
+			// kubectl drain's evictions, which a PodDisruptionBudget may hold
+			// back: they go on beside the schedule, bounded.
+			d.drains.Add(1)
+			go func() {
+				defer d.drains.Done()
+				if err := d.drain(f.Node, f.For.Duration); err != nil {
+					t.Logf("drain %s: %v", f.Node, err)
+				}
+			}()
+		}
 		return nil
+	case soak.StateWriteDenied:
+		return d.denyStateWrites(ctx, true)
+	case soak.PDBBlocking:
+		return d.setPDB(ctx, 0)
+	case soak.FollowerInterrupted:
+		return d.startFollower(i)
 	case soak.SecondOperation:
 		res, err := d.ichor(3*time.Minute, upgrade...)
 		if err != nil {
@@ -429,8 +469,21 @@ func (d *soakDriver) apply(t *testing.T, i int, f soak.Fault, upgrade []string) 
 func (d *soakDriver) clearFault(t *testing.T, i int, f soak.Fault) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	d.mu.Lock()
+	d.cleared[i] = true
+	d.mu.Unlock()
 	switch f.Kind {
-	case soak.NodeCordoned:
+	case soak.StateWriteDenied:
+		if err := d.denyStateWrites(ctx, false); err != nil {
+			t.Logf("allow state writes: %v", err)
+		}
+	case soak.PDBBlocking:
+		if err := d.setPDB(ctx, 1); err != nil {
+			t.Logf("restore the PodDisruptionBudget: %v", err)
+		}
+	case soak.FollowerInterrupted:
+		d.interruptFollower(t, i)
+	case soak.NodeCordoned, soak.NodeDrained:
 		if err := d.setUnschedulable(ctx, f.Node, false); err != nil {
 			t.Logf("uncordon %s: %v", f.Node, err)
 		}
@@ -453,26 +506,31 @@ func (d *soakDriver) clearFault(t *testing.T, i int, f soak.Fault) {
 }
 
 // clearAll clears what is still on at the end (the self-check's etcd, a cordon whose
-// moment had not come).
+// moment had not come), then waits for the kube-apiserver, which an apiserver-restart
+// may have left starting again.
 func (d *soakDriver) clearAll(t *testing.T) {
 	for i, f := range d.run.Faults {
 		d.mu.Lock()
-		_, on := d.active[i]
-		open := false
-		for _, w := range d.cordons {
-			open = open || (w.Node == f.Node && w.To.IsZero() && f.Kind == soak.NodeCordoned)
-		}
+		open := d.applied[i] && f.Lasting() && !d.cleared[i]
 		d.mu.Unlock()
-		if on || open {
+		if open {
 			d.clearFault(t, i, f)
 		}
 	}
+	d.drains.Wait()
+	eventually(t, 2*time.Minute, "the kube-apiserver ready", func(ctx context.Context) error {
+		return d.c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+	})
 }
 
 // writeFaults writes the faults file from the active faults; d.mu is held.
 func (d *soakDriver) writeFaults() error {
 	file := faults.File{Nodes: map[string]faults.Node{}}
 	for _, f := range d.active {
+		if f.Kind == soak.APIServerRestart {
+			file.APIServerDown = true
+			continue
+		}
 		nodes := []string{f.Node}
 		if f.Kind == soak.AllEtcdStopped {
 			nodes = d.run.Shape.Nodes()[:d.run.Shape.ControlPlanes]
@@ -492,6 +550,10 @@ func (d *soakDriver) writeFaults() error {
 				n.UpgradeUnavailable = true
 			case soak.EtcdStopped, soak.AllEtcdStopped:
 				n.EtcdStopped = true
+			case soak.EtcdAlarm:
+				n.EtcdAlarm = "NOSPACE"
+			case soak.NodePoweredOff:
+				n.PoweredOff = true
 			}
 			file.Nodes[name] = n
 		}
@@ -620,4 +682,154 @@ func writeJSON(t *testing.T, path string, v any) {
 	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		t.Error(err)
 	}
+}
+
+// drain is a person's kubectl drain of node (cordoned already): its pods evicted as
+// kubectl's drain evicts them (DaemonSets' and mirror pods left), for at most bound.
+func (d *soakDriver) drain(node string, bound time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), bound+10*time.Second)
+	defer cancel()
+	h := &drain.Helper{
+		Ctx: ctx, Client: d.c.Client, Force: true, IgnoreAllDaemonSets: true, DeleteEmptyDirData: true,
+		GracePeriodSeconds: -1, Timeout: bound, Out: io.Discard, ErrOut: io.Discard,
+	}
+	return drain.RunNodeDrain(h, node)
+}
+
+// soakPolicy names the admission policy and binding of the StateWriteDenied fault.
+const soakPolicy = "soak-deny-state-writes"
+
+// denyStateWrites puts in place (on) or removes the admission policy that denies every
+// update of the state ConfigMap, as a cluster's policy engine might.
+func (d *soakDriver) denyStateWrites(ctx context.Context, on bool) error {
+	adm := d.c.Client.AdmissionregistrationV1()
+	if !on {
+		errB := adm.ValidatingAdmissionPolicyBindings().Delete(ctx, soakPolicy, metav1.DeleteOptions{})
+		errP := adm.ValidatingAdmissionPolicies().Delete(ctx, soakPolicy, metav1.DeleteOptions{})
+		return errors.Join(ignoreNotFound(errB), ignoreNotFound(errP))
+	}
+	fail := admissionregistrationv1.Fail
+	_, err := adm.ValidatingAdmissionPolicies().Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: soakPolicy},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{
+						APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"},
+					},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: fmt.Sprintf("object.metadata.name != %q", job.StateName),
+				Message:    "updates of the upgrade's state are denied by policy (the soak's state-write-denied fault)",
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	_, err = adm.ValidatingAdmissionPolicyBindings().Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: soakPolicy},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        soakPolicy,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: jobNamespace},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	return err
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// setPDB sets the workload's PodDisruptionBudget (addWorkload's "web") to allow
+// maxUnavailable disruptions: 0 blocks every eviction of its pods.
+func (d *soakDriver) setPDB(ctx context.Context, maxUnavailable int) error {
+	patch := fmt.Sprintf(`{"spec":{"maxUnavailable":%d}}`, maxUnavailable)
+	_, err := d.c.Client.PolicyV1().PodDisruptionBudgets("default").Patch(ctx, "web", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// followProcess is an operator's `kubectl ichor status --watch`.
+type followProcess struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer // its output, read once it ended
+	done chan struct{}
+	err  error
+}
+
+// startFollower starts following the operation, as an operator does in a terminal.
+func (d *soakDriver) startFollower(i int) error {
+	cmd := exec.Command(os.Getenv("ICHOR_PLUGIN"), "status", "--watch", "--kubeconfig", d.c.Kubeconfig, "--talosconfig", d.c.Talosconfig)
+	cmd.Env = d.env
+	fp := &followProcess{cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &fp.out, &fp.out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go func() {
+		fp.err = cmd.Wait()
+		close(fp.done)
+	}()
+	d.mu.Lock()
+	d.follows[i] = fp
+	d.mu.Unlock()
+	return nil
+}
+
+// followerInterruptBound is how soon a follower must end after its Ctrl-C.
+const followerInterruptBound = 10 * time.Second
+
+// interruptFollower is the operator's Ctrl-C: the follower must end at once, detached
+// (exit 130), and the operation go on; one that ended by itself before (the operation
+// paused or ended, which it reports) is left as it is.
+func (d *soakDriver) interruptFollower(t *testing.T, i int) {
+	d.mu.Lock()
+	fp := d.follows[i]
+	d.mu.Unlock()
+	if fp == nil {
+		return
+	}
+	select {
+	case <-fp.done:
+		t.Logf("status --watch had ended by itself (%v): %s", fp.err, lastLines(fp.out.String(), 3))
+		return
+	default:
+	}
+	_ = fp.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-fp.done:
+	case <-time.After(followerInterruptBound):
+		_ = fp.cmd.Process.Kill()
+		<-fp.done
+		d.problem(fmt.Sprintf("status --watch did not end within %s of its Ctrl-C: %s", followerInterruptBound, lastLines(fp.out.String(), 3)))
+		return
+	}
+	var exit *exec.ExitError
+	if !errors.As(fp.err, &exit) || exit.ExitCode() != 130 {
+		d.problem(fmt.Sprintf("status --watch, interrupted, ended %v, not detached (exit 130): %s", fp.err, lastLines(fp.out.String(), 3)))
+		return
+	}
+	t.Logf("status --watch detached on Ctrl-C: %s", lastLines(fp.out.String(), 1))
+}
+
+// problem records a problem the driver saw itself (the run is then broken).
+func (d *soakDriver) problem(p string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rep.Problems = append(d.rep.Problems, p)
+}
+
+// lastLines is the last n lines of s, joined with " | ".
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }

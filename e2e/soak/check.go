@@ -131,7 +131,7 @@ func CheckEvents(r Run, evs []events.Event, person []Window) []string {
 	var problems []string
 	problems = append(problems, invariant(evs)...)
 	problems = append(problems, cordons(r, evs, person)...)
-	if r.Scenario.Upgrade == TalosOS {
+	if r.Scenario.Reboots() {
 		installs := map[string]int{}
 		for _, e := range evs {
 			if e.Component == events.TalosInstall && e.Version == r.Scenario.To {
@@ -243,30 +243,33 @@ func cordons(r Run, evs []events.Event, person []Window) []string {
 // NotAtTarget lists what the events say is not at the run's target at the
 // end: a Kubernetes upgrade moves every control plane's apiserver,
 // controller-manager and scheduler and every node's kubelet (and kube-proxy,
-// where it runs); a Talos upgrade every node's Talos.
+// where it runs); a Talos upgrade every node's Talos; a path both.
 func NotAtTarget(r Run, evs []events.Event) []string {
 	last := map[string]string{}
 	for _, e := range evs {
 		last[e.Node+" "+e.Component] = e.Version
 	}
-	var want []string
+	want := map[string]string{} // "node component" -> its version at the end
 	for i, n := range r.Shape.Nodes() {
-		if r.Scenario.Upgrade == TalosOS {
-			want = append(want, n+" "+events.Talos)
+		if r.Scenario.Reboots() {
+			want[n+" "+events.Talos] = r.Scenario.TalosTarget()
+		}
+		if !r.Scenario.Changes() {
 			continue
 		}
+		k8s := r.Scenario.KubernetesTarget()
 		if i < r.Shape.ControlPlanes {
-			want = append(want, n+" "+events.APIServer, n+" "+events.ControllerManager, n+" "+events.Scheduler)
+			want[n+" "+events.APIServer], want[n+" "+events.ControllerManager], want[n+" "+events.Scheduler] = k8s, k8s, k8s
 		}
-		want = append(want, n+" "+events.Kubelet)
+		want[n+" "+events.Kubelet] = k8s
 		if _, runs := last[n+" "+events.KubeProxy]; runs {
-			want = append(want, n+" "+events.KubeProxy)
+			want[n+" "+events.KubeProxy] = k8s
 		}
 	}
 	var problems []string
-	for _, k := range want {
-		if v := last[k]; v != r.Scenario.To {
-			problems = append(problems, fmt.Sprintf("%s runs %s at the end, not %s", k, orNone(v), r.Scenario.To))
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if v := last[k]; v != want[k] {
+			problems = append(problems, fmt.Sprintf("%s runs %s at the end, not %s", k, orNone(v), want[k]))
 		}
 	}
 	return problems

@@ -38,29 +38,66 @@ var Shapes = []Shape{{1, 0}, {3, 0}, {3, 2}, {3, 5}}
 const (
 	Kubernetes = "kubernetes"
 	TalosOS    = "talos"
+	// Path is `upgrade cluster`: a Talos hop, then a Kubernetes hop, as one
+	// operation.
+	Path = "cluster"
 )
 
 // Scenario is a cluster's versions and config layout and the upgrade a run
 // makes of it: pairs the simulator serves and the product supports.
 type Scenario struct {
-	Upgrade    string `json:"upgrade"` // Kubernetes or TalosOS
+	Upgrade    string `json:"upgrade"` // Kubernetes, TalosOS or Path
 	Talos      string `json:"talos"`
 	Kubernetes string `json:"kubernetes"`
 	Layout     string `json:"layout,omitempty"` // ichor-sim --config-layout; "" is Talos' own
-	To         string `json:"to"`
+	// To is the target of a Kubernetes or Talos upgrade, and the Talos
+	// target of a path; ToKubernetes the Kubernetes target of a path.
+	To           string `json:"to"`
+	ToKubernetes string `json:"toKubernetes,omitempty"`
 }
 
 func (s Scenario) String() string {
-	from := s.Kubernetes
-	if s.Upgrade == TalosOS {
-		from = s.Talos
-	}
 	layout := ""
 	if s.Layout != "" {
 		layout = ", " + s.Layout
 	}
-	return fmt.Sprintf("%s %s -> %s (Talos %s, Kubernetes %s%s)", s.Upgrade, from, s.To, s.Talos, s.Kubernetes, layout)
+	switch s.Upgrade {
+	case TalosOS:
+		return fmt.Sprintf("talos %s -> %s (Kubernetes %s%s)", s.Talos, s.To, s.Kubernetes, layout)
+	case Path:
+		return fmt.Sprintf("cluster: Talos %s -> %s, Kubernetes %s -> %s%s", s.Talos, s.To, s.Kubernetes, s.ToKubernetes, layout)
+	default:
+		return fmt.Sprintf("kubernetes %s -> %s (Talos %s%s)", s.Kubernetes, s.To, s.Talos, layout)
+	}
 }
+
+// TalosTarget is the Talos every node runs at the end, KubernetesTarget the
+// Kubernetes.
+func (s Scenario) TalosTarget() string {
+	if s.Upgrade == Kubernetes {
+		return s.Talos
+	}
+	return s.To
+}
+
+// KubernetesTarget is the Kubernetes every node runs at the end.
+func (s Scenario) KubernetesTarget() string {
+	switch s.Upgrade {
+	case Kubernetes:
+		return s.To
+	case Path:
+		return s.ToKubernetes
+	default:
+		return s.Kubernetes
+	}
+}
+
+// Reboots tells whether the upgrade reboots nodes (a Talos upgrade, or a
+// path with a Talos hop).
+func (s Scenario) Reboots() bool { return s.Upgrade != Kubernetes }
+
+// Changes tells whether the upgrade changes Kubernetes components.
+func (s Scenario) Changes() bool { return s.Upgrade != TalosOS }
 
 // Scenarios are the upgrades a run picks from.
 var Scenarios = []Scenario{
@@ -70,6 +107,9 @@ var Scenarios = []Scenario{
 	{Upgrade: Kubernetes, Talos: "v1.14.1", Kubernetes: "v1.36.3", Layout: "mixed", To: "v1.37.2"},
 	{Upgrade: TalosOS, Talos: "v1.12.4", Kubernetes: "v1.35.4", To: "v1.13.9"},
 	{Upgrade: TalosOS, Talos: "v1.13.9", Kubernetes: "v1.36.3", To: "v1.14.1"},
+	{Upgrade: TalosOS, Talos: "v1.14.0", Kubernetes: "v1.36.3", Layout: "multi-doc", To: "v1.14.1"},
+	{Upgrade: TalosOS, Talos: "v1.14.0", Kubernetes: "v1.36.3", Layout: "mixed", To: "v1.14.1"},
+	{Upgrade: Path, Talos: "v1.13.9", Kubernetes: "v1.36.3", To: "v1.14.1", ToKubernetes: "v1.37.2"},
 }
 
 // Kind is a kind of fault.
@@ -101,10 +141,42 @@ const (
 	// faults' etcdStopped. Only with three control planes (one stopped keeps
 	// quorum).
 	EtcdStopped Kind = "etcd-stopped"
+	// EtcdAlarm raises an alarm (NOSPACE) on a control plane's etcd member:
+	// faults' etcdAlarm.
+	EtcdAlarm Kind = "etcd-alarm"
+	// NodeDrained is a person draining a node (kubectl drain: cordon, then
+	// evict its pods), and uncordoning it when cleared.
+	NodeDrained Kind = "node-drained"
+	// NodePoweredOff cuts a node's power, and switches it on when cleared:
+	// faults' poweredOff.
+	NodePoweredOff Kind = "node-powered-off"
+	// APIServerRestart stops the kube-apiserver, and starts it again when
+	// cleared: faults' apiServerDown.
+	APIServerRestart Kind = "apiserver-restart"
+	// StateWriteDenied is an admission policy (a ValidatingAdmissionPolicy)
+	// that denies every update of the state ConfigMap, removed when cleared.
+	StateWriteDenied Kind = "state-write-denied"
+	// PDBBlocking sets the workload's PodDisruptionBudget to allow no
+	// disruption, and back when cleared (only with workers: the workload
+	// runs on them).
+	PDBBlocking Kind = "pdb-blocking"
+	// FollowerInterrupted starts `kubectl ichor status --watch`, as an
+	// operator follows the upgrade, and interrupts it (Ctrl-C) when cleared:
+	// it must end at once and leave the operation running.
+	FollowerInterrupted Kind = "follower-interrupted"
 	// AllEtcdStopped stops every control plane's etcd member and never clears:
 	// the self-check's fault, which the product cannot survive by design.
 	AllEtcdStopped Kind = "all-etcd-stopped"
 )
+
+// ClusterWide tells whether a kind of fault has no node.
+func (k Kind) ClusterWide() bool {
+	switch k {
+	case RunnerKilled, RunnerEvicted, SecondOperation, APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted:
+		return true
+	}
+	return false
+}
 
 // Fault is one fault of a run's schedule.
 type Fault struct {
@@ -155,12 +227,16 @@ const (
 
 // kinds are the faults that fit a scenario on a shape.
 func kinds(sc Scenario, sh Shape) []Kind {
-	out := []Kind{RunnerKilled, RunnerEvicted, TalosUnavailable, TalosSlow, NodeCordoned, SecondOperation}
-	if sc.Upgrade == TalosOS {
+	out := []Kind{RunnerKilled, RunnerEvicted, TalosUnavailable, TalosSlow, NodeCordoned, SecondOperation,
+		EtcdAlarm, NodeDrained, NodePoweredOff, APIServerRestart, StateWriteDenied, FollowerInterrupted}
+	if sc.Reboots() {
 		out = append(out, TalosStreamReset)
 	}
 	if sh.ControlPlanes >= 3 {
 		out = append(out, EtcdStopped)
+	}
+	if sh.Workers > 0 {
+		out = append(out, PDBBlocking)
 	}
 	return out
 }
@@ -185,7 +261,9 @@ func Generate(seed uint64) Run {
 		f := Fault{Kind: ks[rng.IntN(len(ks))], At: faults.Duration{Duration: randDuration(rng, 0, window)}}
 		switch f.Kind {
 		case RunnerKilled, RunnerEvicted, SecondOperation:
-		case EtcdStopped:
+		case APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted:
+			f.For = faults.Duration{Duration: randDuration(rng, minFor, maxFor)}
+		case EtcdStopped, EtcdAlarm:
 			f.Node = cps[rng.IntN(len(cps))]
 			f.For = faults.Duration{Duration: randDuration(rng, minFor, maxFor)}
 		default:
@@ -204,7 +282,7 @@ func SelfCheck(seed uint64) Run {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
 	var talos []Scenario
 	for _, s := range Scenarios {
-		if s.Upgrade == TalosOS {
+		if s.Upgrade == TalosOS && s.Layout == "" {
 			talos = append(talos, s)
 		}
 	}

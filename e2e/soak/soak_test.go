@@ -78,3 +78,60 @@ func TestSelfCheckMustPause(t *testing.T) {
 	assert.Equal(t, Broken, out)
 	assert.Contains(t, strings.Join(problems, "\n"), "not Paused")
 }
+
+func TestGenerateFitsFaultsToTheRun(t *testing.T) {
+	seen := map[Kind]bool{}
+	for seed := range uint64(2000) {
+		r := Generate(seed)
+		cps := r.Shape.Nodes()[:r.Shape.ControlPlanes]
+		for _, f := range r.Faults {
+			seen[f.Kind] = true
+			switch {
+			case f.Kind.ClusterWide():
+				assert.Empty(t, f.Node, "seed %d: %s", seed, f)
+			case f.Kind == EtcdStopped || f.Kind == EtcdAlarm:
+				assert.Contains(t, cps, f.Node, "seed %d: %s on a control plane", seed, f)
+			default:
+				assert.Contains(t, r.Shape.Nodes(), f.Node, "seed %d: %s", seed, f)
+			}
+			if f.Kind == PDBBlocking {
+				assert.Positive(t, r.Shape.Workers, "seed %d: the workload's budget exists only with workers", seed)
+			}
+			if f.Kind == EtcdStopped {
+				assert.GreaterOrEqual(t, r.Shape.ControlPlanes, 3, "seed %d: one etcd stopped of three keeps quorum", seed)
+			}
+			if f.Kind == TalosStreamReset {
+				assert.True(t, r.Scenario.Reboots(), "seed %d: the stream reset is the Upgrade call's", seed)
+			}
+		}
+	}
+	for _, k := range []Kind{RunnerKilled, RunnerEvicted, TalosUnavailable, TalosSlow, TalosStreamReset, NodeCordoned, SecondOperation,
+		EtcdStopped, EtcdAlarm, NodeDrained, NodePoweredOff, APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted} {
+		assert.True(t, seen[k], "no seed of 2000 draws %s", k)
+	}
+}
+
+func TestNotAtTargetOfAPath(t *testing.T) {
+	run := Run{Shape: Shape{ControlPlanes: 1, Workers: 1},
+		Scenario: Scenario{Upgrade: Path, Talos: "v1.13.9", Kubernetes: "v1.36.3", To: "v1.14.1", ToKubernetes: "v1.37.2"}}
+	var evs []events.Event
+	at := func(node, component, version string) {
+		evs = append(evs, events.Event{Node: node, Component: component, Version: version})
+	}
+	for _, n := range []string{"cp-1", "worker-1"} {
+		at(n, events.Talos, "v1.14.1")
+		at(n, events.Kubelet, "v1.37.2")
+	}
+	for _, c := range []string{events.APIServer, events.ControllerManager, events.Scheduler} {
+		at("cp-1", c, "v1.37.2")
+	}
+	assert.Empty(t, NotAtTarget(run, evs))
+
+	at("worker-1", events.Talos, "v1.13.9") // booted back: the A/B fallback
+	assert.Equal(t, []string{"worker-1 talos runs v1.13.9 at the end, not v1.14.1"}, NotAtTarget(run, evs))
+
+	talosOnly := run
+	talosOnly.Scenario = Scenario{Upgrade: TalosOS, Talos: "v1.13.9", Kubernetes: "v1.36.3", To: "v1.14.1"}
+	assert.Equal(t, []string{"worker-1 talos runs v1.13.9 at the end, not v1.14.1"}, NotAtTarget(talosOnly, evs),
+		"a Talos upgrade judges Talos alone")
+}
