@@ -27,9 +27,10 @@ func (o *installerOptions) addInstallerFlags(fs *pflag.FlagSet) {
 		"Nodes whose --installer-image may not carry the schematic and system extensions they run: they reboot without them (NODE,...)")
 }
 
-// validateInstallers parses the installer flags for target.
-func (o *installerOptions) validateInstallers(target stages.Version) error {
-	f, err := stages.ParseInstallerFlags(o.InstallerImages, o.DropExtensions, target)
+// validateInstallers parses the installer flags for target, the value of the
+// flag targetFlag.
+func (o *installerOptions) validateInstallers(target stages.Version, targetFlag string) error {
+	f, err := stages.ParseInstallerFlags(o.InstallerImages, o.DropExtensions, target, targetFlag)
 	if err != nil {
 		return err
 	}

@@ -290,7 +290,7 @@ func (o *PlanTalosOptions) Validate() error {
 		return err
 	}
 
-	return o.validateInstallers(o.target)
+	return o.validateInstallers(o.target, "--to")
 }
 
 // Run discovers the cluster, plans the Talos upgrade, runs the checks and prints the plan.

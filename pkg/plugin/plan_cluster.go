@@ -100,7 +100,7 @@ func (p *pathOptions) completePath() error {
 		return err
 	}
 
-	return p.validateInstallers(talos)
+	return p.validateInstallers(talos, "--talos")
 }
 
 // hopInstallers are the operator's installers for a Talos hop to to: --installer-image

@@ -229,6 +229,10 @@ func TestPlanClusterFlags(t *testing.T) {
 		{args: []string{"--kubernetes", "1.36"}, stderr: `--kubernetes "1.36": `},
 		{args: []string{"--kubernetes", "v1.36.3", "--via", "v1.35"}, stderr: `--via "v1.35": `},
 		{args: []string{"--kubernetes", "v1.36.3", "-o", "wide"}, stderr: `-o "wide": pass -o json or -o yaml`},
+		{
+			args:   []string{"--talos", "v1.14.1", "--installer-image", "ghcr.io/siderolabs/installer:v1.13.9"},
+			stderr: `--installer-image "ghcr.io/siderolabs/installer:v1.13.9" is tagged v1.13.9 but --talos is v1.14.1: make them agree`,
+		},
 	} {
 		_, stderr, code := runWith(t, fakeDeps(c, nil), append([]string{"plan", "cluster"}, tt.args...)...)
 		assert.Equal(t, ExitError, code, tt.args)

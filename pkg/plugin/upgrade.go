@@ -416,7 +416,7 @@ func (o *UpgradeTalosOptions) Validate() error {
 		return err
 	}
 
-	if err := o.validateInstallers(o.target); err != nil {
+	if err := o.validateInstallers(o.target, "--to"); err != nil {
 		return err
 	}
 

@@ -31,8 +31,9 @@ type InstallerFlags struct {
 }
 
 // ParseInstallerFlags reads the values of --installer-image and
-// --drop-extensions, checking that every image is tagged target.
-func ParseInstallerFlags(images, drop []string, target Version) (InstallerFlags, error) {
+// --drop-extensions, checking that every image is tagged target, the value of
+// the flag targetFlag (--to, or --talos for a path).
+func ParseInstallerFlags(images, drop []string, target Version, targetFlag string) (InstallerFlags, error) {
 	var f InstallerFlags
 
 	for _, v := range images {
@@ -45,7 +46,7 @@ func ParseInstallerFlags(images, drop []string, target Version) (InstallerFlags,
 			return InstallerFlags{}, fmt.Errorf("--installer-image %q: pass IMAGE for every node or NODE=IMAGE for one", v)
 		}
 
-		if err := checkInstallerTag(image, target); err != nil {
+		if err := checkInstallerTag(image, target, targetFlag); err != nil {
 			return InstallerFlags{}, err
 		}
 
@@ -118,15 +119,16 @@ func (f InstallerFlags) Retag(to Version) (InstallerFlags, error) {
 	return out, nil
 }
 
-// checkInstallerTag checks an installer image is tagged with the target.
-func checkInstallerTag(image string, target Version) error {
+// checkInstallerTag checks an installer image is tagged with the target, the
+// value of targetFlag.
+func checkInstallerTag(image string, target Version, targetFlag string) error {
 	tag := render.TagOf(image)
 	if tag == "" {
 		return fmt.Errorf("--installer-image %q: pass REPOSITORY:TAG, e.g. %s/%s/%s:%s", image, gendata.ImageFactory, "metal-installer", EmptySchematic, target)
 	}
 
 	if v, err := ParseVersion(tag); err == nil && v != target {
-		return fmt.Errorf("--installer-image %q is tagged %s but --to is %s: make them agree", image, tag, target)
+		return fmt.Errorf("--installer-image %q is tagged %s but %s is %s: make them agree", image, tag, targetFlag, target)
 	}
 
 	return nil

@@ -262,7 +262,7 @@ func TestParseInstallerFlags(t *testing.T) {
 	target := stages.MustParseVersion("v1.14.1")
 
 	f, err := stages.ParseInstallerFlags([]string{"my.registry/installer:v1.14.1", "worker-1=registry.local/metal-installer/" + schematicA + ":v1.14.1"},
-		[]string{"worker-2", "worker-3", "worker-2"}, target)
+		[]string{"worker-2", "worker-3", "worker-2"}, target, "--to")
 	require.NoError(t, err)
 	assert.Equal(t, stages.InstallerFlags{
 		Image:          "my.registry/installer:v1.14.1",
@@ -285,9 +285,12 @@ func TestParseInstallerFlags(t *testing.T) {
 		{images: []string{"w=a/installer:v1.14.1", "w=b/installer:v1.14.1"}, want: `--installer-image is given twice for node w`},
 		{drop: []string{""}, want: `--drop-extensions: name the nodes`},
 	} {
-		_, err := stages.ParseInstallerFlags(tc.images, tc.drop, target)
+		_, err := stages.ParseInstallerFlags(tc.images, tc.drop, target, "--to")
 		require.ErrorContains(t, err, tc.want)
 	}
+
+	_, err = stages.ParseInstallerFlags([]string{"ghcr.io/siderolabs/installer:v1.13.8"}, nil, target, "--talos")
+	require.ErrorContains(t, err, `is tagged v1.13.8 but --talos is v1.14.1`, "a path's Talos target is --talos")
 }
 
 func TestPlanTalosShowsTheSchematicInstaller(t *testing.T) {
@@ -345,7 +348,7 @@ func TestPlanTalosShowsTheSchematicInstaller(t *testing.T) {
 func TestInstallerFlagsRetag(t *testing.T) {
 	f, err := stages.ParseInstallerFlags([]string{
 		"factory.talos.dev/metal-installer/abc123:v1.14.1", "worker-1=registry.example.com:5000/installer:v1.14.1",
-	}, []string{"worker-1"}, stages.MustParseVersion("v1.14.1"))
+	}, []string{"worker-1"}, stages.MustParseVersion("v1.14.1"), "--talos")
 	require.NoError(t, err)
 
 	got, err := f.Retag(stages.MustParseVersion("v1.13.9"))
