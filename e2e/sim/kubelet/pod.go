@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -166,8 +167,10 @@ func (r *podRunner) terminate(ctx context.Context, pod *corev1.Pod, started bool
 	}
 	zero := int64(0)
 	uid := pod.UID
-	err := r.k.opts.Client.CoreV1().Pods(r.ns).Delete(ctx, r.name, metav1.DeleteOptions{
-		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid},
+	err := r.untilLanded(ctx, "delete pod", func() error {
+		return r.k.opts.Client.CoreV1().Pods(r.ns).Delete(ctx, r.name, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid},
+		})
 	})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		r.logf("delete pod", "err", err)
@@ -181,23 +184,66 @@ func (r *podRunner) podIP(pod *corev1.Pod) string {
 	return r.n.podIP(r.uid)
 }
 
+// mutateStatus writes the pod's status as mutate changes it. Like a kubelet's
+// status manager, it keeps trying until the write lands: an apiserver away
+// for a while (restarting, unreachable) delays a pod's status, it does not
+// lose it. It gives up when the pod is gone, ctx ends, or the apiserver
+// refuses the write itself.
 func (r *podRunner) mutateStatus(ctx context.Context, mutate func(pod *corev1.Pod)) {
 	pods := r.k.opts.Client.CoreV1().Pods(r.ns)
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		pod, err := pods.Get(ctx, r.name, metav1.GetOptions{})
-		if err != nil {
+	err := r.untilLanded(ctx, "write pod status", func() error {
+		return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+			pod, err := pods.Get(ctx, r.name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if string(pod.UID) != r.uid {
+				return nil
+			}
+			mutate(pod)
+			_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 			return err
-		}
-		if string(pod.UID) != r.uid {
-			return nil
-		}
-		mutate(pod)
-		_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
-		return err
+		})
 	})
 	if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
 		r.logf("write pod status", "err", err)
 	}
+}
+
+// untilLanded calls write until it succeeds or fails for a reason that
+// another try cannot change (the object gone, the request refused), waiting
+// longer between tries, up to 5s, while the apiserver cannot be reached or
+// answers that it cannot serve; it stops when ctx ends or the pod is gone.
+func (r *podRunner) untilLanded(ctx context.Context, what string, write func() error) error {
+	wait := 500 * time.Millisecond
+	for tries := 1; ; tries++ {
+		err := write()
+		if err == nil || !transient(err) {
+			return err
+		}
+		if tries == 1 {
+			r.logf(what+": will retry until the apiserver takes it", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-r.goneCh:
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// transient tells whether a write's error may go away by itself: no answer
+// from the apiserver, or an answer that it cannot serve now.
+func transient(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return true // no answer: connection refused, reset, timed out
+	}
+	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
 }
 
 func (r *podRunner) writeRunning(ctx context.Context, ready bool) {

@@ -1,0 +1,65 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// A pod's exit is written even when the apiserver was away at that moment (a
+// restart): a kubelet's status manager keeps its pods' statuses until they
+// land. Without it the pod of a process that ended stays Running in the API
+// for good, and its Job never replaces it.
+func TestPodStatusLandsAfterTheAPIServerIsBack(t *testing.T) {
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "runner", Namespace: "ichor-system", UID: "4f1c2a9e-0b7d-4c55-9e0a-2d3c4b5a6f70"},
+		Spec:       corev1.PodSpec{NodeName: "worker-1", RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "runner"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	client := fake.NewClientset(pod)
+	var refusals atomic.Int32
+	refusals.Store(3)
+	client.PrependReactor("*", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if refusals.Add(-1) >= 0 {
+			return true, nil, &netError{syscall.ECONNREFUSED}
+		}
+		return false, nil, nil
+	})
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
+	r := newPodRunner(k, n, pod)
+
+	r.writeTerminated(ctx, 1, "error: lost the lock")
+
+	got, err := client.CoreV1().Pods("ichor-system").Get(ctx, "runner", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, corev1.PodFailed, got.Status.Phase, "written once the apiserver answered")
+
+	// A refusal that another try cannot change is not retried.
+	client.PrependReactor("update", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "runner", errors.New("no"))
+	})
+	require.False(t, transient(apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "runner", errors.New("no"))))
+	require.True(t, transient(&netError{syscall.ECONNREFUSED}))
+	require.True(t, transient(apierrors.NewServiceUnavailable("starting")))
+	r.writeTerminated(ctx, 1, "again") // returns: it does not wait for a write that cannot land
+}
+
+type netError struct{ errno syscall.Errno }
+
+func (e *netError) Error() string { return "dial tcp 127.0.0.1:6443: " + e.errno.Error() }
+func (e *netError) Unwrap() error { return e.errno }
