@@ -48,6 +48,10 @@ func (ft *fakeTalos) MachineConfig(_ context.Context, ip string) (config.Provide
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
+	if f.refuseTalos != nil && f.refuseTalos(m.name, "MachineConfig") {
+		return nil, connectionRefused(ip)
+	}
+
 	return m.active, nil
 }
 
@@ -58,7 +62,16 @@ func (ft *fakeTalos) PersistentMachineConfig(_ context.Context, ip string) (conf
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
+	if f.refuseTalos != nil && f.refuseTalos(m.name, "PersistentMachineConfig") {
+		return nil, connectionRefused(ip)
+	}
+
 	return m.persistent, nil
+}
+
+// connectionRefused is grpc-go's error for a node whose Talos API refuses connections.
+func connectionRefused(ip string) error {
+	return status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp "+ip+":50000: connect: connection refused\"")
 }
 
 func (ft *fakeTalos) Apply(ctx context.Context, ip string, data []byte, dryRun bool) (talos.ApplyResult, error) {
@@ -71,6 +84,14 @@ func (ft *fakeTalos) Apply(ctx context.Context, ip string, data []byte, dryRun b
 
 	if err := ctx.Err(); err != nil {
 		return talos.ApplyResult{}, err
+	}
+
+	f.mu.Lock()
+	refused := dryRun && f.refuseTalos != nil && f.refuseTalos(m.name, "Apply (dry run)")
+	f.mu.Unlock()
+
+	if refused {
+		return talos.ApplyResult{}, connectionRefused(ip)
 	}
 
 	cfg, err := configloader.NewFromBytes(data)

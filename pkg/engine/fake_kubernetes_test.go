@@ -131,6 +131,10 @@ type fakeCluster struct {
 	onEvict func(ns, name string)
 	// beforeApply, when set, is called before every non-dry-run apply.
 	beforeApply func(ctx context.Context, m *fakeMachine)
+	// refuseTalos, when set, is asked before every MachineConfig,
+	// PersistentMachineConfig and dry-run apply (call names the method): true
+	// answers Unavailable (connection refused), as a node whose API went away.
+	refuseTalos func(node, call string) bool
 	// kubeletMoved, when set, is called once an apply moved a node's kubelet.
 	kubeletMoved func(m *fakeMachine, version string)
 }

@@ -34,10 +34,18 @@ func (r *kubeRun) getNode(ctx context.Context, name string) (*corev1.Node, error
 
 // activeConfig reads a node's active config and its hash.
 func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Provider, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-	defer cancel()
+	var cfg config.Provider
 
-	cfg, err := r.e.Talos.MachineConfig(ctx, ip)
+	err := r.whileUnreachable(ctx, name, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+		defer cancel()
+
+		var err error
+
+		cfg, err = r.e.Talos.MachineConfig(ctx, ip)
+
+		return err
+	})
 	if err != nil {
 		return nil, "", fmt.Errorf("node %q: read machine config: %w", name, err)
 	}
@@ -54,10 +62,18 @@ func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Pro
 // active one: a change staged for the next reboot, which an apply would
 // overwrite (render.Staged, as the Talos upgrade refuses it).
 func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider) error {
-	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-	defer cancel()
+	var persistent config.Provider
 
-	persistent, err := r.e.Talos.PersistentMachineConfig(readCtx, ip)
+	err := r.whileUnreachable(ctx, name, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+		defer cancel()
+
+		var err error
+
+		persistent, err = r.e.Talos.PersistentMachineConfig(ctx, ip)
+
+		return err
+	})
 	if err != nil {
 		err = fmt.Errorf("node %q: read persistent machine config: %w", name, err)
 
@@ -85,7 +101,12 @@ func (r *kubeRun) apply(ctx context.Context, stage, name, ip string, res *render
 
 	r.e.node(stage, name, PhaseApplying, "dry run: %s", what)
 
-	if _, err := r.applyCall(ctx, ip, res.Bytes, true); err != nil {
+	err := r.whileUnreachable(ctx, name, func(ctx context.Context) error {
+		_, err := r.applyCall(ctx, ip, res.Bytes, true)
+
+		return err
+	})
+	if err != nil {
 		err = fmt.Errorf("node %q: apply (dry run): %w", name, err)
 
 		return r.pause(ctx, stage, name, err.Error(), "nothing was changed on the node: "+actionResume, err)

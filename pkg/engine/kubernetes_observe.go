@@ -230,27 +230,43 @@ func renderAction(node string, err error) string {
 const unreachableRetry = time.Second
 
 // readTalos reads a node's Talos version and active config, again while its Talos API is
-// unreachable, for up to UnreachableGrace: a Talos that restarts its API or a link that
-// flaps for a moment does not pause the stage; one that stays unreachable does, with how
-// long it was tried.
-func (r *kubeRun) readTalos(ctx context.Context, name, ip string) (string, config.Provider, error) {
+// unreachable (whileUnreachable).
+func (r *kubeRun) readTalos(ctx context.Context, name, ip string) (version string, cfg config.Provider, err error) {
+	err = r.whileUnreachable(ctx, name, func(ctx context.Context) error {
+		var err error
+
+		version, cfg, err = r.readTalosOnce(ctx, ip)
+
+		return err
+	})
+
+	return version, cfg, err
+}
+
+// whileUnreachable calls read, a call that changes nothing on the node, again while the
+// node's Talos API is unreachable, for up to UnreachableGrace: a Talos that restarts its
+// API, a link that flaps or a machine power-cycled within the grace does not pause the
+// stage; one that stays unreachable does, with how long it was tried. Every read of a
+// Kubernetes stage goes through it: the first look at the node, its active and its
+// persistent config before an apply, the dry run.
+func (r *kubeRun) whileUnreachable(ctx context.Context, name string, read func(ctx context.Context) error) error {
 	deadline := time.Now().Add(r.opts.UnreachableGrace)
 
 	for attempt := 0; ; attempt++ {
-		version, cfg, err := r.readTalosOnce(ctx, ip)
+		err := read(ctx)
 
 		switch {
 		case err == nil || !talos.IsUnreachable(err) || ctx.Err() != nil:
-			return version, cfg, err
+			return err
 		case !time.Now().Before(deadline):
-			return "", nil, fmt.Errorf("%w (unreachable for %s)", err, r.opts.UnreachableGrace)
+			return fmt.Errorf("%w (unreachable for %s)", err, r.opts.UnreachableGrace)
 		case attempt == 0:
 			r.e.line("  %s: Talos API unreachable (%s): reading it again for up to %s", name, stages.FirstLine(err), r.opts.UnreachableGrace)
 		}
 
 		select {
 		case <-ctx.Done():
-			return "", nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(unreachableRetry):
 		}
 	}

@@ -33,3 +33,47 @@ func TestKubernetesRidesOutUnreachableTalos(t *testing.T) {
 		assert.Empty(t, f.realApplies(), "nothing applied")
 	})
 }
+
+// TestKubernetesVisitRidesOutUnreachableTalos: a node whose Talos API goes away between the
+// stage's first look and its apply (a power cycle, apid restarting) is read again there
+// too: its active config, its persistent config and the dry run are each tried again
+// within UnreachableGrace, and the upgrade goes on without a pause (soak seeds 1012 and
+// 1016 paused at the active config's read).
+func TestKubernetesVisitRidesOutUnreachableTalos(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+
+	calls := map[string]int{}
+	f.refuseTalos = func(node, call string) bool {
+		if node != "cp-2" {
+			return false
+		}
+		calls[call]++
+		switch call {
+		case "MachineConfig":
+			// The first look of the first stage reads it once; its visit is the next.
+			return calls[call] >= 2 && calls[call] <= 4
+		default:
+			return calls[call] <= 2
+		}
+	}
+
+	require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+	requireFinished(t, f, "v1.36.3")
+	assert.Greater(t, calls["PersistentMachineConfig"], 2, "the persistent config was read again")
+	assert.Greater(t, calls["Apply (dry run)"], 2, "the dry run was tried again")
+
+	t.Run("for good, at the visit", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 1, kubernetes: "v1.35.4"})
+		reads := 0
+		f.refuseTalos = func(node, call string) bool {
+			if node != "cp-2" || call != "MachineConfig" {
+				return false
+			}
+			reads++
+			return reads >= 2
+		}
+
+		err := f.engine("v1.36.3", func(o *Options) { o.UnreachableGrace = 1500 * time.Millisecond }).Run(context.Background())
+		_ = pauseOf(t, err, "APIServers", "cp-2", "read machine config", "connection refused", "(unreachable for 1.5s)")
+	})
+}
