@@ -484,6 +484,11 @@ func (d *soakDriver) clearFault(t *testing.T, i int, f soak.Fault) {
 	case soak.FollowerInterrupted:
 		d.interruptFollower(t, i)
 	case soak.NodeCordoned, soak.NodeDrained:
+		if d.personHolds(f.Node) {
+			// Another of the person's cordons of the node is still on: it
+			// stays cordoned until that one clears.
+			break
+		}
 		if err := d.setUnschedulable(ctx, f.Node, false); err != nil {
 			t.Logf("uncordon %s: %v", f.Node, err)
 		}
@@ -682,6 +687,18 @@ func writeJSON(t *testing.T, path string, v any) {
 	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		t.Error(err)
 	}
+}
+
+// personHolds tells whether one of the schedule's cordons of node is on.
+func (d *soakDriver) personHolds(node string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for j, g := range d.run.Faults {
+		if (g.Kind == soak.NodeCordoned || g.Kind == soak.NodeDrained) && g.Node == node && d.applied[j] && !d.cleared[j] {
+			return true
+		}
+	}
+	return false
 }
 
 // drain is a person's kubectl drain of node (cordoned already): its pods evicted as
