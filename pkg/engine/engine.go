@@ -226,9 +226,11 @@ type Options struct {
 	// version, its static pods must stay Ready before the next node, unless that
 	// kubelet already restarted them (it may: see settleStaticPods).
 	StaticPodSettle time.Duration
-	// UnreachableGrace is how long a Kubernetes stage reads a node's Talos side again
-	// while its Talos API is unreachable (apid restarting, a link flapping) before it
-	// pauses on it.
+	// UnreachableGrace is how long a read of a node's Talos side that changes nothing
+	// is tried again while its Talos API is unreachable (apid restarting, a link
+	// flapping, a power cycle) before the operation pauses on it: a Kubernetes stage's
+	// reads and dry run, a Talos upgrade's reads of what the node runs and of its boot
+	// ID before its Upgrade call.
 	UnreachableGrace time.Duration
 	Concurrency      int // parallel Talos reads (the nodes' versions and configs)
 	// PullConcurrency is how many nodes pre-pull at once (each pulls its

@@ -28,9 +28,13 @@ import (
 
 // osFaults are what a fake machine's OS does wrong.
 type osFaults struct {
-	abFallback   bool // an upgrade boots back into the old version
-	neverBoots   bool // a reboot keeps the machine down while set
-	unreachable  bool // the Talos API refuses connections while set
+	abFallback  bool // an upgrade boots back into the old version
+	neverBoots  bool // a reboot keeps the machine down while set
+	unreachable bool // the Talos API refuses connections while set
+	// refusals is how many more calls of a method ("Installed", "BootID")
+	// answer Unavailable (connection refused), as a node whose apid restarts
+	// or that is power-cycled at that moment.
+	refusals     map[string]int
 	upgradeFails bool // the Install call fails (the installer exits non-zero)
 	// installBreaks: the Install call installs, then answers Unavailable
 	// (the stream reset), while set.
@@ -232,7 +236,27 @@ func (o *fakeOS) MachineConfig(ctx context.Context, ip string) (config.Provider,
 	return o.fakeTalos.MachineConfig(ctx, ip)
 }
 
+// refused consumes one of a machine's refusals of call.
+func (o *fakeOS) refused(ip, call string) error {
+	m := o.machine(ip)
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	if m == nil || m.faults.refusals[call] == 0 {
+		return nil
+	}
+
+	m.faults.refusals[call]--
+
+	return status.Errorf(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp %s:50000: connect: connection refused\"", ip)
+}
+
 func (o *fakeOS) BootID(ctx context.Context, ip string) (string, error) {
+	if err := o.refused(ip, "BootID"); err != nil {
+		return "", fmt.Errorf("node %q: read boot id: %w", ip, err)
+	}
+
 	m, err := o.reachable(ctx, ip)
 	if err != nil {
 		return "", fmt.Errorf("node %q: read boot id: %w", ip, err)
@@ -245,6 +269,10 @@ func (o *fakeOS) BootID(ctx context.Context, ip string) (string, error) {
 }
 
 func (o *fakeOS) Installed(ctx context.Context, ip string) (talos.Installed, error) {
+	if err := o.refused(ip, "Installed"); err != nil {
+		return talos.Installed{}, fmt.Errorf("node %q: list extensions: %w", ip, err)
+	}
+
 	m, err := o.reachable(ctx, ip)
 	if err != nil {
 		return talos.Installed{}, fmt.Errorf("node %q: list extensions: %w", ip, err)

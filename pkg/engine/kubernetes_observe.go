@@ -243,14 +243,19 @@ func (r *kubeRun) readTalos(ctx context.Context, name, ip string) (version strin
 	return version, cfg, err
 }
 
-// whileUnreachable calls read, a call that changes nothing on the node, again while the
-// node's Talos API is unreachable, for up to UnreachableGrace: a Talos that restarts its
-// API, a link that flaps or a machine power-cycled within the grace does not pause the
-// stage; one that stays unreachable does, with how long it was tried. Every read of a
-// Kubernetes stage goes through it: the first look at the node, its active and its
-// persistent config before an apply, the dry run.
+// whileUnreachable is the engine's whileUnreachable for a Kubernetes stage's reads: the
+// first look at the node, its active and its persistent config before an apply, the dry
+// run.
 func (r *kubeRun) whileUnreachable(ctx context.Context, name string, read func(ctx context.Context) error) error {
-	deadline := time.Now().Add(r.opts.UnreachableGrace)
+	return r.e.whileUnreachable(ctx, r.opts.UnreachableGrace, name, read)
+}
+
+// whileUnreachable calls read, a call that changes nothing on the node, again while the
+// node's Talos API is unreachable, for up to grace: a Talos that restarts its API, a
+// link that flaps or a machine power-cycled within the grace does not pause the
+// operation; one that stays unreachable does, with how long it was tried.
+func (e *Engine) whileUnreachable(ctx context.Context, grace time.Duration, name string, read func(ctx context.Context) error) error {
+	deadline := time.Now().Add(grace)
 
 	for attempt := 0; ; attempt++ {
 		err := read(ctx)
@@ -259,9 +264,9 @@ func (r *kubeRun) whileUnreachable(ctx context.Context, name string, read func(c
 		case err == nil || !talos.IsUnreachable(err) || ctx.Err() != nil:
 			return err
 		case !time.Now().Before(deadline):
-			return fmt.Errorf("%w (unreachable for %s)", err, r.opts.UnreachableGrace)
+			return fmt.Errorf("%w (unreachable for %s)", err, grace)
 		case attempt == 0:
-			r.e.line("  %s: Talos API unreachable (%s): reading it again for up to %s", name, stages.FirstLine(err), r.opts.UnreachableGrace)
+			e.line("  %s: Talos API unreachable (%s): reading it again for up to %s", name, stages.FirstLine(err), grace)
 		}
 
 		select {

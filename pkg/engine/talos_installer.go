@@ -33,10 +33,18 @@ func (r *talosRun) installer(ctx context.Context, n discovery.Node, cfg config.P
 		configured = n.Talos.InstallImage
 	}
 
-	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-	defer cancel()
+	var installed talos.Installed
 
-	installed, err := r.e.Talos.Installed(readCtx, n.InternalIP)
+	err := r.e.whileUnreachable(ctx, r.opts.UnreachableGrace, n.Name, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+		defer cancel()
+
+		var err error
+
+		installed, err = r.e.Talos.Installed(ctx, n.InternalIP)
+
+		return err
+	})
 	if err != nil {
 		return stages.Installer{}, fmt.Errorf("node %q: read its system extensions: %w", n.Name, err)
 	}

@@ -286,11 +286,18 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		return err
 	}
 
-	readCtx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-	boot, err := r.e.Talos.BootID(readCtx, ip)
+	var boot string
 
-	cancel()
+	err = r.e.whileUnreachable(ctx, r.opts.UnreachableGrace, name, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+		defer cancel()
 
+		var err error
+
+		boot, err = r.e.Talos.BootID(ctx, ip)
+
+		return err
+	})
 	if err != nil {
 		return r.undo(ctx, name, fmt.Errorf("node %q: before its upgrade: %w", name, err), actionTalosAccess)
 	}

@@ -77,3 +77,25 @@ func TestKubernetesVisitRidesOutUnreachableTalos(t *testing.T) {
 		_ = pauseOf(t, err, "APIServers", "cp-2", "read machine config", "connection refused", "(unreachable for 1.5s)")
 	})
 }
+
+// TestTalosRidesOutUnreachableReads: a Talos upgrade reads what a node runs (its
+// extensions, at the checks) and its boot ID (after its drain, before its Upgrade call)
+// again while its Talos API refuses connections, within UnreachableGrace: a blip there
+// no longer pauses the upgrade (soak seeds 1002 and 1005 paused at those two reads).
+func TestTalosRidesOutUnreachableReads(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.setFaults("worker-1", func(f *osFaults) { f.refusals = map[string]int{"Installed": 2, "BootID": 2} })
+	o.setFaults("cp-2", func(f *osFaults) { f.refusals = map[string]int{"BootID": 3} })
+
+	require.NoError(t, o.engine("v1.13.9", newMemo()).Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+
+	t.Run("for good", func(t *testing.T) {
+		o := newFakeOS(t, talosSpec())
+		o.setFaults("cp-2", func(f *osFaults) { f.refusals = map[string]int{"BootID": 1 << 30} })
+
+		err := o.engine("v1.13.9", newMemo(), func(o *Options) { o.UnreachableGrace = 1500 * time.Millisecond }).Run(context.Background())
+		_ = pauseOf(t, err, "TalosOS", "cp-2", "before its upgrade", "connection refused", "(unreachable for 1.5s)")
+		assert.NotContains(t, o.f.cordonedByIchor(), "cp-2", "nothing changed on the node: it is uncordoned")
+	})
+}
