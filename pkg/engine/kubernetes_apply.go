@@ -34,18 +34,7 @@ func (r *kubeRun) getNode(ctx context.Context, name string) (*corev1.Node, error
 
 // activeConfig reads a node's active config and its hash.
 func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Provider, string, error) {
-	var cfg config.Provider
-
-	err := r.whileUnreachable(ctx, name, func(ctx context.Context) error {
-		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
-		defer cancel()
-
-		var err error
-
-		cfg, err = r.e.Talos.MachineConfig(ctx, ip)
-
-		return err
-	})
+	cfg, err := r.readConfig(ctx, name, ip, r.e.Talos.MachineConfig)
 	if err != nil {
 		return nil, "", fmt.Errorf("node %q: read machine config: %w", name, err)
 	}
@@ -58,11 +47,10 @@ func (r *kubeRun) activeConfig(ctx context.Context, name, ip string) (config.Pro
 	return cfg, hash, nil
 }
 
-// refuseStaged refuses a node whose persistent config differs from its
-// active one: a change staged for the next reboot, which an apply would
-// overwrite (render.Staged, as the Talos upgrade refuses it).
-func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider) error {
-	var persistent config.Provider
+// readConfig reads one of a node's configs (read: its active or its persistent one),
+// under talosReadTimeout, again while its Talos API is unreachable.
+func (r *kubeRun) readConfig(ctx context.Context, name, ip string, read func(context.Context, string) (config.Provider, error)) (config.Provider, error) {
+	var cfg config.Provider
 
 	err := r.whileUnreachable(ctx, name, func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
@@ -70,10 +58,19 @@ func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, acti
 
 		var err error
 
-		persistent, err = r.e.Talos.PersistentMachineConfig(ctx, ip)
+		cfg, err = read(ctx, ip)
 
 		return err
 	})
+
+	return cfg, err
+}
+
+// refuseStaged refuses a node whose persistent config differs from its
+// active one: a change staged for the next reboot, which an apply would
+// overwrite (render.Staged, as the Talos upgrade refuses it).
+func (r *kubeRun) refuseStaged(ctx context.Context, stage, name, ip string, active config.Provider) error {
+	persistent, err := r.readConfig(ctx, name, ip, r.e.Talos.PersistentMachineConfig)
 	if err != nil {
 		err = fmt.Errorf("node %q: read persistent machine config: %w", name, err)
 
