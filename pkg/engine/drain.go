@@ -58,30 +58,20 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 const maxCordonRounds = 3
 
 // ensureCordoned cordons the node unless it is cordoned and carries ichor's
-// mark, reading it from the API server (not the watch: what it writes depends
-// on what it reads, and a kubectl uncordon a moment ago counts): a node with
+// mark, never on an old read of it (kube.Nodes.EnsureCordoned): a node with
 // the mark but schedulable (someone followed a pause message and ran kubectl
 // uncordon) is cordoned again before any drain or reboot.
 func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
-	state, err := e.nodes.ReadCordon(ctx, name)
+	state, err := e.nodes.EnsureCordoned(ctx, name, time.Now())
 	if err != nil {
 		return e.pause(ctx, stage, name, err.Error(), actionResume, err)
 	}
 
 	switch state {
 	case kube.CordonedByUs:
-		return nil
 	case kube.MarkedButSchedulable:
-		if err := e.nodes.Recordon(ctx, name); err != nil {
-			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
-		}
-
 		e.node(stage, name, PhaseCordoned, "cordoned again: it carried %s but was schedulable (uncordoned by hand)", kube.CordonedAnnotation)
 	default:
-		if err := e.nodes.Cordon(ctx, name, time.Now()); err != nil {
-			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
-		}
-
 		e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
 	}
 

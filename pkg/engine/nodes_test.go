@@ -9,10 +9,11 @@ import (
 )
 
 // TestEngineNodeReads counts the engine's Node requests through a whole Kubernetes
-// upgrade: a Node is read from the run's watch, but for the two fresh reads of each
-// drained node's cordon (before its cordon, and before its restart once drained); the
-// Nodes are listed only where what the cluster runs is read fresh (a stage's start, an
-// apply's check) and once for the watch.
+// upgrade: a Node is read from the run's watch, but for the fresh reads of each drained
+// node's cordon (before its cordon, as this fake's Nodes carry no resourceVersion to
+// write on the condition of, and before its restart once drained: pkg/kube's tests
+// count the cordon on a watch with versions); the Nodes are listed only where what the
+// cluster runs is read fresh (a stage's start, an apply's check) and once for the watch.
 func TestEngineNodeReads(t *testing.T) {
 	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 4, kubernetes: "v1.36.1", workloads: 2})
 	f.cs.ClearActions()

@@ -38,14 +38,20 @@ func CordonOf(n *corev1.Node) CordonState {
 }
 
 // recordon marks a Node that carries CordonedAnnotation unschedulable again,
-// keeping the mark (and when it was first set), and returns it as patched.
-func recordon(ctx context.Context, client kubernetes.Interface, node string) (*corev1.Node, error) {
+// keeping the mark (and when it was first set), and returns it as patched; only
+// the Node at resourceVersion, when it is not "".
+func recordon(ctx context.Context, client kubernetes.Interface, node, resourceVersion string) (*corev1.Node, error) {
+	patch := []byte(`{"spec":{"unschedulable":true}}`)
+	if resourceVersion != "" {
+		patch = fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"spec":{"unschedulable":true}}`, resourceVersion)
+	}
+
 	var patched *corev1.Node
 
 	err := Retry(ctx, 0, func(ctx context.Context) error {
 		var err error
 
-		patched, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{})
+		patched, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
 
 		return err
 	})

@@ -4,7 +4,8 @@
 //   - Nodes: one watch of every Node for a whole runner, shared by its engine
 //     runs and its events: a Node read from it costs no request, and Get never
 //     answers older than the runner's own last cordon or fresh read of it;
-//     ReadCordon, what decides a cordon, asks the API server;
+//     EnsureCordoned writes a cordon only on the condition of the
+//     resourceVersion it decided on; ReadCordon asks the API server;
 //   - Cache: informers over Nodes (through Nodes), the control-plane mirror
 //     pods and kube-proxy pods in kube-system, and the kube-proxy DaemonSet, with a
 //     Wait that re-evaluates a condition on every change it sees (no fixed

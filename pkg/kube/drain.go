@@ -42,13 +42,9 @@ func CordonedByIchor(n *corev1.Node) bool {
 // one patch. A node the user had cordoned is marked too: the upgrade
 // uncordons every node it drains (the plan says so).
 func Cordon(ctx context.Context, client kubernetes.Interface, node string, now time.Time) error {
-	_, err := cordon(ctx, client, node, now)
+	_, err := patchNode(ctx, client, node, "", true, now.UTC().Format(time.RFC3339))
 
 	return err
-}
-
-func cordon(ctx context.Context, client kubernetes.Interface, node string, now time.Time) (*corev1.Node, error) {
-	return patchNode(ctx, client, node, true, now.UTC().Format(time.RFC3339))
 }
 
 // Uncordon marks the node schedulable and removes CordonedAnnotation, in one
@@ -60,18 +56,25 @@ func Uncordon(ctx context.Context, client kubernetes.Interface, node string) err
 }
 
 func uncordon(ctx context.Context, client kubernetes.Interface, node string) (*corev1.Node, error) {
-	return patchNode(ctx, client, node, false, "")
+	return patchNode(ctx, client, node, "", false, "")
 }
 
-// patchNode patches the node's cordon and returns it as the patch left it.
-func patchNode(ctx context.Context, client kubernetes.Interface, node string, unschedulable bool, mark string) (*corev1.Node, error) {
+// patchNode patches the node's cordon and returns it as the patch left it. With
+// resourceVersion, the patch is made only to the Node at that version (the API
+// server answers a conflict otherwise).
+func patchNode(ctx context.Context, client kubernetes.Interface, node, resourceVersion string, unschedulable bool, mark string) (*corev1.Node, error) {
 	var annotation any // JSON null removes it
 	if mark != "" {
 		annotation = mark
 	}
 
+	meta := map[string]any{"annotations": map[string]any{CordonedAnnotation: annotation}}
+	if resourceVersion != "" {
+		meta["resourceVersion"] = resourceVersion
+	}
+
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]any{CordonedAnnotation: annotation}},
+		"metadata": meta,
 		"spec":     map[string]any{"unschedulable": unschedulable},
 	})
 	if err != nil {

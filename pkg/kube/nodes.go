@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
@@ -248,21 +249,64 @@ func (n *Nodes) ReadCordon(ctx context.Context, name string) (CordonState, error
 	return CordonOf(node), nil
 }
 
-// Cordon is the package's Cordon, remembered: a later Get shows it.
-func (n *Nodes) Cordon(ctx context.Context, name string, now time.Time) error {
-	node, err := cordon(ctx, n.client, name, now)
-	n.saw(node)
+// maxCordonTries bounds EnsureCordoned's writes refused because the Node changed.
+const maxCordonTries = 3
 
-	return err
-}
+// EnsureCordoned makes sure the node is unschedulable and carries ichor's mark,
+// and says how it stood: CordonedByUs (nothing written), MarkedButSchedulable
+// (cordoned again, the mark and its time kept) or NotCordonedByIchor (cordoned
+// and marked now).
+//
+// What it writes depends on what it reads, so it never writes on a Node older
+// than the API server's: it decides on the watch's Node, and writes only on the
+// condition that the Node is still at that resourceVersion (the API server
+// refuses the patch with a conflict otherwise). After a conflict, or when the
+// watch says there is nothing to write (a kubectl uncordon a moment ago
+// counts), it decides again on the Node read from the API server.
+func (n *Nodes) EnsureCordoned(ctx context.Context, name string, now time.Time) (CordonState, error) {
+	node, err := n.Get(ctx, name)
+	fresh := false
 
-// Recordon marks a Node that carries CordonedAnnotation unschedulable again,
-// keeping the mark (and when it was first set), remembered: a later Get shows it.
-func (n *Nodes) Recordon(ctx context.Context, name string) error {
-	node, err := recordon(ctx, n.client, name)
-	n.saw(node)
+	for tries := 1; ; tries++ {
+		if err != nil {
+			return 0, fmt.Errorf("node %q: read its cordon: %w", name, err)
+		}
 
-	return err
+		state := CordonOf(node)
+
+		switch {
+		case state == CordonedByUs && fresh:
+			return state, nil
+		case !fresh && (state == CordonedByUs || node.ResourceVersion == ""):
+			// Nothing to write, or no version to write on the condition of: the API
+			// server says.
+			node, err = n.read(ctx, name)
+			fresh = true
+
+			continue
+		}
+
+		var written *corev1.Node
+
+		if state == MarkedButSchedulable {
+			written, err = recordon(ctx, n.client, name, node.ResourceVersion)
+		} else {
+			written, err = patchNode(ctx, n.client, name, node.ResourceVersion, true, now.UTC().Format(time.RFC3339))
+		}
+
+		if err == nil {
+			n.saw(written)
+
+			return state, nil
+		}
+
+		if !apierrors.IsConflict(err) || tries == maxCordonTries {
+			return 0, err
+		}
+
+		node, err = n.read(ctx, name)
+		fresh = true
+	}
 }
 
 // Uncordon is the package's Uncordon, remembered: a later Get shows it.

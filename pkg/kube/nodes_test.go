@@ -2,8 +2,9 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -24,9 +26,10 @@ type laggingNodes struct {
 	cs    *fake.Clientset
 	watch *watch.FakeWatcher
 
-	mu       sync.Mutex
-	node     *corev1.Node // the API server's truth
-	requests map[string]int
+	mu        sync.Mutex
+	node      *corev1.Node // the API server's truth
+	requests  map[string]int
+	conflicts int
 }
 
 func newLaggingNodes(t *testing.T, n *corev1.Node) *laggingNodes {
@@ -51,17 +54,43 @@ func newLaggingNodes(t *testing.T, n *corev1.Node) *laggingNodes {
 		case "get":
 			return true, l.node.DeepCopy(), nil
 		case "patch":
-			// Every patch of these tests is a cordon or an uncordon.
+			// A merge patch of the cordon, its resourceVersion a precondition, as the API
+			// server takes it.
 			p, ok := a.(k8stesting.PatchAction)
 			require.True(t, ok)
 
-			n := l.node.DeepCopy()
-			n.Spec.Unschedulable = strings.Contains(string(p.GetPatch()), `"unschedulable":true`)
+			var patch struct {
+				Metadata struct {
+					ResourceVersion string             `json:"resourceVersion"`
+					Annotations     map[string]*string `json:"annotations"`
+				} `json:"metadata"`
+				Spec struct {
+					Unschedulable *bool `json:"unschedulable"`
+				} `json:"spec"`
+			}
+			require.NoError(t, json.Unmarshal(p.GetPatch(), &patch))
 
-			if n.Spec.Unschedulable {
-				n.Annotations = map[string]string{CordonedAnnotation: "2026-12-03T10:00:00Z"}
-			} else {
-				n.Annotations = nil
+			if rv := patch.Metadata.ResourceVersion; rv != "" && rv != l.node.ResourceVersion {
+				l.conflicts++
+
+				return true, nil, apierrors.NewConflict(corev1.Resource("nodes"), l.node.Name, errors.New("the object has been modified"))
+			}
+
+			n := l.node.DeepCopy()
+
+			for k, v := range patch.Metadata.Annotations {
+				switch {
+				case v == nil:
+					delete(n.Annotations, k)
+				case n.Annotations == nil:
+					n.Annotations = map[string]string{k: *v}
+				default:
+					n.Annotations[k] = *v
+				}
+			}
+
+			if patch.Spec.Unschedulable != nil {
+				n.Spec.Unschedulable = *patch.Spec.Unschedulable
 			}
 
 			n.ResourceVersion = next(n.ResourceVersion)
@@ -149,7 +178,8 @@ func TestNodesGetNeverOlderThanOwnWrite(t *testing.T) {
 	l := newLaggingNodes(t, cordonNode("9"))
 	n := startNodes(t, l, 100*time.Millisecond)
 
-	require.NoError(t, n.Cordon(ctx, "worker-1", time.Now()))
+	_, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
 
 	cached, ok := n.Cached("worker-1")
 	require.True(t, ok)
@@ -181,7 +211,8 @@ func TestNodesGetWaitsForTheWatch(t *testing.T) {
 	l := newLaggingNodes(t, cordonNode("9"))
 	n := startNodes(t, l, time.Minute)
 
-	require.NoError(t, n.Cordon(ctx, "worker-1", time.Now()))
+	_, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
 	require.NoError(t, n.Uncordon(ctx, "worker-1"))
 
 	go func() {
@@ -207,7 +238,8 @@ func TestNodesReadCordonAsksTheAPIServer(t *testing.T) {
 	l := newLaggingNodes(t, cordonNode("9"))
 	n := startNodes(t, l, time.Minute)
 
-	require.NoError(t, n.Cordon(ctx, "worker-1", time.Now()))
+	_, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
 	l.deliver()
 
 	// Someone runs kubectl uncordon; the watch has not seen it.
@@ -240,7 +272,8 @@ func TestNodesGetIncomparableVersions(t *testing.T) {
 	l := newLaggingNodes(t, cordonNode("a9"))
 	n := startNodes(t, l, time.Minute)
 
-	require.NoError(t, n.Cordon(ctx, "worker-1", time.Now()))
+	_, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
 
 	start := time.Now()
 	got, err := n.Get(ctx, "worker-1")
@@ -260,4 +293,71 @@ func TestNodesGetNotInTheWatch(t *testing.T) {
 	_, err := n.Get(ctx, "worker-2")
 	require.NoError(t, err, "the API server is asked (this fake answers any name)")
 	assert.Equal(t, 1, l.gets())
+}
+
+// EnsureCordoned on a watch that is current: one patch, no read.
+func TestNodesEnsureCordonedFromTheWatch(t *testing.T) {
+	ctx := t.Context()
+	l := newLaggingNodes(t, cordonNode("9"))
+	n := startNodes(t, l, time.Minute)
+
+	state, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, NotCordonedByIchor, state)
+	assert.Equal(t, 0, l.gets())
+	assert.Equal(t, 1, l.requests["patch"])
+	assert.Equal(t, CordonedByUs, CordonOf(l.node))
+}
+
+// A watch that has not seen a change cannot make EnsureCordoned write on its old Node:
+// the patch is refused, and it decides again on the API server's.
+func TestNodesEnsureCordonedNeverWritesOnAnOldNode(t *testing.T) {
+	ctx := t.Context()
+	l := newLaggingNodes(t, cordonNode("9"))
+	n := startNodes(t, l, time.Minute)
+
+	// An earlier run's cordon, then kubectl uncordon (which keeps the mark): the watch
+	// has seen neither.
+	l.mu.Lock()
+	l.node.Annotations = map[string]string{CordonedAnnotation: "2026-11-30T10:00:00Z"}
+	l.node.ResourceVersion = "10"
+	l.mu.Unlock()
+
+	state, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, MarkedButSchedulable, state, "decided on the API server's Node")
+	assert.Equal(t, 1, l.conflicts, "the write on the watch's Node was refused")
+	assert.Equal(t, 1, l.gets())
+	assert.Equal(t, CordonedByUs, CordonOf(l.node))
+	assert.Equal(t, "2026-11-30T10:00:00Z", l.node.Annotations[CordonedAnnotation], "the mark's time is kept")
+}
+
+// When the watch says the node is cordoned by ichor, the API server is asked: a kubectl
+// uncordon a moment ago counts.
+func TestNodesEnsureCordonedConfirmsNothingToDo(t *testing.T) {
+	ctx := t.Context()
+	cordoned := cordonNode("9")
+	cordoned.Spec.Unschedulable = true
+	cordoned.Annotations = map[string]string{CordonedAnnotation: "2026-11-30T10:00:00Z"}
+	l := newLaggingNodes(t, cordoned)
+	n := startNodes(t, l, time.Minute)
+
+	state, err := n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, CordonedByUs, state)
+	assert.Equal(t, 1, l.gets())
+	assert.Equal(t, 0, l.requests["patch"])
+
+	// kubectl uncordon; the watch has not seen it.
+	l.mu.Lock()
+	l.node.Spec.Unschedulable = false
+	l.node.ResourceVersion = "10"
+	l.mu.Unlock()
+
+	state, err = n.EnsureCordoned(ctx, "worker-1", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, MarkedButSchedulable, state)
+	assert.Equal(t, 2, l.gets())
+	assert.Equal(t, 0, l.conflicts)
+	assert.Equal(t, CordonedByUs, CordonOf(l.node))
 }
