@@ -121,7 +121,11 @@ func watchUnavailable(t *testing.T, c *Cluster) *unavailability {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	cache, err := kube.StartCache(ctx, c.Client)
+	nodes, err := kube.StartNodes(ctx, c.Client)
+	require.NoError(t, err)
+	t.Cleanup(nodes.Stop)
+
+	cache, err := kube.StartCache(ctx, c.Client, nodes)
 	require.NoError(t, err)
 	t.Cleanup(cache.Stop)
 

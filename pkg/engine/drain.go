@@ -32,7 +32,9 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 
 		evicted += n
 
-		state, err := kube.ReadCordon(ctx, e.Kube, name)
+		// From the API server, not the watch: whether the node may be restarted is
+		// decided on it, and an uncordon during the drain counts however recent.
+		state, err := e.nodes.ReadCordon(ctx, name)
 		if err != nil {
 			return "", e.pause(ctx, stage, name, err.Error(), actionResume, err)
 		}
@@ -56,29 +58,20 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 const maxCordonRounds = 3
 
 // ensureCordoned cordons the node unless it is cordoned and carries ichor's
-// mark, reading it from the API server: a node with the mark but schedulable
-// (someone followed a pause message and ran kubectl uncordon) is cordoned
-// again before any drain or reboot.
+// mark, never on an old read of it (kube.Nodes.EnsureCordoned): a node with
+// the mark but schedulable (someone followed a pause message and ran kubectl
+// uncordon) is cordoned again before any drain or reboot.
 func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
-	state, err := kube.ReadCordon(ctx, e.Kube, name)
+	state, err := e.nodes.EnsureCordoned(ctx, name, time.Now())
 	if err != nil {
 		return e.pause(ctx, stage, name, err.Error(), actionResume, err)
 	}
 
 	switch state {
 	case kube.CordonedByUs:
-		return nil
 	case kube.MarkedButSchedulable:
-		if err := kube.Recordon(ctx, e.Kube, name); err != nil {
-			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
-		}
-
 		e.node(stage, name, PhaseCordoned, "cordoned again: it carried %s but was schedulable (uncordoned by hand)", kube.CordonedAnnotation)
 	default:
-		if err := kube.Cordon(ctx, e.Kube, name, time.Now()); err != nil {
-			return e.pause(ctx, stage, name, err.Error(), actionResume, err)
-		}
-
 		e.node(stage, name, PhaseCordoned, "cordoned (%s)", kube.CordonedAnnotation)
 	}
 
@@ -112,7 +105,7 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (i
 			return 0, fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
 		}
 
-		if uerr := kube.Uncordon(ctx, e.Kube, name); uerr != nil {
+		if uerr := e.nodes.Uncordon(ctx, name); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 

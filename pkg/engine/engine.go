@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
@@ -51,6 +52,13 @@ type Engine struct {
 	// Out, when not nil, receives the same progress as plain lines, one per
 	// event (for logs).
 	Out io.Writer
+	// Nodes is the runner's watch of the Nodes, shared by its Runs; nil: each
+	// Run starts one of its own. Every read and cordon of a Node goes through it.
+	Nodes *kube.Nodes
+
+	// nodes is the Run's: Nodes, or its own (stopped by stopNodes).
+	nodes     *kube.Nodes
+	stopNodes func()
 
 	outMu sync.Mutex
 	// evictRetryDelay overrides the drain's wait between evictions a budget
@@ -71,6 +79,14 @@ type Engine struct {
 // finishes first).
 func (e *Engine) Run(ctx context.Context) error {
 	opts := e.Options.withDefaults()
+
+	defer func() {
+		if e.stopNodes != nil {
+			e.stopNodes()
+		}
+
+		e.nodes, e.stopNodes = nil, nil
+	}()
 
 	var (
 		err  error
@@ -94,6 +110,51 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 
 	return e.reportHeldCordoned(ctx, last)
+}
+
+// watchNodes makes e.nodes the runner's watch of the Nodes, or starts one of
+// the Run's own; a failure to start it pauses.
+func (e *Engine) watchNodes(ctx context.Context) error {
+	if e.nodes != nil {
+		return nil
+	}
+
+	if e.Nodes != nil {
+		e.nodes = e.Nodes
+
+		return nil
+	}
+
+	nodes, err := kube.StartNodes(ctx, e.Kube)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("start: %w", ctx.Err())
+		}
+
+		return &PauseError{Reason: err.Error(), Action: actionResume, Err: err}
+	}
+
+	e.nodes, e.stopNodes = nodes, nodes.Stop
+
+	return nil
+}
+
+// startCache starts the Run's Cache on its watch of the Nodes; a failure pauses.
+func (e *Engine) startCache(ctx context.Context) (*kube.Cache, error) {
+	if err := e.watchNodes(ctx); err != nil {
+		return nil, err
+	}
+
+	c, err := kube.StartCache(ctx, e.Kube, e.nodes)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("start: %w", ctx.Err())
+		}
+
+		return nil, &PauseError{Reason: err.Error(), Action: actionResume, Err: err}
+	}
+
+	return c, nil
 }
 
 // TalosClient is the Talos API the Engine uses: one interface per upgrade

@@ -45,8 +45,10 @@ import (
 // fake_objects_test.go and fake_reactors_test.go.
 
 var (
-	podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
-	podGVK  = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	podsGVR  = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	podGVK   = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	nodeGVK  = schema.GroupVersionKind{Version: "v1", Kind: "Node"}
 )
 
 // event is one start of a component at a version on a node.
@@ -354,8 +356,12 @@ func (f *fakeCluster) takeConfig(m *fakeMachine, cfg config.Provider) {
 	}
 
 	if before[discovery.Kubelet] != after[discovery.Kubelet] {
-		node, err := f.cs.CoreV1().Nodes().Get(ctx, m.name, metav1.GetOptions{})
+		// Read from the tracker, not the clientset: the machine's own read is not
+		// among the engine's requests (TestEngineNodeReads counts them).
+		obj, err := f.cs.Tracker().Get(nodesGVR, "", m.name)
 		require.NoError(f.t, err)
+
+		node := obj.(*corev1.Node).DeepCopy()
 
 		node.Status.NodeInfo.KubeletVersion = render.TagOf(after[discovery.Kubelet])
 		if m.faults.stayNotReady {
@@ -376,12 +382,13 @@ func (f *fakeCluster) takeConfig(m *fakeMachine, cfg config.Provider) {
 
 // cordonedByIchor counts the nodes that carry the cordon mark.
 func (f *fakeCluster) cordonedByIchor() []string {
-	nodes, err := f.cs.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	// From the tracker: not among the engine's requests.
+	obj, err := f.cs.Tracker().List(nodesGVR, nodeGVK, "")
 	require.NoError(f.t, err)
 
 	var out []string
 
-	for _, n := range nodes.Items {
+	for _, n := range obj.(*corev1.NodeList).Items {
 		if kube.CordonedByIchor(&n) {
 			out = append(out, n.Name)
 		}

@@ -3,10 +3,10 @@ package engine
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
@@ -19,40 +19,45 @@ import (
 // (the last step), so it is never left cordoned silently.
 
 // heldStillCordoned returns one line naming the held nodes that still carry
-// ichor's cordon and how to release them, "" when there are none.
+// ichor's cordon and how to release them, "" when there are none. It looks at
+// the run's watch of the Nodes, and confirms each it names with a read that
+// shows at least the runner's own last cordon or uncordon of it (a node held
+// while this run drained it, then uncordoned).
 func (e *Engine) heldStillCordoned(ctx context.Context) (string, error) {
 	var nodes []string
 
-	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
-		list, err := e.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	for _, cached := range e.nodes.List() {
+		if !heldCordoned(cached) {
+			continue
+		}
+
+		n, err := e.nodes.Get(ctx, cached.Name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+
 		if err != nil {
-			return err
+			return "", fmt.Errorf("read the held node %s: %w", cached.Name, err)
 		}
 
-		nodes = nodes[:0]
-
-		for i := range list.Items {
-			n := &list.Items[i]
-			if _, held := n.Annotations[discovery.HoldAnnotation]; held && kube.CordonedByIchor(n) {
-				nodes = append(nodes, n.Name)
-			}
+		if heldCordoned(n) {
+			nodes = append(nodes, n.Name)
 		}
-
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("list the held nodes: %w", err)
 	}
 
 	if len(nodes) == 0 {
 		return "", nil
 	}
 
-	slices.Sort(nodes)
-
 	return fmt.Sprintf("%s held and still cordoned by ichor from an earlier run, not upgraded: kubectl uncordon %s once fit, "+
 		"or remove the hold (kubectl annotate node %s %s-) and upgrade again", strings.Join(nodes, ", "), strings.Join(nodes, " "),
 		nodes[0], discovery.HoldAnnotation), nil
+}
+
+func heldCordoned(n *corev1.Node) bool {
+	_, held := n.Annotations[discovery.HoldAnnotation]
+
+	return held && kube.CordonedByIchor(n)
 }
 
 // reportHeldCordoned names, as the run's last step of stage, the held nodes

@@ -6,9 +6,7 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
@@ -17,19 +15,15 @@ import (
 // read, a config staged for the next reboot refused, the render dry-run then applied
 // (NO_REBOOT), each call under its own bound.
 
-// getNode reads a Node, retrying what is temporary.
+// getNode reads a Node from the run's watch, which shows at least what this runner
+// last wrote to it (its cordon) or read of it from the API server, else from the API
+// server (kube.Nodes.Get): what a visit decides on it (the kubelet version its render
+// pins, whether ichor's cordon is there to lift) changes only by the runner's own steps,
+// each verified on that same watch, or by a hand as likely to land a moment after a read
+// of the API server as before it. Whether a node may be restarted is decided on a fresh
+// read (cordonAndDrain).
 func (r *kubeRun) getNode(ctx context.Context, name string) (*corev1.Node, error) {
-	var node *corev1.Node
-
-	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
-		var err error
-
-		node, err = r.e.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-
-		return err
-	})
-
-	return node, err
+	return r.e.nodes.Get(ctx, name)
 }
 
 // activeConfig reads a node's active config and its hash.

@@ -69,13 +69,9 @@ func (e *Engine) runKubernetes(ctx context.Context, opts Options) error {
 		return errors.New("the engine needs Kube, Dynamic and Talos clients")
 	}
 
-	c, err := kube.StartCache(ctx, e.Kube)
+	c, err := e.startCache(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("start: %w", ctx.Err())
-		}
-
-		return &PauseError{Reason: err.Error(), Action: actionResume, Err: err}
+		return err
 	}
 	defer c.Stop()
 
@@ -128,25 +124,20 @@ func (r *kubeRun) runStage(ctx context.Context, index, total int, s stages.Kuber
 }
 
 // released returns the nodes of held that no longer carry the hold annotation, as
-// the run's watch cache has them (a Node it does not have is read from the
-// apiserver). A hold removed a moment before that the cache has not seen yet is
-// caught by the run's last look (leftBehind).
+// the run's watch of the Nodes has them (getNode; a Node it does not have is read
+// from the apiserver). A hold removed a moment before that the watch has not seen
+// yet is caught by the run's last look (leftBehind).
 func (r *kubeRun) released(ctx context.Context, stage string, held []discovery.Node) (map[string]bool, error) {
 	out := map[string]bool{}
 
 	for _, n := range held {
-		node, ok := r.cache.Node(n.Name)
-		if !ok {
-			var err error
+		node, err := r.getNode(ctx, n.Name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
 
-			node, err = r.getNode(ctx, n.Name)
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-
-			if err != nil {
-				return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
-			}
+		if err != nil {
+			return nil, r.pause(ctx, stage, n.Name, "read the Node: "+err.Error(), actionResume, err)
 		}
 
 		if _, still := node.Annotations[discovery.HoldAnnotation]; !still {

@@ -137,7 +137,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 	}
 
 	if drains && ours {
-		if err := kube.Uncordon(ctx, r.e.Kube, name); err != nil {
+		if err := r.e.nodes.Uncordon(ctx, name); err != nil {
 			return false, r.pause(ctx, stage, name, err.Error(), actionResume, err)
 		}
 	}

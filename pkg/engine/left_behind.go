@@ -7,11 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
-	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
@@ -27,29 +23,19 @@ import (
 // behind: that was the stages' to refuse, and is the next run's.
 type behindFunc func(ctx context.Context, n discovery.Node) (runs string, behind bool)
 
-// leftBehind is a run's last look at the cluster: it lists the Nodes and
+// leftBehind is a run's last look at the cluster: it takes the Nodes and
 // pauses stage naming those not held that behind says are behind target;
-// next says what the next run does with them.
+// next says what the next run does with them. The Nodes are the run's watch's:
+// the one its verifications waited on, so a node the run moved shows where it
+// moved it, and a node that registered a moment before the watch saw it is one
+// that joined a moment later, the next run's as it would be.
 func (e *Engine) leftBehind(ctx context.Context, stage string, target stages.Version, behind behindFunc, next string) error {
-	var nodes *corev1.NodeList
-
-	err := kube.Retry(ctx, 0, func(ctx context.Context) error {
-		var err error
-
-		nodes, err = e.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-
-		return err
-	})
-	if err != nil {
-		return e.pause(ctx, stage, "", "read the Nodes for the run's last check: "+err.Error(), actionResume, err)
-	}
-
 	type left struct{ name, line string }
 
 	var found []left
 
-	for i := range nodes.Items {
-		n := discovery.NodeFrom(&nodes.Items[i])
+	for _, node := range e.nodes.List() {
+		n := discovery.NodeFrom(node)
 		if n.Held {
 			continue
 		}

@@ -187,7 +187,7 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 	uncordoned := false
 
 	if node, ok := r.cache.Node(name); ok && kube.CordonedByIchor(node) {
-		if err := kube.Uncordon(ctx, r.e.Kube, name); err != nil {
+		if err := r.e.nodes.Uncordon(ctx, name); err != nil {
 			return r.e.pause(ctx, stage, name, err.Error(), actionResume, err)
 		}
 

@@ -84,13 +84,9 @@ func (e *Engine) runTalos(ctx context.Context, opts Options) error {
 		return errors.New("the Talos upgrade needs a Memo: it keeps each node's boot ID across a restart of the runner")
 	}
 
-	c, err := kube.StartCache(ctx, e.Kube)
+	c, err := e.startCache(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("start: %w", ctx.Err())
-		}
-
-		return &PauseError{Reason: err.Error(), Action: actionResume, Err: err}
+		return err
 	}
 	defer c.Stop()
 
@@ -320,7 +316,7 @@ func (r *talosRun) undo(ctx context.Context, name string, err error, action stri
 	}
 
 	reason := err.Error() + " (uncordoned again)"
-	if uerr := kube.Uncordon(ctx, r.e.Kube, name); uerr != nil {
+	if uerr := r.e.nodes.Uncordon(ctx, name); uerr != nil {
 		reason = err.Error() + " (and " + uerr.Error() + ")"
 		err = errors.Join(err, uerr)
 	}

@@ -24,6 +24,7 @@ func NewStagesEngine(ctx context.Context, cfg EngineConfig) (Engine, func(), err
 		Progress: cfg.Progress,
 		Memo:     cfg.Memo,
 		Out:      cfg.Out,
+		Nodes:    cfg.Nodes,
 	}
 
 	return eng, func() { _ = tc.Close() }, nil

@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
 // eventQueue bounds the events waiting to be written; more are dropped (and logged).
@@ -21,7 +23,9 @@ const eventQueue = 256
 // written by one goroutine so that a slow API does not hold the engine; losing one is
 // logged, never fatal.
 type eventRecorder struct {
-	kube      kubernetes.Interface
+	kube kubernetes.Interface
+	// nodes, when not nil, gives a Node's UID without a request.
+	nodes     *kube.Nodes
 	namespace string
 	instance  string
 	host      string
@@ -35,9 +39,9 @@ type eventRecorder struct {
 	closed bool
 }
 
-func newEventRecorder(kube kubernetes.Interface, namespace, instance, host string, logf func(string, ...any)) *eventRecorder {
+func newEventRecorder(client kubernetes.Interface, nodes *kube.Nodes, namespace, instance, host string, logf func(string, ...any)) *eventRecorder {
 	e := &eventRecorder{
-		kube: kube, namespace: namespace, instance: instance, host: host, logf: logf,
+		kube: client, nodes: nodes, namespace: namespace, instance: instance, host: host, logf: logf,
 		queue: make(chan *corev1.Event, eventQueue),
 		done:  make(chan struct{}),
 		uids:  map[string]types.UID{},
@@ -61,7 +65,9 @@ func (e *eventRecorder) operation(_ context.Context, reason, message string, war
 	e.record(e.namespace, ref, reason, message, warning)
 }
 
-// uid looks an object's UID up once (events without it do not show in kubectl describe).
+// uid looks an object's UID up once (events without it do not show in kubectl describe):
+// a Node's in the runner's watch of the Nodes when it has it, any age (a Node's UID
+// changes only when it registers anew).
 func (e *eventRecorder) uid(ctx context.Context, kind, name string) types.UID {
 	key := kind + "/" + name
 
@@ -80,7 +86,9 @@ func (e *eventRecorder) uid(ctx context.Context, kind, name string) types.UID {
 
 	switch kind {
 	case "node":
-		if n, err := e.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		if n, ok := e.cachedNode(name); ok {
+			meta = &n.ObjectMeta
+		} else if n, err := e.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
 			meta = &n.ObjectMeta
 		}
 	default:
@@ -98,6 +106,14 @@ func (e *eventRecorder) uid(ctx context.Context, kind, name string) types.UID {
 	e.mu.Unlock()
 
 	return meta.UID
+}
+
+func (e *eventRecorder) cachedNode(name string) (*corev1.Node, bool) {
+	if e.nodes == nil {
+		return nil, false
+	}
+
+	return e.nodes.Cached(name)
 }
 
 func (e *eventRecorder) record(namespace string, ref corev1.ObjectReference, reason, message string, warning bool) {

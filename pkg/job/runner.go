@@ -17,6 +17,7 @@ import (
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
@@ -42,6 +43,9 @@ type EngineConfig struct {
 	// Talos says how to reach the Talos API; the zero value finds the talosconfig
 	// mounted in the Job's pod.
 	Talos talos.Options
+	// Nodes is the runner's watch of the Nodes, started once and shared by every
+	// engine it builds.
+	Nodes *kube.Nodes
 }
 
 // EngineFactory builds the engine of one run, opening what else it needs (the Talos
@@ -99,6 +103,10 @@ type Runner struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// StateWriteTimeout overrides how long a Memo.Set may take (tests).
 	StateWriteTimeout time.Duration
+
+	// nodes is the watch of the Nodes while the runner leads: every engine it
+	// builds reads the Nodes from it, and its events the Nodes' UIDs.
+	nodes *kube.Nodes
 }
 
 var (
@@ -392,7 +400,17 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 
 	r.logf("took the lock: operation %s is Running (run %d of job %s)", id, op.Status.Runs, op.Status.Job)
 
-	events := newEventRecorder(r.Kube, r.Namespace, r.Identity, r.Node, r.logf)
+	// One watch of the Nodes for the whole run, whatever the hops: a Node read
+	// from it costs no request.
+	nodes, nodesErr := kube.StartNodes(engCtx, r.Kube)
+	if nodesErr == nil {
+		defer nodes.Stop()
+
+		r.nodes = nodes
+		defer func() { r.nodes = nil }()
+	}
+
+	events := newEventRecorder(r.Kube, r.nodes, r.Namespace, r.Identity, r.Node, r.logf)
 	defer events.close()
 
 	events.operation(ctx, "Running", fmt.Sprintf("runner %s took the lock (run %d)", r.Identity, op.Status.Runs), false)
@@ -401,7 +419,14 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 	rep.identity, rep.fence, rep.lost, rep.setTimeout = r.Identity, fence, func() { stop(errLostLock) }, r.StateWriteTimeout
 	go rep.loop(engCtx)
 
-	err = r.runHops(engCtx, op, rep, events)
+	switch {
+	case nodesErr != nil && engCtx.Err() != nil:
+		err = nodesErr
+	case nodesErr != nil:
+		err = &engine.PauseError{Reason: nodesErr.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: nodesErr}
+	default:
+		err = r.runHops(engCtx, op, rep, events)
+	}
 
 	return r.finish(ctx, engCtx, rep, events, err)
 }
@@ -464,7 +489,7 @@ func (r *Runner) runHops(ctx context.Context, op *api.Operation, rep *reporter, 
 func (r *Runner) runEngine(ctx context.Context, opts engine.Options, progress engine.Progress, rep *reporter) error {
 	eng, closeEngine, err := r.NewEngine(ctx, EngineConfig{
 		Kube: r.Kube, Dynamic: r.Dynamic, Options: opts, Progress: progress, Memo: rep, Out: r.Out,
-		Talos: r.Talos,
+		Talos: r.Talos, Nodes: r.nodes,
 	})
 	if err != nil {
 		return &engine.PauseError{Reason: "the engine could not start: " + err.Error(), Action: "fix the cause, then kubectl ichor resume" + nsFlag(r.Namespace), Err: err}

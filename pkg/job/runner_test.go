@@ -118,11 +118,19 @@ func TestRunnerSucceeds(t *testing.T) {
 	op.Spec.Timeouts.Pull = api.NewTimeout(3 * time.Minute)
 	op.Spec.PullConcurrency = 8
 
-	var memoDurable bool
+	var (
+		memoDurable bool
+		cachedNode  bool
+	)
 
 	var f *runnerFixture
 
 	f = newRunner(t, op, func(ctx context.Context, cfg EngineConfig) error {
+		// The runner's watch of the Nodes, started once, is the engine's.
+		if cfg.Nodes != nil {
+			_, cachedNode = cfg.Nodes.Cached("cp-1")
+		}
+
 		cfg.Progress.Stage(1, 4, "APIServers")
 		cfg.Progress.Node("APIServers", "cp-1", engine.PhaseApplying, "apply kube-apiserver v1.36.3")
 
@@ -152,8 +160,22 @@ func TestRunnerSucceeds(t *testing.T) {
 		require.NoError(t, f.client.Tracker().Add(obj))
 	}
 
+	f.client.ClearActions()
+
 	err := f.runner.Run(ctx)
 	require.NoError(t, err, f.out.String())
+
+	assert.True(t, cachedNode, "the engine is given the runner's watch of the Nodes")
+
+	nodeReads := map[string]int{}
+
+	for _, a := range f.client.Actions() {
+		if a.GetResource().Resource == "nodes" {
+			nodeReads[a.GetVerb()]++
+		}
+	}
+
+	assert.Equal(t, map[string]int{"list": 1, "watch": 1}, nodeReads, "one watch of the Nodes; the events' Node UID from it, no GET")
 
 	// Its credentials go once it succeeded: the Secret of the talos.dev ServiceAccount, and
 	// its ClusterRole, which owns the rest.

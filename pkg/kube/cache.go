@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	appslisters "k8s.io/client-go/listers/apps/v1"
@@ -48,10 +47,10 @@ func (e *WaitTimeoutError) Error() string {
 	return fmt.Sprintf("not done after %s: %s", e.After, e.Waiting)
 }
 
-// Cache watches what verification reads: every Node, the pods in kube-system
-// with a k8s-app label of a control-plane component or kube-proxy, and the
-// DaemonSets in kube-system. Start it with StartCache; it is safe for
-// concurrent use.
+// Cache watches what verification reads: every Node (through the runner's
+// Nodes), the pods in kube-system with a k8s-app label of a control-plane
+// component or kube-proxy, and the DaemonSets in kube-system. Start it with
+// StartCache; it is safe for concurrent use.
 type Cache struct {
 	nodes      corelisters.NodeLister
 	pods       corelisters.PodLister
@@ -74,14 +73,15 @@ func CacheComponents() []string {
 	}
 }
 
-// StartCache starts the informers and returns once each has listed once, or
-// an error when that takes longer than DefaultSyncTimeout (the apiserver is
-// unreachable, or RBAC forbids the reads). Stop it with Stop.
-func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error) {
+// StartCache starts the informers of the pods and DaemonSets, takes the Nodes
+// from nodes (the runner's watch, shared), and returns once each has listed
+// once, or an error when that takes longer than DefaultSyncTimeout (the
+// apiserver is unreachable, or RBAC forbids the reads). Stop it with Stop,
+// which leaves nodes running.
+func StartCache(ctx context.Context, client kubernetes.Interface, nodes *Nodes) (*Cache, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &Cache{cancel: cancel, heartbeat: DefaultHeartbeat, waiters: map[int]chan struct{}{}}
+	c := &Cache{nodes: nodes.lister, heartbeat: DefaultHeartbeat, waiters: map[int]chan struct{}{}}
 
-	all := informers.NewSharedInformerFactory(client, 0)
 	system := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(discovery.StaticPodNamespace))
 	systemPods := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(discovery.StaticPodNamespace),
@@ -89,10 +89,9 @@ func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error
 			o.LabelSelector = fmt.Sprintf("%s in (%s)", discovery.ComponentLabel, strings.Join(CacheComponents(), ","))
 		}))
 
-	nodes := all.Core().V1().Nodes()
 	pods := systemPods.Core().V1().Pods()
 	daemonSets := system.Apps().V1().DaemonSets()
-	c.nodes, c.pods, c.daemonSets = nodes.Lister(), pods.Lister(), daemonSets.Lister()
+	c.pods, c.daemonSets = pods.Lister(), daemonSets.Lister()
 
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.notify() },
@@ -100,12 +99,20 @@ func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error
 		DeleteFunc: func(any) { c.notify() },
 	}
 
-	var synced []cache.InformerSynced
+	nodesSynced, removeNodes, err := nodes.onChange(handler)
+	if err != nil {
+		cancel()
 
-	for _, inf := range []cache.SharedIndexInformer{nodes.Informer(), pods.Informer(), daemonSets.Informer()} {
+		return nil, fmt.Errorf("watch the cluster: %w", err)
+	}
+
+	c.cancel = func() { cancel(); removeNodes() }
+	synced := []cache.InformerSynced{nodesSynced}
+
+	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), daemonSets.Informer()} {
 		reg, err := inf.AddEventHandler(handler)
 		if err != nil {
-			cancel()
+			c.cancel()
 
 			return nil, fmt.Errorf("watch the cluster: %w", err)
 		}
@@ -113,23 +120,12 @@ func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error
 		synced = append(synced, inf.HasSynced, reg.HasSynced)
 	}
 
-	for _, f := range []informers.SharedInformerFactory{all, system, systemPods} {
+	for _, f := range []informers.SharedInformerFactory{system, systemPods} {
 		f.Start(ctx.Done())
 	}
 
-	// Polled every 10ms rather than cache.WaitForCacheSync's 100ms: every
-	// engine run starts here.
-	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, DefaultSyncTimeout, true, func(context.Context) (bool, error) {
-		for _, s := range synced {
-			if !s() {
-				return false, nil
-			}
-		}
-
-		return true, nil
-	})
-	if err != nil {
-		cancel()
+	if err := waitSynced(ctx, synced...); err != nil {
+		c.cancel()
 
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -142,7 +138,8 @@ func StartCache(ctx context.Context, client kubernetes.Interface) (*Cache, error
 	return c, nil
 }
 
-// Stop stops the informers.
+// Stop stops the informers of the pods and DaemonSets, and the Cache's
+// following of the Nodes' watch (which goes on).
 func (c *Cache) Stop() { c.cancel() }
 
 // WakeAfter makes every Wait look at its condition again after d, whether the cache saw

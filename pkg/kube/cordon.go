@@ -37,39 +37,27 @@ func CordonOf(n *corev1.Node) CordonState {
 	}
 }
 
-// ReadCordon reads the Node from the API server (not a cache: a kubectl
-// uncordon a moment ago counts) and says how it stands.
-func ReadCordon(ctx context.Context, client kubernetes.Interface, node string) (CordonState, error) {
-	var state CordonState
-
-	err := Retry(ctx, 0, func(ctx context.Context) error {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-
-		state = CordonOf(n)
-
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("node %q: read its cordon: %w", node, err)
+// recordon marks a Node that carries CordonedAnnotation unschedulable again,
+// keeping the mark (and when it was first set), and returns it as patched; only
+// the Node at resourceVersion, when it is not "".
+func recordon(ctx context.Context, client kubernetes.Interface, node, resourceVersion string) (*corev1.Node, error) {
+	patch := []byte(`{"spec":{"unschedulable":true}}`)
+	if resourceVersion != "" {
+		patch = fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"spec":{"unschedulable":true}}`, resourceVersion)
 	}
 
-	return state, nil
-}
+	var patched *corev1.Node
 
-// Recordon marks a Node that carries CordonedAnnotation unschedulable again,
-// keeping the mark (and when it was first set).
-func Recordon(ctx context.Context, client kubernetes.Interface, node string) error {
 	err := Retry(ctx, 0, func(ctx context.Context) error {
-		_, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{})
+		var err error
+
+		patched, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
 
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("node %q: cordon again: %w", node, err)
+		return nil, fmt.Errorf("node %q: cordon again: %w", node, err)
 	}
 
-	return nil
+	return patched, nil
 }

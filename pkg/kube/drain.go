@@ -42,27 +42,43 @@ func CordonedByIchor(n *corev1.Node) bool {
 // one patch. A node the user had cordoned is marked too: the upgrade
 // uncordons every node it drains (the plan says so).
 func Cordon(ctx context.Context, client kubernetes.Interface, node string, now time.Time) error {
-	return patchNode(ctx, client, node, true, now.UTC().Format(time.RFC3339))
+	_, err := patchNode(ctx, client, node, "", true, now.UTC().Format(time.RFC3339))
+
+	return err
 }
 
 // Uncordon marks the node schedulable and removes CordonedAnnotation, in one
 // patch.
 func Uncordon(ctx context.Context, client kubernetes.Interface, node string) error {
-	return patchNode(ctx, client, node, false, "")
+	_, err := uncordon(ctx, client, node)
+
+	return err
 }
 
-func patchNode(ctx context.Context, client kubernetes.Interface, node string, unschedulable bool, mark string) error {
+func uncordon(ctx context.Context, client kubernetes.Interface, node string) (*corev1.Node, error) {
+	return patchNode(ctx, client, node, "", false, "")
+}
+
+// patchNode patches the node's cordon and returns it as the patch left it. With
+// resourceVersion, the patch is made only to the Node at that version (the API
+// server answers a conflict otherwise).
+func patchNode(ctx context.Context, client kubernetes.Interface, node, resourceVersion string, unschedulable bool, mark string) (*corev1.Node, error) {
 	var annotation any // JSON null removes it
 	if mark != "" {
 		annotation = mark
 	}
 
+	meta := map[string]any{"annotations": map[string]any{CordonedAnnotation: annotation}}
+	if resourceVersion != "" {
+		meta["resourceVersion"] = resourceVersion
+	}
+
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]any{CordonedAnnotation: annotation}},
+		"metadata": meta,
 		"spec":     map[string]any{"unschedulable": unschedulable},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	op := "cordon"
@@ -70,16 +86,20 @@ func patchNode(ctx context.Context, client kubernetes.Interface, node string, un
 		op = "uncordon"
 	}
 
+	var patched *corev1.Node
+
 	err = Retry(ctx, 0, func(ctx context.Context) error {
-		_, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+		var err error
+
+		patched, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
 
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("node %q: %s: %w", node, op, err)
+		return nil, fmt.Errorf("node %q: %s: %w", node, op, err)
 	}
 
-	return nil
+	return patched, nil
 }
 
 // Drainer evicts the pods of a node the way `kubectl drain

@@ -84,7 +84,11 @@ func ownedPod(ns, name, node, kind string) *corev1.Pod {
 func startCache(t *testing.T, cs *fake.Clientset) *Cache {
 	t.Helper()
 
-	c, err := StartCache(t.Context(), cs)
+	nodes, err := StartNodes(t.Context(), cs)
+	require.NoError(t, err)
+	t.Cleanup(nodes.Stop)
+
+	c, err := StartCache(t.Context(), cs, nodes)
 	require.NoError(t, err)
 	t.Cleanup(c.Stop)
 
