@@ -53,9 +53,6 @@ type reporter struct {
 	// urgent wakes the writer from its gap between two writes: a change is waited for
 	// (Memo.Set, record).
 	urgent chan struct{}
-	// gap is the least time between two writes of progress alone (progressWriteGap
-	// when zero): the changes of that time go in one write.
-	gap time.Duration
 }
 
 // progressWriteGap is the least time between two writes of the state that nobody waits
@@ -318,16 +315,11 @@ func (r *reporter) loop(ctx context.Context) {
 		}
 
 		// The changes until the gap ends, or until one is waited for, go in the next write.
-		gap := r.gap
-		if gap <= 0 {
-			gap = progressWriteGap
-		}
-
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.urgent:
-		case <-time.After(gap):
+		case <-time.After(progressWriteGap):
 		}
 	}
 }
