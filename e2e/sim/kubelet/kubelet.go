@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/informers"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -103,6 +104,10 @@ type Kubelets struct {
 	podsMu sync.Mutex
 	pods   map[string]*podRunner // by pod UID
 	wg     sync.WaitGroup
+
+	// nodeLister is one watch of every Node, for each kubelet to compare its
+	// Node's status with what it would post (see repostIfStale).
+	nodeLister corelisters.NodeLister
 }
 
 // Start registers the node of every machine that is up and starts every
@@ -114,6 +119,8 @@ func Start(ctx context.Context, opts Options, machines []Machine) (*Kubelets, er
 		opts.Log = slog.Default()
 	}
 	k := &Kubelets{opts: opts, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	factory := informers.NewSharedInformerFactory(opts.Client, 0)
+	k.nodeLister = factory.Core().V1().Nodes().Lister()
 	var up []*node
 	for _, m := range machines {
 		n := newNode(k, m)
@@ -137,7 +144,6 @@ func Start(ctx context.Context, opts Options, machines []Machine) (*Kubelets, er
 			return nil, fmt.Errorf("node %s: kubelet API: %w", n.name, err)
 		}
 	}
-	factory := informers.NewSharedInformerFactory(opts.Client, 0)
 	podInformer := factory.Core().V1().Pods().Informer()
 	_, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.podChanged(ctx, obj) },

@@ -293,6 +293,8 @@ func (n *node) sync(ctx context.Context) {
 		}
 	} else if !n.ready && !n.k.opts.Faults.For(n.name).StayNotReady {
 		n.becomeReady(ctx, st)
+	} else {
+		n.repostIfStale(ctx, st)
 	}
 	n.renewLease(ctx)
 	for component, want := range st.StaticPods {
@@ -327,6 +329,29 @@ func (n *node) becomeReady(ctx context.Context, st MachineState) {
 		return
 	}
 	n.ready = true
+}
+
+// repostIfStale posts the Node's Ready status again when the Node in the API
+// does not say Ready while the kubelet is: the node lifecycle controller set it
+// Unknown while the kubelet could not reach the apiserver (a restart), or
+// someone wrote it. A kubelet's node status sync compares what it would post
+// with the Node and posts on a difference; without it the Node stays
+// NotReady for good once the apiserver is back.
+func (n *node) repostIfStale(ctx context.Context, st MachineState) {
+	if !n.ready || n.k.nodeLister == nil {
+		return
+	}
+	obj, err := n.k.nodeLister.Get(n.name)
+	if err != nil {
+		return // not in the watch yet
+	}
+	for _, c := range obj.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			n.log()("the Node says NotReady while the kubelet is Ready: posting Ready again", "reason", c.Reason)
+			n.becomeReady(ctx, st)
+			return
+		}
+	}
 }
 
 // setUp tells pod runners whether the node's kubelet runs.

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,7 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 )
 
 // A pod's exit is written even when the apiserver was away at that moment (a
@@ -63,3 +66,54 @@ type netError struct{ errno syscall.Errno }
 
 func (e *netError) Error() string { return "dial tcp 127.0.0.1:6443: " + e.errno.Error() }
 func (e *netError) Unwrap() error { return e.errno }
+
+// A Node the node lifecycle controller marked Unknown while its kubelet could not
+// reach the apiserver (a restart) is posted Ready again by the kubelet that is
+// Ready, as a kubelet's node status sync does on a difference: without it the
+// Node stayed NotReady for good and the upgrade's verification waited on it
+// (soak seed 2028).
+func TestNodeStatusPostedAgainWhenMarkedUnknown(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{},
+		nodeLister: corelisters.NewNodeLister(indexer)}
+	m := fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")}
+	n := newNode(k, m)
+	require.NoError(t, n.register(ctx))
+	n.sync(ctx) // the kubelet runs, its Node Ready
+	require.True(t, n.ready)
+
+	ready := func() corev1.ConditionStatus {
+		got, err := client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+		require.NoError(t, err)
+		for _, c := range got.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	markUnknown := func() {
+		got, err := client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+		require.NoError(t, err)
+		for i, c := range got.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				got.Status.Conditions[i].Status, got.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+			}
+		}
+		_, err = client.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		require.NoError(t, indexer.Add(got)) // what the watch delivers
+	}
+
+	markUnknown()
+	n.sync(ctx)
+	assert.Equal(t, corev1.ConditionTrue, ready(), "posted Ready again")
+
+	// A kubelet that is not Ready leaves the Node as it is.
+	markUnknown()
+	n.ready = false
+	n.repostIfStale(ctx, m.Current())
+	assert.Equal(t, corev1.ConditionUnknown, ready())
+}
