@@ -424,11 +424,18 @@ func (d *soakDriver) apply(t *testing.T, i int, f soak.Fault, upgrade []string) 
 		}
 		return d.c.Client.CoreV1().Pods(jobNamespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: jobNamespace}})
 	case soak.NodeCordoned, soak.NodeDrained:
+		// The person's window opens before the cordon is written, so that the
+		// simulator's record of it (seen from a watch, a moment after the write)
+		// falls inside; a failed cordon closes it again at once.
+		from := time.Now()
 		if err := d.setUnschedulable(ctx, f.Node, true); err != nil {
+			d.mu.Lock()
+			d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: from, To: time.Now()})
+			d.mu.Unlock()
 			return err
 		}
 		d.mu.Lock()
-		d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: time.Now()})
+		d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: from})
 		d.mu.Unlock()
 		if f.Kind == soak.NodeDrained {
 			// kubectl drain's evictions, which a PodDisruptionBudget may hold
