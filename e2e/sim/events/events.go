@@ -23,8 +23,9 @@ const (
 	Kubelet           = "kubelet"
 	Talos             = "talos"
 	// TalosInstall is an install of a Talos version into a machine's other
-	// boot slot (LifecycleService.Upgrade or MachineService.Upgrade), at its
-	// start: one line per install.
+	// boot slot (LifecycleService.Upgrade or MachineService.Upgrade), once its
+	// installer runs: one line per install. An Upgrade call whose caller went
+	// away before the installer started installs nothing and is not one.
 	TalosInstall = "talos-install"
 	// Cordon is a change of a Node's spec.unschedulable, as the cluster saw
 	// it: version Cordoned or Uncordoned.

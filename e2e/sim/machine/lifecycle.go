@@ -134,10 +134,12 @@ func (m *Machine) StageUpgrade(ctx context.Context, ns, image string, progress f
 	if r, err := parseImageRef(image); err != nil || !m.hasImage(ns, r.String()) {
 		return status.Error(codes.Internal, fmt.Sprintf("upgrade failed: installer image %q not found in containerd store: image %q: not found", image, image))
 	}
-	m.opts.Events.Start(m.opts.Name, events.TalosInstall, version)
 	if err := progress(fmt.Sprintf("installing Talos %s from %s into the inactive boot slot", version, image)); err != nil {
 		return err
 	}
+	// The installer container is created on the call's context: a caller
+	// gone before it starts leaves nothing installed (machined logs the
+	// failure), and that attempt is no install.
 	select {
 	case <-time.After(m.opts.PullLatency):
 	case <-ctx.Done():
@@ -148,6 +150,7 @@ func (m *Machine) StageUpgrade(ctx context.Context, ns, image string, progress f
 	// the call's (internal/app/lifecycle/container.go: task.Wait(detachedCtx)):
 	// once started, the install runs to its end and machined logs it, whether
 	// or not the caller is still there to hear it.
+	m.opts.Events.Start(m.opts.Name, events.TalosInstall, version)
 	detached = true
 	done := make(chan error, 1)
 	m.wg.Add(1)

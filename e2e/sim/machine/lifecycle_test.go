@@ -118,3 +118,23 @@ func stageUpgrade(ctx context.Context, m *simmachine.Machine, image string) erro
 	}
 	return m.StageUpgrade(ctx, simmachine.NamespaceSystem, image, nil)
 }
+
+// TestInstallAbandonedBeforeItsInstallerIsNoInstall: a caller gone while the
+// installer container is being created (the call's context) leaves nothing
+// installed, machined logging the failure, and the events show no install;
+// the next call installs, one install (soak seed 2096 counted the abandoned
+// attempt as a second install of the node).
+func TestInstallAbandonedBeforeItsInstallerIsNoInstall(t *testing.T) {
+	t.Parallel()
+	f := newMachineAt(t, false, "", "v1.13.9")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := stageUpgrade(ctx, f.m, factoryInstaller+"v1.14.1")
+	assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	assert.Empty(t, f.m.State().StagedVersion, "nothing installed")
+	assert.Contains(t, machinedLog(t, f.m), "upgrade failed")
+	assert.Empty(t, installEvents(t, f.events))
+
+	require.NoError(t, stageUpgrade(t.Context(), f.m, factoryInstaller+"v1.14.1"))
+	assert.Equal(t, []string{"v1.14.1"}, installEvents(t, f.events), "one install")
+}
