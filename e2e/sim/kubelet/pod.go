@@ -73,6 +73,7 @@ func (r *podRunner) run(ctx context.Context) {
 	killedByReboot := false
 	startAt := time.Now().Add(r.k.opts.PodStart)
 	var readyAt time.Time
+	postedReady := false // Ready written, and the pod still runs
 
 	for {
 		terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
@@ -111,6 +112,12 @@ func (r *podRunner) run(ctx context.Context) {
 		case started && !readyAt.IsZero() && !time.Now().Before(readyAt):
 			readyAt = time.Time{}
 			r.writeRunning(ctx, true)
+			postedReady = true
+		case postedReady && pod.Status.Phase == corev1.PodRunning && !podIsReady(pod):
+			// The node lifecycle controller marked the pod not Ready (its Node
+			// went Unknown): the kubelet's status manager writes its own back.
+			r.logf("pod not Ready in the API while it runs Ready: posting it again")
+			r.writeRunning(ctx, true)
 		}
 
 		var timer <-chan time.Time
@@ -131,6 +138,7 @@ func (r *podRunner) run(ctx context.Context) {
 		case p := <-r.updates:
 			pod = p
 		case up := <-r.nodeCh:
+			postedReady = false
 			if !up {
 				if started && asProcess {
 					r.stopProcesses(0)

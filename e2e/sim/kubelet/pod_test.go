@@ -117,3 +117,26 @@ func TestNodeStatusPostedAgainWhenMarkedUnknown(t *testing.T) {
 	n.repostIfStale(ctx, m.Current())
 	assert.Equal(t, corev1.ConditionUnknown, ready())
 }
+
+// A mirror pod the node lifecycle controller marked not Ready (its Node went
+// Unknown during an apiserver restart) is posted Ready again by its kubelet:
+// the upgrade's verification waited on it for good (soak seeds 2013, 2028).
+func TestMirrorPodPostedReadyAgain(t *testing.T) {
+	ctx := context.Background()
+	mirror := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver-cp-1", Namespace: metav1.NamespaceSystem},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "NodeNotReady"},
+		}},
+	}
+	client := fake.NewClientset(mirror)
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	n := newNode(k, fakeMachine{name: "cp-1", ip: netip.MustParseAddr("127.0.0.10")})
+	sp := &staticPod{n: n, component: "kube-apiserver"}
+
+	sp.resyncReady(ctx)
+
+	got, err := client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, "kube-apiserver-cp-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.True(t, podIsReady(got), "posted Ready again: %+v", got.Status.Conditions)
+}

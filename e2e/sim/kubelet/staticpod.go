@@ -78,12 +78,22 @@ func (sp *staticPod) run(ctx context.Context) {
 	defer close(sp.done)
 	logf := sp.n.log()
 	var running *StaticPod
+	// ready: the mirror pod was posted Ready and nothing changed since; the
+	// kubelet then keeps it so (resyncReady).
+	ready := false
+	resync := time.NewTicker(staticPodResync)
+	defer resync.Stop()
 	for {
 		var w StaticPod
 		remirror := false
 		select {
 		case <-ctx.Done():
 			return
+		case <-resync.C:
+			if ready {
+				sp.resyncReady(ctx)
+			}
+			continue
 		case w = <-sp.wantCh:
 		case <-sp.remirrorCh:
 			if running == nil {
@@ -91,6 +101,7 @@ func (sp *staticPod) run(ctx context.Context) {
 			}
 			w, remirror = *running, true
 		}
+		ready = false
 		switch {
 		case remirror:
 			logf("kubelet on a new version: mirror pod deleted, static pod restarting", "pod", sp.name())
@@ -153,7 +164,38 @@ func (sp *staticPod) run(ctx context.Context) {
 				return
 			}
 		}
+		ready = true
 	}
+}
+
+// staticPodResync is how often a kubelet compares a Ready static pod's mirror
+// pod with what it would post.
+const staticPodResync = 5 * time.Second
+
+// resyncReady posts the mirror pod Ready again when the API says otherwise: the
+// node lifecycle controller marks every pod of a Node it finds Unknown not
+// Ready (an apiserver restart can make it so), and a kubelet's status manager
+// writes its own status back. Without it the mirror pod stayed not Ready for
+// good and the upgrade's verification waited on it (soak seeds 2013, 2028).
+func (sp *staticPod) resyncReady(ctx context.Context) {
+	pod, err := sp.n.k.opts.Client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, sp.name(), metav1.GetOptions{})
+	if err != nil || podIsReady(pod) {
+		return
+	}
+	sp.n.log()("mirror pod not Ready in the API while it runs Ready: posting it again", "pod", sp.name())
+	if err := sp.setStatus(ctx, true, true); err != nil {
+		sp.n.log()("mirror pod status", "pod", sp.name(), "err", err)
+	}
+}
+
+// podIsReady reports whether a pod's Ready condition is True.
+func podIsReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // deleteMirror deletes the mirror pod at once (a mirror pod has no grace).
