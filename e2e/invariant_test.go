@@ -343,7 +343,10 @@ func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
 	// From the join to cp-4's apiserver on the target, nothing but cp-4's own start
 	// moved by an apply made after the join (no apply made the skew worse; a static
 	// pod an apply just before the join restarts may come up after it); after, the
-	// invariant holds.
+	// invariant holds. The stage applies one node at a time, and an apply decided
+	// before cp-4 could be seen may land just after its boot (seen in CI: 19 ms
+	// after): that one apply in flight is the join's, not the stage's; a second
+	// apply to another node before cp-4 caught up is the stage going on blind.
 	applied := configApplied(t, c)
 	require.GreaterOrEqual(t, len(applied["cp-1"]), 4, "the simulator's log says when cp-1 took each stage's config")
 
@@ -354,6 +357,8 @@ func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
 			boot = e.Time
 		}
 	}
+
+	inFlight := inFlightApply(applied, "cp-4", boot)
 
 	for i := joinedAt + 1; i < caughtUp; i++ {
 		e := evs[i]
@@ -369,7 +374,7 @@ func TestJobControlPlaneJoinsMidUpgrade(t *testing.T) {
 			}
 		}
 
-		if !last.Before(boot) {
+		if !last.Before(boot) && !last.Equal(inFlight) {
 			assert.Fail(t, "a component moved while cp-4's apiserver was behind", "event %d: %s %s %s (its config applied %s, cp-4 booted %s)",
 				i, e.Node, e.Component, e.Version, last.Format(time.RFC3339Nano), boot.Format(time.RFC3339Nano))
 		}
@@ -534,6 +539,27 @@ func firstAt(evs []events.Event, version string) map[string]int {
 		key := e.Component + " " + e.Node
 		if _, seen := first[key]; !seen && e.Version == version {
 			first[key] = i
+		}
+	}
+
+	return first
+}
+
+// inFlightApply is the first config apply, on a node other than joiner, at or after
+// the joiner's boot: the one apply a stage that goes one node at a time can have
+// had in flight when the joiner came up (zero when there is none).
+func inFlightApply(applied map[string][]time.Time, joiner string, boot time.Time) time.Time {
+	var first time.Time
+
+	for node, times := range applied {
+		if node == joiner {
+			continue
+		}
+
+		for _, at := range times {
+			if !at.Before(boot) && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
 		}
 	}
 

@@ -228,6 +228,7 @@ type soakDriver struct {
 	applied map[int]bool           // the faults applied, by index in the schedule
 	cleared map[int]bool           // the lasting faults cleared
 	follows map[int]*followProcess // the FollowerInterrupted faults' `status --watch`
+	nodes   map[int]string         // the RunnerNodeDrained faults' nodes, found when they came
 	drains  sync.WaitGroup         // the NodeDrained faults' evictions
 }
 
@@ -239,6 +240,7 @@ func (d *soakDriver) do(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.active, d.applied, d.cleared, d.follows = map[int]soak.Fault{}, map[int]bool{}, map[int]bool{}, map[int]*followProcess{}
+	d.nodes = map[int]string{}
 
 	args := []string{"--control-planes", strconv.Itoa(r.Shape.ControlPlanes), "--workers", strconv.Itoa(r.Shape.Workers),
 		"--kubernetes", r.Scenario.Kubernetes, "--talos", r.Scenario.Talos, "--faults", d.faults,
@@ -407,8 +409,12 @@ func (d *soakDriver) schedule(ctx context.Context, t *testing.T, launched time.T
 		d.mu.Lock()
 		d.applied[e.i] = true
 		d.mu.Unlock()
-		d.rep.Injected = append(d.rep.Injected, f.String())
-		t.Logf("fault on: %s", f)
+		name := f.String()
+		if f.Kind == soak.RunnerNodeDrained {
+			name += " (" + d.nodeOf(e.i, f) + ")"
+		}
+		d.rep.Injected = append(d.rep.Injected, name)
+		t.Logf("fault on: %s", name)
 	}
 }
 
@@ -426,28 +432,39 @@ func (d *soakDriver) apply(t *testing.T, i int, f soak.Fault, upgrade []string) 
 			return d.c.Client.CoreV1().Pods(jobNamespace).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 		}
 		return d.c.Client.CoreV1().Pods(jobNamespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: jobNamespace}})
-	case soak.NodeCordoned, soak.NodeDrained:
+	case soak.NodeCordoned, soak.NodeDrained, soak.RunnerNodeDrained:
+		node := f.Node
+		if f.Kind == soak.RunnerNodeDrained {
+			var err error
+			if node, err = d.runnerNode(ctx); err != nil {
+				return err
+			}
+			d.mu.Lock()
+			d.nodes[i] = node
+			d.mu.Unlock()
+			t.Logf("fault %s: the runner runs on %s", f, node)
+		}
 		// The person's window opens before the cordon is written, so that the
 		// simulator's record of it (seen from a watch, a moment after the write)
 		// falls inside; a failed cordon closes it again at once.
 		from := time.Now()
-		if err := d.setUnschedulable(ctx, f.Node, true); err != nil {
+		if err := d.setUnschedulable(ctx, node, true); err != nil {
 			d.mu.Lock()
-			d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: from, To: time.Now()})
+			d.cordons = append(d.cordons, soak.Window{Node: node, From: from, To: time.Now()})
 			d.mu.Unlock()
 			return err
 		}
 		d.mu.Lock()
-		d.cordons = append(d.cordons, soak.Window{Node: f.Node, From: from})
+		d.cordons = append(d.cordons, soak.Window{Node: node, From: from})
 		d.mu.Unlock()
-		if f.Kind == soak.NodeDrained {
+		if f.Kind != soak.NodeCordoned {
 			// kubectl drain's evictions, which a PodDisruptionBudget may hold
 			// back: they go on beside the schedule, bounded.
 			d.drains.Add(1)
 			go func() {
 				defer d.drains.Done()
-				if err := d.drain(f.Node, f.For.Duration); err != nil {
-					t.Logf("drain %s: %v", f.Node, err)
+				if err := d.drain(node, f.For.Duration); err != nil {
+					t.Logf("drain %s: %v", node, err)
 				}
 			}()
 		}
@@ -493,18 +510,19 @@ func (d *soakDriver) clearFault(t *testing.T, i int, f soak.Fault) {
 		}
 	case soak.FollowerInterrupted:
 		d.interruptFollower(t, i)
-	case soak.NodeCordoned, soak.NodeDrained:
-		if d.personHolds(f.Node) {
+	case soak.NodeCordoned, soak.NodeDrained, soak.RunnerNodeDrained:
+		node := d.nodeOf(i, f)
+		if d.personHolds(node) {
 			// Another of the person's cordons of the node is still on: it
 			// stays cordoned until that one clears.
 			break
 		}
-		if err := d.setUnschedulable(ctx, f.Node, false); err != nil {
-			t.Logf("uncordon %s: %v", f.Node, err)
+		if err := d.setUnschedulable(ctx, node, false); err != nil {
+			t.Logf("uncordon %s: %v", node, err)
 		}
 		d.mu.Lock()
 		for j := range d.cordons {
-			if d.cordons[j].Node == f.Node && d.cordons[j].To.IsZero() {
+			if d.cordons[j].Node == node && d.cordons[j].To.IsZero() {
 				d.cordons[j].To = time.Now()
 			}
 		}
@@ -704,11 +722,43 @@ func (d *soakDriver) personHolds(node string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for j, g := range d.run.Faults {
-		if (g.Kind == soak.NodeCordoned || g.Kind == soak.NodeDrained) && g.Node == node && d.applied[j] && !d.cleared[j] {
+		person := g.Kind == soak.NodeCordoned || g.Kind == soak.NodeDrained || g.Kind == soak.RunnerNodeDrained
+		if person && d.nodeOfLocked(j, g) == node && d.applied[j] && !d.cleared[j] {
 			return true
 		}
 	}
 	return false
+}
+
+// nodeOf is the node of the schedule's fault i: its own, or the runner's node a
+// RunnerNodeDrained found when it came.
+func (d *soakDriver) nodeOf(i int, f soak.Fault) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nodeOfLocked(i, f)
+}
+
+func (d *soakDriver) nodeOfLocked(i int, f soak.Fault) string {
+	if f.Kind == soak.RunnerNodeDrained {
+		return d.nodes[i]
+	}
+	return f.Node
+}
+
+// runnerNode is the node the lock holder's pod runs on.
+func (d *soakDriver) runnerNode(ctx context.Context) (string, error) {
+	name := d.runnerPod(ctx)
+	if name == "" {
+		return "", errors.New("no runner holds the lock")
+	}
+	pod, err := d.c.Client.CoreV1().Pods(jobNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if pod.Spec.NodeName == "" {
+		return "", fmt.Errorf("runner pod %s is not scheduled", name)
+	}
+	return pod.Spec.NodeName, nil
 }
 
 // drain is a person's kubectl drain of node (cordoned already): its pods evicted as

@@ -147,6 +147,10 @@ const (
 	// NodeDrained is a person draining a node (kubectl drain: cordon, then
 	// evict its pods), and uncordoning it when cleared.
 	NodeDrained Kind = "node-drained"
+	// RunnerNodeDrained is a person draining the node the lock holder's pod
+	// runs on, found when the fault comes (its pod evicted with the rest),
+	// and uncordoning it when cleared.
+	RunnerNodeDrained Kind = "runner-node-drained"
 	// NodePoweredOff cuts a node's power, and switches it on when cleared:
 	// faults' poweredOff.
 	NodePoweredOff Kind = "node-powered-off"
@@ -172,7 +176,8 @@ const (
 // ClusterWide tells whether a kind of fault has no node.
 func (k Kind) ClusterWide() bool {
 	switch k {
-	case RunnerKilled, RunnerEvicted, SecondOperation, APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted:
+	case RunnerKilled, RunnerEvicted, SecondOperation, APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted,
+		RunnerNodeDrained: // its node is the runner's, found when it comes
 		return true
 	}
 	return false
@@ -228,7 +233,7 @@ const (
 // kinds are the faults that fit a scenario on a shape.
 func kinds(sc Scenario, sh Shape) []Kind {
 	out := []Kind{RunnerKilled, RunnerEvicted, TalosUnavailable, TalosSlow, NodeCordoned, SecondOperation,
-		EtcdAlarm, NodeDrained, NodePoweredOff, APIServerRestart, StateWriteDenied, FollowerInterrupted}
+		EtcdAlarm, NodeDrained, NodePoweredOff, APIServerRestart, StateWriteDenied, FollowerInterrupted, RunnerNodeDrained}
 	if sc.Reboots() {
 		out = append(out, TalosStreamReset)
 	}
@@ -261,7 +266,7 @@ func Generate(seed uint64) Run {
 		f := Fault{Kind: ks[rng.IntN(len(ks))], At: faults.Duration{Duration: randDuration(rng, 0, window)}}
 		switch f.Kind {
 		case RunnerKilled, RunnerEvicted, SecondOperation:
-		case APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted:
+		case APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted, RunnerNodeDrained:
 			f.For = faults.Duration{Duration: randDuration(rng, minFor, maxFor)}
 		case EtcdStopped, EtcdAlarm:
 			f.Node = cps[rng.IntN(len(cps))]

@@ -106,7 +106,8 @@ func TestGenerateFitsFaultsToTheRun(t *testing.T) {
 		}
 	}
 	for _, k := range []Kind{RunnerKilled, RunnerEvicted, TalosUnavailable, TalosSlow, TalosStreamReset, NodeCordoned, SecondOperation,
-		EtcdStopped, EtcdAlarm, NodeDrained, NodePoweredOff, APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted} {
+		EtcdStopped, EtcdAlarm, NodeDrained, NodePoweredOff, APIServerRestart, StateWriteDenied, PDBBlocking, FollowerInterrupted,
+		RunnerNodeDrained} {
 		assert.True(t, seen[k], "no seed of 2000 draws %s", k)
 	}
 }
