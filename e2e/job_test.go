@@ -27,6 +27,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"k8s.io/client-go/util/retry"
+
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -916,4 +918,124 @@ func readyCondition(n *corev1.Node) *corev1.NodeCondition {
 	}
 
 	return nil
+}
+
+// TestJobRunnerNodeLost cuts the power of the node the runner runs on, for good as far
+// as Kubernetes can tell: the Job replaces only a failed pod, and the runner's pod on
+// a node that stopped answering is never failed by anyone. `status` says so, with the
+// operator's way out (the node marked out of service); the operator takes it, the Job
+// starts another runner without a resume, and once the node is back the upgrade ends
+// with every node on the target.
+func TestJobRunnerNodeLost(t *testing.T) {
+	t.Parallel()
+
+	faults := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(faults, nil, 0o644))
+
+	c := startJobCluster(t, "--faults", faults)
+	ctx := context.Background()
+	tc := openTalos(t, c)
+	before := machineConfigs(t, c, tc)
+
+	r := c.ichor(t, 3*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes", "--detach")
+	r.requireExit(t, 0)
+
+	holder := waitForRunner(t, c)
+	require.NotEmpty(t, holder, "the upgrade ended before its runner could be lost")
+
+	pod, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, holder, metav1.GetOptions{})
+	require.NoError(t, err)
+
+	lost := pod.Spec.NodeName
+	require.NoError(t, os.WriteFile(faults, fmt.Appendf(nil, "nodes:\n  %s:\n    poweredOff: true\n", lost), 0o644))
+	t.Logf("powered off %s, where runner %s runs", lost, holder)
+
+	// The node lifecycle controller marks the node Unknown after its grace; status
+	// then says what became of the runner and what to do.
+	taint := "kubectl taint node " + lost + " node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+
+	eventually(t, 3*time.Minute, "status naming the lost node", func(context.Context) error {
+		r := c.ichor(t, time.Minute, "status")
+		if out := r.stdout + r.stderr; !strings.Contains(out, "runner pod "+holder+" is on node "+lost+", not Ready") || !strings.Contains(out, taint) {
+			return fmt.Errorf("status says:\n%s", out)
+		}
+
+		return nil
+	})
+
+	require.NoError(t, setTaint(ctx, c, lost, corev1.Taint{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}, true))
+
+	// The pod garbage collector fails and deletes the pod; the Job starts another
+	// runner, with no resume.
+	eventually(t, 3*time.Minute, "another runner holding the lock", func(ctx context.Context) error {
+		if now := lockHolderPod(t, c); now != "" && now != holder {
+			p, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, now, metav1.GetOptions{})
+			if err == nil && p.Status.Phase == corev1.PodRunning {
+				return nil
+			}
+		}
+
+		if op := c.operation(t); op.Status.Phase != api.PhaseRunning {
+			return fmt.Errorf("operation %s: %s", op.Status.Phase, op.Status.Reason)
+		}
+
+		return fmt.Errorf("lock held by %q", lockHolderPod(t, c))
+	})
+
+	// The node comes back; the operator lifts the taint, and resumes should the
+	// upgrade have paused on the node meanwhile.
+	require.NoError(t, os.WriteFile(faults, nil, 0o644))
+	eventually(t, 3*time.Minute, lost+" Ready again", func(ctx context.Context) error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, lost, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+
+		return errors.New("not Ready")
+	})
+	require.NoError(t, setTaint(ctx, c, lost, corev1.Taint{Key: corev1.TaintNodeOutOfService, Effect: corev1.TaintEffectNoExecute}, false))
+
+	for resumes := 0; ; resumes++ {
+		r := c.ichor(t, 10*time.Minute, "status", "--watch")
+		if r.code == 0 {
+			break
+		}
+
+		op := c.operation(t)
+		require.Equal(t, api.PhasePaused, op.Status.Phase, "status --watch exit %d:\n%s\n%s", r.code, r.stdout, r.stderr)
+		require.Less(t, resumes, 2, "paused again: %s", op.Status.Reason)
+		t.Logf("paused: %s; resuming", op.Status.Reason)
+		c.ichor(t, 3*time.Minute, "resume", "--detach").requireExit(t, 0)
+	}
+
+	op := c.operation(t)
+	assert.Equal(t, api.PhaseSucceeded, op.Status.Phase)
+	requireUpgraded(t, c, tc, before, "v1.36.3")
+	requireNothingCordoned(t, c)
+	assert.Empty(t, invariantBreaks(c.Events(t)))
+}
+
+// setTaint adds taint to node (on), or removes every taint of its key and effect.
+func setTaint(ctx context.Context, c *Cluster, node string, taint corev1.Taint, on bool) error {
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == taint.Key && t.Effect == taint.Effect })
+		if on {
+			n.Spec.Taints = append(n.Spec.Taints, taint)
+		}
+
+		_, err = c.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+
+		return err
+	})
 }

@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"fmt"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
@@ -72,6 +74,10 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 			p.Name, why, j.Status.Failed, BackoffLimit, n)}, nil
 	}
 
+	if p := c.runnerOnLostNode(ctx, op, pods.Items); p != nil {
+		return p, nil
+	}
+
 	for _, p := range pods.Items {
 		if p.Status.Phase != corev1.PodPending {
 			continue
@@ -91,6 +97,77 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 	}
 
 	return nil, nil
+}
+
+// runnerOnLostNode tells of a runner pod, not finished, on a node that is not Ready:
+// the runner is gone with its node, and the Job, which replaces only a failed pod,
+// starts another once that pod is gone, which takes the node's kubelet back, or the
+// node marked out of service (the pod garbage collector then fails and deletes it).
+// A node the upgrade itself is rebooting is said so. It is nil when no such pod is
+// found or a node cannot be read (status says what it can).
+func (c *Control) runnerOnLostNode(ctx context.Context, op *api.Operation, pods []corev1.Pod) *Problem {
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+
+		node, err := c.Kube.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			continue
+		}
+
+		ready := readyCondition(node)
+		if ready != nil && ready.Status == corev1.ConditionTrue {
+			continue
+		}
+
+		why := "no Ready condition"
+		if ready != nil {
+			why = fmt.Sprintf("for %s", c.now().Sub(ready.LastTransitionTime.Time).Round(time.Second))
+			if ready.Reason != "" {
+				why += ": " + ready.Reason
+			}
+		}
+
+		if upgrading(op, node.Name) {
+			why += ", in its upgrade"
+		}
+
+		return &Problem{Message: fmt.Sprintf("runner pod %s is on node %s, not Ready (%s): the Job starts another runner once that pod is gone, "+
+			"which takes %s back; if %s is down for good, mark it out of service: kubectl taint node %s %s=nodeshutdown:NoExecute",
+			p.Name, node.Name, why, node.Name, node.Name, node.Name, corev1.TaintNodeOutOfService)}
+	}
+
+	return nil
+}
+
+// readyCondition is a Node's Ready condition, nil when it has none.
+func readyCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+
+	return nil
+}
+
+// upgrading tells whether the operation's last step on node is one that takes the
+// node away a while (a Talos install and its reboot, a kubelet restart).
+func upgrading(op *api.Operation, node string) bool {
+	for _, n := range op.Status.Nodes {
+		if n.Name == node {
+			switch engine.NodePhase(n.Phase) {
+			case engine.PhaseApplying, engine.PhaseUpgrading, engine.PhaseVerifying:
+				return true
+			}
+
+			return false
+		}
+	}
+
+	return false
 }
 
 // newestPod is the most recently created pod, nil for none.

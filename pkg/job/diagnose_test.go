@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
@@ -29,8 +30,12 @@ func TestDiagnose(t *testing.T) {
 	evicted := runnerPod("pod-c", op.Status.Job, corev1.PodFailed)
 	evicted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}
 
+	rebooting := testOperation("op-1", api.PhaseRunning)
+	rebooting.Status.Nodes = []api.NodeStatus{{Name: "worker-1", Stage: "Talos", Phase: "Upgrading"}}
+
 	tests := []struct {
 		name  string
+		op    *api.Operation
 		objs  []runtime.Object
 		want  string
 		final bool
@@ -51,13 +56,33 @@ func TestDiagnose(t *testing.T) {
 			want: "runner pod pod-b failed (exit code 1); the Job tries again (0 failures of 6 allowed): read kubectl ichor logs",
 		},
 		{name: "an eviction is no failure", objs: []runtime.Object{runnerJob(op.Status.Job), evicted}},
+		{
+			name: "runner on a lost node", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), lostNode("worker-1")},
+			want: "runner pod pod-a is on node worker-1, not Ready (for 2m0s: NodeStatusUnknown): the Job starts another runner once that pod is gone, " +
+				"which takes worker-1 back; if worker-1 is down for good, mark it out of service: " +
+				"kubectl taint node worker-1 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+		},
+		{
+			name: "runner on a node the upgrade reboots", op: rebooting,
+			objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), lostNode("worker-1")},
+			want: "runner pod pod-a is on node worker-1, not Ready (for 2m0s: NodeStatusUnknown, in its upgrade): the Job starts another runner once that pod is gone, " +
+				"which takes worker-1 back; if worker-1 is down for good, mark it out of service: " +
+				"kubectl taint node worker-1 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+		},
+		{name: "runner on a Ready node", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), readyNode("worker-1")}},
+		{name: "runner on a node it cannot read", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1")}},
 	}
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newControl(t, t0.Add(time.Hour), tt.objs...)
 
-			p, err := f.ctl.Diagnose(context.Background(), op)
+			o := op
+			if tt.op != nil {
+				o = tt.op
+			}
+
+			p, err := f.ctl.Diagnose(context.Background(), o)
 			require.NoError(t, err)
 
 			if tt.want == "" {
@@ -71,4 +96,27 @@ func TestDiagnose(t *testing.T) {
 			assert.Equal(t, tt.final, p.Final)
 		})
 	}
+}
+
+// onNode is a running runner pod on node.
+func onNode(name, job, node string) *corev1.Pod {
+	p := runnerPod(name, job, corev1.PodRunning)
+	p.Spec.NodeName = node
+
+	return p
+}
+
+// lostNode is a Node whose kubelet stopped posting its status two minutes before the
+// tests' now (t0 plus an hour).
+func lostNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown",
+		LastTransitionTime: metav1.NewTime(t0.Add(58 * time.Minute)),
+	}}}}
+}
+
+func readyNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+	}}}}
 }
