@@ -328,6 +328,7 @@ func (a machineAdapter) Current() kubelet.MachineState {
 	st := a.m.State()
 	out := kubelet.MachineState{
 		Up:             st.Up,
+		PowerLost:      a.m.PoweredOff(),
 		TalosVersion:   st.TalosVersion,
 		BootID:         st.BootID,
 		KubeletImage:   st.KubeletImage,

@@ -31,7 +31,12 @@ type StaticPod struct {
 
 // MachineState is what a kubelet observes of its Talos machine.
 type MachineState struct {
-	Up           bool
+	Up bool
+	// PowerLost tells that the machine is down because it lost its power
+	// (the poweredOff fault), not by a shutdown or a reboot: its kubelet
+	// posts nothing on the way down (no NotReady, no pod's end), and the
+	// node lifecycle controller marks the Node Unknown after its grace.
+	PowerLost    bool
 	TalosVersion string
 	BootID       string
 	KubeletImage string

@@ -231,7 +231,7 @@ func (n *node) sync(ctx context.Context) {
 	logf := n.log()
 	if !st.Up {
 		if n.up {
-			logf("machine down: node NotReady, pods stopped")
+			logf("machine down: pods stopped")
 			n.up = false
 			n.setUp(false)
 			for _, sp := range n.staticPods {
@@ -242,6 +242,10 @@ func (n *node) sync(ctx context.Context) {
 				r.nodeDown()
 			}
 			n.ready = false
+			if st.PowerLost {
+				logf("machine lost power: nothing posted, the Node goes Unknown when its lease and status stop")
+				return
+			}
 			if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "node is shutting down"); err != nil {
 				logf("write status", "err", err)
 			}

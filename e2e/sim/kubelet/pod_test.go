@@ -140,3 +140,51 @@ func TestMirrorPodPostedReadyAgain(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, podIsReady(got), "posted Ready again: %+v", got.Status.Conditions)
 }
+
+// downMachine is fakeMachine gone down: by a shutdown or reboot, or by a power loss.
+type downMachine struct {
+	fakeMachine
+	powerLost bool
+}
+
+func (m downMachine) Current() MachineState {
+	return MachineState{Up: false, PowerLost: m.powerLost, TalosVersion: "v1.14.1"}
+}
+
+// A machine that shuts down has its kubelet post the Node NotReady on the way down; one
+// that loses its power posts nothing: the Node stays as it was until the node
+// lifecycle controller marks it Unknown (seen in TestJobRunnerNodeLost: a power loss
+// showed NotReady at once, and the runner's pod was replaced far sooner than on a real
+// cluster).
+func TestPowerLossPostsNothing(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		ctx := context.Background()
+		client := fake.NewClientset()
+		k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{},
+			nodeLister: corelisters.NewNodeLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))}
+		up := fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")}
+		n := newNode(k, up)
+		require.NoError(t, n.register(ctx))
+		n.sync(ctx)
+		require.True(t, n.ready)
+
+		n.m = downMachine{fakeMachine: up, powerLost: lost}
+		n.sync(ctx)
+		assert.False(t, n.up, "power lost %v: the node is down", lost)
+
+		got, err := client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+		require.NoError(t, err)
+		var ready corev1.NodeCondition
+		for _, c := range got.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				ready = c
+			}
+		}
+		if lost {
+			assert.Equal(t, corev1.ConditionTrue, ready.Status, "a powerless kubelet posts nothing")
+		} else {
+			assert.Equal(t, corev1.ConditionFalse, ready.Status, "a shutdown posts NotReady")
+			assert.Equal(t, "node is shutting down", ready.Message)
+		}
+	}
+}

@@ -316,6 +316,14 @@ func New(opts Options) (*Machine, error) {
 	return m, nil
 }
 
+// PoweredOff tells whether the machine is down under the poweredOff fault (lost
+// its power, or never switched on).
+func (m *Machine) PoweredOff() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.poweredOff
+}
+
 // followPower follows the poweredOff fault until the machine is closed: set
 // on a running machine, it loses power (everything down at once, no drain);
 // cleared, the machine boots, as when it is switched on. A control plane's
@@ -339,13 +347,16 @@ func (m *Machine) followPower() {
 		switch {
 		case off && up && !rebooting:
 			m.log.Info("power lost (fault)")
-			if err := m.stopServices(m.ctx); err != nil {
-				m.log.Error("power off", "err", err)
-			}
+			// Down before its services stop: a machine without power stops at
+			// once, and its kubelet sees no service stopping first (it would
+			// post the Node NotReady, which a powerless kubelet cannot).
 			m.mu.Lock()
 			m.st.Up, m.poweredOff = false, true
 			m.kubelet = KubeletView{}
 			m.mu.Unlock()
+			if err := m.stopServices(m.ctx); err != nil {
+				m.log.Error("power off", "err", err)
+			}
 			m.endBootEvents()
 			m.notify()
 		case !off && poweredOff:
