@@ -3,7 +3,7 @@
 # of seeds SOAK_SEED, SOAK_SEED+1, ... (default: the clock), each on a fresh local
 # cluster of the seed's shape under the seed's faults, judged by the independent
 # checker of e2e/soak, with a self-check run (SOAK_SELF_CHECK=0 leaves it out),
-# SOAK_PARALLEL clusters side by side (default 2). No run starts once
+# SOAK_PARALLEL clusters side by side (default 5). No run starts once
 # SOAK_TIMEOUT (default 50m) has passed. The report is written to
 # _output/soak: one JSON per run, summary.json; the summary's line is printed
 # last, and the exit status is non-zero when a run is broken.
@@ -16,7 +16,7 @@ export ICHOR_CLUSTER_BINS="$root/_output/cluster-bins"
 export ICHOR_E2E_ARTIFACTS="$root/_output/soak/logs"
 export SOAK_OUT="$root/_output/soak"
 bound=${SOAK_TIMEOUT:-50m}
-parallel=${SOAK_PARALLEL:-2}
+parallel=${SOAK_PARALLEL:-5}
 export SOAK_TIMEOUT=$bound
 rm -f "$SOAK_OUT"/seed-*.json "$SOAK_OUT"/self-check-*.json "$SOAK_OUT"/summary.*
 mkdir -p "$ICHOR_E2E_ARTIFACTS"
