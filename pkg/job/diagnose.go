@@ -99,8 +99,8 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 	return nil, nil
 }
 
-// runnerOnLostNode tells of a runner pod, not finished, on a node that is not Ready:
-// the runner is gone with its node, and the Job, which replaces only a failed pod,
+// runnerOnLostNode tells of a runner pod, not finished, on a node whose kubelet stopped
+// posting its status (Ready Unknown): the runner is likely gone with its node, and the Job, which replaces only a failed pod,
 // starts another once that pod is gone, which takes the node's kubelet back, or the
 // node marked out of service (the pod garbage collector then fails and deletes it).
 // A node the upgrade itself is rebooting is said so. It is nil when no such pod is
@@ -117,17 +117,16 @@ func (c *Control) runnerOnLostNode(ctx context.Context, op *api.Operation, pods 
 			continue
 		}
 
+		// Unknown is a kubelet that stopped posting; one that posts NotReady (a
+		// restart, a shutdown) still runs or ends its pods itself.
 		ready := readyCondition(node)
-		if ready != nil && ready.Status == corev1.ConditionTrue {
+		if ready == nil || ready.Status != corev1.ConditionUnknown {
 			continue
 		}
 
-		why := "no Ready condition"
-		if ready != nil {
-			why = fmt.Sprintf("for %s", c.now().Sub(ready.LastTransitionTime.Time).Round(time.Second))
-			if ready.Reason != "" {
-				why += ": " + ready.Reason
-			}
+		why := fmt.Sprintf("for %s", c.now().Sub(ready.LastTransitionTime.Time).Round(time.Second))
+		if ready.Reason != "" {
+			why += ": " + ready.Reason
 		}
 
 		if upgrading(op, node.Name) {

@@ -69,7 +69,11 @@ func TestDiagnose(t *testing.T) {
 				"which takes worker-1 back; if worker-1 is down for good, mark it out of service: " +
 				"kubectl taint node worker-1 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
 		},
-		{name: "runner on a Ready node", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), readyNode("worker-1")}},
+		{name: "runner on a Ready node", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), readyNode("worker-1", corev1.ConditionTrue)}},
+		{
+			name: "runner on a node whose kubelet restarts", // it posts NotReady, and the pod runs on
+			objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), readyNode("worker-1", corev1.ConditionFalse)},
+		},
 		{name: "runner on a node it cannot read", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1")}},
 	}
 
@@ -115,8 +119,8 @@ func lostNode(name string) *corev1.Node {
 	}}}}
 }
 
-func readyNode(name string) *corev1.Node {
+func readyNode(name string, status corev1.ConditionStatus) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+		Type: corev1.NodeReady, Status: status, Reason: "KubeletNotReady",
 	}}}}
 }
