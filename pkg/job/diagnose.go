@@ -99,12 +99,13 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 	return nil, nil
 }
 
-// runnerOnLostNode tells of a runner pod, not finished, on a node whose kubelet stopped
-// posting its status (Ready Unknown): the runner is likely gone with its node, and the Job, which replaces only a failed pod,
-// starts another once that pod is gone, which takes the node's kubelet back, or the
-// node marked out of service (the pod garbage collector then fails and deletes it).
-// A node the upgrade itself is rebooting is said so. It is nil when no such pod is
-// found or a node cannot be read (status says what it can).
+// runnerOnLostNode tells of a runner pod, not finished, on a node whose kubelet
+// stopped posting its status (Ready Unknown): the runner is likely gone with its
+// node, and the Job, which replaces only a failed pod, starts another once that pod
+// is gone, which takes the node's kubelet back, or the node marked out of service
+// (the pod garbage collector then fails and deletes it). A node the upgrade itself is
+// rebooting is said so. It is nil when no such pod is found or a node cannot be read
+// (status says what it can).
 func (c *Control) runnerOnLostNode(ctx context.Context, op *api.Operation, pods []corev1.Pod) *Problem {
 	for i := range pods {
 		p := &pods[i]
