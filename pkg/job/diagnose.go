@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	nodeutil "k8s.io/component-helpers/node/util"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
@@ -120,7 +121,7 @@ func (c *Control) runnerOnLostNode(ctx context.Context, op *api.Operation, pods 
 
 		// Unknown is a kubelet that stopped posting; one that posts NotReady (a
 		// restart, a shutdown) still runs or ends its pods itself.
-		ready := readyCondition(node)
+		_, ready := nodeutil.GetNodeCondition(&node.Status, corev1.NodeReady)
 		if ready == nil || ready.Status != corev1.ConditionUnknown {
 			continue
 		}
@@ -137,17 +138,6 @@ func (c *Control) runnerOnLostNode(ctx context.Context, op *api.Operation, pods 
 		return &Problem{Message: fmt.Sprintf("runner pod %s is on node %s, not Ready (%s): the Job starts another runner once that pod is gone, "+
 			"which takes %s back; if %s is down for good, mark it out of service: kubectl taint node %s %s=nodeshutdown:NoExecute",
 			p.Name, node.Name, why, node.Name, node.Name, node.Name, corev1.TaintNodeOutOfService)}
-	}
-
-	return nil
-}
-
-// readyCondition is a Node's Ready condition, nil when it has none.
-func readyCondition(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == corev1.NodeReady {
-			return &n.Status.Conditions[i]
-		}
 	}
 
 	return nil
