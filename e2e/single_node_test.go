@@ -67,7 +67,7 @@ func upgradeSmallCluster(t *testing.T, cps int, upgrade, to, note string, args .
 
 const (
 	singleNodeNote    = "single node cp-1: the runner stays on it through its own drain and reboot"
-	controlPlanesNote = "3 nodes can host the Job (cp-1, cp-2, cp-3): the runner moves off each node before its drain"
+	controlPlanesNote = "3 nodes can host the Job (cp-1, cp-2, cp-3): the runner stays on its node through a kubelet restart and moves off it before a reboot"
 )
 
 func TestSingleNodeKubernetesUpgrade(t *testing.T) {

@@ -89,7 +89,7 @@ func measureUpgrade(ctx context.Context, dir string, client kubernetes.Interface
 	r.KubernetesPerNode = round(float64(r.KubernetesRequests) / float64(r.Nodes))
 	r.TalosPerNode = round(float64(r.TalosCalls) / float64(r.Nodes))
 
-	r.LowerBound = lowerBound(benchLatencies, r.ControlPlanes, r.Workers, r.MaxUnavailable)
+	r.LowerBound = lowerBound(benchLatencies, r.ControlPlanes, r.Workers, r.MaxUnavailable, daemonSetPace(evs))
 	r.Ratio = round(r.WallSeconds / r.LowerBound.Seconds)
 
 	tl := timelines(op)
@@ -382,6 +382,37 @@ func newGap(stage, from, to string, verified, started time.Time, required time.D
 	}
 
 	return g
+}
+
+// daemonSetPace is the DaemonSet controller's pace on the kube-proxy
+// rollout, the cluster's own: the median time between two kube-proxy pods
+// starting on the target (the controller sees one Ready, deletes the next
+// old pod, waits for it to go and creates its replacement, which starts).
+// Zero with fewer than two starts.
+func daemonSetPace(evs []events.Event) time.Duration {
+	var starts []time.Time
+
+	for _, e := range evs {
+		if e.Component == events.KubeProxy && e.Version == toVersion {
+			starts = append(starts, e.Time)
+		}
+	}
+
+	slices.SortFunc(starts, time.Time.Compare)
+
+	var steps []float64
+
+	for i := 1; i < len(starts); i++ {
+		steps = append(steps, starts[i].Sub(starts[i-1]).Seconds())
+	}
+
+	if len(steps) == 0 {
+		return 0
+	}
+
+	slices.Sort(steps)
+
+	return time.Duration(steps[len(steps)/2] * float64(time.Second))
 }
 
 // rolloutDone is when the last kube-proxy pod at the target got Ready.

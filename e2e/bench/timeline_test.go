@@ -58,7 +58,7 @@ func svgElements(t *testing.T, b []byte) (map[string]int, string) {
 }
 
 func TestSVGTimeline(t *testing.T) {
-	bound := lowerBound(benchLatencies, 1, 1, 1)
+	bound := lowerBound(benchLatencies, 1, 1, 1, 0)
 	tl := Timeline{
 		Title: "3 < 4 & a title", Subtitle: "wall 10.0s",
 		Start: at(0), End: at(10),

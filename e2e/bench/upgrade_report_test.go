@@ -12,7 +12,7 @@ import (
 func measured(nodes, mu int, wall float64, peer *PeerResult) UpgradeResult {
 	r := UpgradeResult{
 		Nodes: nodes, ControlPlanes: 3, Workers: nodes - 3, MaxUnavailable: mu, WallSeconds: wall,
-		LowerBound: lowerBound(benchLatencies, 3, nodes-3, mu), Talosctl: peer,
+		LowerBound: lowerBound(benchLatencies, 3, nodes-3, mu, 0), Talosctl: peer,
 		KubernetesPerNode: 40, TalosPerNode: 10,
 	}
 	if peer != nil && peer.Error == "" {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
@@ -12,21 +14,44 @@ func TestLowerBound(t *testing.T) {
 	tests := []struct {
 		name                     string
 		cps, workers, maxUnavail int
+		ds                       time.Duration
 		want                     float64
 	}{
-		// 0.3 + 4 x 0.2 + 2 x 3 x 3 + 23 x 1.3 + (3 + 4) x 2 + 10.3
-		{name: "3+20, 5 at a time", cps: 3, workers: 20, maxUnavail: 5, want: 73.3},
-		// 0.3 + 0.8 + 18 + 8 x 1.3 + (3 + 1) x 2 + 10.3
-		{name: "3+5, 5 at a time", cps: 3, workers: 5, maxUnavail: 5, want: 47.8},
+		// 0.3 + 4 x 0.2 + 2 x 3 x 3 + 23 x 1.3 + 3 x 5 + 4 x 2: no replacement of the runner
+		{name: "3+20, 5 at a time", cps: 3, workers: 20, maxUnavail: 5, want: 72.0},
+		// 0.3 + 0.8 + 18 + 8 x 1.3 + 15 + 1 x 2
+		{name: "3+5, 5 at a time", cps: 3, workers: 5, maxUnavail: 5, want: 46.5},
 		// a last batch of one worker is a batch
-		{name: "3+6, 5 at a time", cps: 3, workers: 6, maxUnavail: 5, want: 51.1},
+		{name: "3+6, 5 at a time", cps: 3, workers: 6, maxUnavail: 5, want: 49.8},
+		// the DaemonSet controller's measured pace, 2 s a pod: 23 x 2 for the rollout
+		{name: "3+20, the rollout at its measured pace", cps: 3, workers: 20, maxUnavail: 5, ds: 2 * time.Second, want: 88.1},
+		// a pace under a pod's own T + PS + RL cannot be: the latencies stand
+		{name: "3+20, a pace under the latencies", cps: 3, workers: 20, maxUnavail: 5, ds: time.Second, want: 72.0},
 	}
 
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.InDelta(t, tc.want, lowerBound(benchLatencies, tc.cps, tc.workers, tc.maxUnavail).Seconds, 1e-9)
+			assert.InDelta(t, tc.want, lowerBound(benchLatencies, tc.cps, tc.workers, tc.maxUnavail, tc.ds).Seconds, 1e-9)
 		})
 	}
+}
+
+func TestDaemonSetPace(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	start := func(node, version string, s float64) events.Event {
+		return events.Event{Time: t0.Add(time.Duration(s * float64(time.Second))), Node: node, Component: events.KubeProxy, Version: version}
+	}
+
+	// Starts on the target at 0, 1.5, 3.5 and 5 (out of order in the
+	// log), one on the old version and an apiserver's between them.
+	evs := []events.Event{
+		start("n-1", toVersion, 0), start("n-3", toVersion, 3.5), start("n-0", "v1.36.3", 0.5),
+		{Time: t0.Add(time.Second), Node: "n-1", Component: events.APIServer, Version: toVersion},
+		start("n-2", toVersion, 1.5), start("n-4", toVersion, 5),
+	}
+
+	assert.Equal(t, 1500*time.Millisecond, daemonSetPace(evs), "the median of 1.5, 2 and 1.5")
+	assert.Zero(t, daemonSetPace(evs[:1]), "one start: no pace")
 }
 
 func TestGroupsMoveTheRunnersNodeLast(t *testing.T) {

@@ -12,11 +12,12 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
-// RunnerNode says where the Job's pod runs: it moves off each node before
-// that node's drain when another node can host it; with a single host (one
-// node, or every other one cordoned or tainted) it stays on its node through
-// its own drain and reboot (job.StaysOnNode); with none it is refused, since
-// the Job's pod would stay Pending.
+// RunnerNode says where the Job's pod runs. It stays on its node through
+// that node's drain and kubelet restart (a Kubernetes upgrade); before its
+// node's reboot (a Talos upgrade) it moves to another node that can host it.
+// With a single host (one node, or every other one cordoned or tainted) it
+// stays on its node through its reboot too (job.StaysOnNode); with none it
+// is refused, since the Job's pod would stay Pending.
 type RunnerNode struct{}
 
 // Name implements Check.
@@ -43,5 +44,5 @@ func (RunnerNode) Run(_ context.Context, in *Input) api.Check {
 		return ok(fmt.Sprintf("single node %s: the runner stays on it through its own drain and reboot (or kubelet restart), tolerating the cordon; the Job's next pod continues from the state", hosts[0]))
 	}
 
-	return ok(fmt.Sprintf("%d nodes can host the Job (%s): the runner moves off each node before its drain", len(hosts), text.SummarizeList(hosts)))
+	return ok(fmt.Sprintf("%d nodes can host the Job (%s): the runner stays on its node through a kubelet restart and moves off it before a reboot", len(hosts), text.SummarizeList(hosts)))
 }

@@ -22,7 +22,7 @@ func TestRunnerNode(t *testing.T) {
 
 	three := run(discovery.Node{Name: "cp-1", Taints: []corev1.Taint{cp}}, discovery.Node{Name: "cp-2", Taints: []corev1.Taint{cp}}, discovery.Node{Name: "cp-3", Taints: []corev1.Taint{cp}})
 	assert.Equal(t, api.ResultOK, three.Result)
-	assert.Contains(t, three.Detail, "3 nodes can host the Job (cp-1, cp-2, cp-3): the runner moves off each node before its drain")
+	assert.Contains(t, three.Detail, "3 nodes can host the Job (cp-1, cp-2, cp-3): the runner stays on its node through a kubelet restart and moves off it before a reboot")
 
 	none := run(discovery.Node{Name: "cp-1", Unschedulable: true, Taints: []corev1.Taint{cp}})
 	assert.Equal(t, api.ResultRefused, none.Result)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // This file is a node's cordon and drain, as both upgrades do them before a kubelet
@@ -81,11 +82,19 @@ func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
 // drain drains the cordoned node and returns how many pods it evicted. A
 // failed drain uncordons it again.
 func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (int, error) {
-	e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
-
+	// The runner's own pod leaves its node last, and only before a reboot: a
+	// kubelet restart leaves its container running, so through a Kubernetes
+	// upgrade it stays, and no replacement waits out the Job's backoff. A runner
+	// no other node can host stays through its node's reboot too (StayOnNode).
 	last, keep := opts.SelfPod, ""
-	if opts.StayOnNode {
+	if opts.StayOnNode || !stages.StageWork(stage).Reboots() {
 		last, keep = "", opts.SelfPod
+	}
+
+	if keep != "" && name == opts.Self {
+		e.node(stage, name, PhaseDraining, "draining (bound %s); the runner's own pod %s stays on it", opts.DrainTimeout, keep)
+	} else {
+		e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
 	}
 
 	evicted, err := kube.Drainer{

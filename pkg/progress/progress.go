@@ -151,10 +151,8 @@ type model struct {
 	all     []time.Duration
 
 	// runnerNode is the node the current runner runs on (the plan's self
-	// node when no runner was recorded); runnerStays says its pod stays on
-	// that node through the node's drain (a cluster with no other node for it).
-	runnerNode  string
-	runnerStays bool
+	// node when no runner was recorded).
+	runnerNode string
 
 	items []item
 	// notes say what the rollout's and the replacement's times came from.
@@ -185,7 +183,7 @@ func newModel(op *api.Operation, plan *api.Plan, now time.Time) *model {
 		}
 
 		m.mark = later(m.mark, r.Started.Time)
-		m.runnerNode, m.runnerStays = r.Node, r.StaysOnNode
+		m.runnerNode = r.Node
 	}
 
 	// A runner that ended, with none after it yet: idle since.
@@ -475,14 +473,11 @@ func (m *model) rolloutLeft(it item) time.Duration {
 }
 
 // replaced says whether a batch of work on the runner's node replaces the
-// runner: its drain evicts it, unless its pod stays on the node, which only a
-// reboot then takes down (a kubelet restart leaves its containers running).
+// runner: only a reboot does (its drain evicts the runner first, or the
+// reboot takes down a runner that stays on its node); a kubelet restart
+// leaves its container running.
 func (m *model) replaced(work stages.Work) bool {
-	if m.runnerStays {
-		return work == stages.WorkReboot
-	}
-
-	return work.Drains()
+	return work.Reboots()
 }
 
 // replacement is the runner's replacement after its node's drain: the

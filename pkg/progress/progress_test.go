@@ -178,14 +178,14 @@ func left(t *testing.T, p progress.Progress) float64 {
 func TestRolloutNotStartedTakesAPodsStartPerPod(t *testing.T) {
 	// APIServers done at 5, 8, 11: 3 s a batch. Left: 3 + 3 batches of
 	// 3 s, the rollout's 7 pods at the runner's pod start (2 s), 5
-	// Kubelets batches of 3 s, and the runner's replacement (the Job's
-	// 10 s backoff and a pod's start) before the batch of worker-4.
+	// Kubelets batches of 3 s; no replacement: the runner stays on
+	// worker-4 through its kubelet's restart.
 	tl := newTimeline("worker-4").controlPlanes("APIServers", 2)
 	p := progress.Of(tl.op, kubePlan(), at(11))
 
-	assert.InDelta(t, 6*3+7*2+5*3+12, left(t, p), 1)
+	assert.InDelta(t, 6*3+7*2+5*3, left(t, p), 1)
 	assert.Contains(t, p.Basis, "rollout 7 of 7 pods left at 2s per 1 (a pod's start, the runner's)")
-	assert.Contains(t, p.Basis, "runner replacement 12s (the Job's backoff and a pod's start)")
+	assert.NotContains(t, p.Basis, "replacement")
 }
 
 func TestRolloutUnderWayTakesItsOwnPace(t *testing.T) {
@@ -201,9 +201,8 @@ func TestRolloutUnderWayTakesItsOwnPace(t *testing.T) {
 	p := progress.Of(tl.op, kubePlan(), at(38))
 
 	// 3 pods at 2 s less the second since, 5 Kubelets batches at the
-	// median of every batch (3 s: the KubeProxy ones, 1 s, are fewer),
-	// the replacement.
-	assert.InDelta(t, 3*2-1+5*3+12, left(t, p), 1)
+	// median of every batch (3 s: the KubeProxy ones, 1 s, are fewer).
+	assert.InDelta(t, 3*2-1+5*3, left(t, p), 1)
 	assert.Contains(t, p.Basis, "rollout 3 of 7 pods left at 2s per 1 measured")
 }
 
@@ -223,60 +222,67 @@ func TestTheRolloutIsInNoBatch(t *testing.T) {
 
 	require.Len(t, p.Stages, 4)
 	assert.Equal(t, int64(3), p.Stages[3].BatchSeconds, "the first Kubelets batch without the rollout")
-	assert.InDelta(t, 4*3+12, left(t, p), 1, "four batches and the replacement")
+	assert.InDelta(t, 4*3, left(t, p), 1, "four batches")
 	assert.NotContains(t, p.Basis, "rollout")
 }
 
 func TestRunnerReplacement(t *testing.T) {
-	// Kubelets: the control planes done at 40, 43, 46, workers 1 and 2 at
-	// 49; the runner's node, worker-4, is in the last batch.
+	// TalosOS, one node at a time: cp-1 to worker-1 done at 10, 20, 30, 40;
+	// the runner's node, worker-2, is the last batch: its drain evicts the
+	// runner before the reboot.
 	base := func() *timeline {
+		return newTimeline("worker-2").done("TalosOS", 10, "cp-1").done("TalosOS", 20, "cp-2").
+			done("TalosOS", 30, "cp-3").done("TalosOS", 40, "worker-1")
+	}
+	plan := func() *api.Plan {
+		p := plan3x2()
+		p.Stages[0].Nodes[4].Self = true
+
+		return p
+	}
+
+	t.Run("to come: the Job's backoff and a pod's start", func(t *testing.T) {
+		p := progress.Of(base().op, plan(), at(40))
+
+		assert.InDelta(t, 12+10, left(t, p), 1, "the replacement, then the last batch")
+		assert.Contains(t, p.Basis, "runner replacement 12s (the Job's backoff and a pod's start)")
+	})
+
+	t.Run("under way: the time without a runner counts", func(t *testing.T) {
+		tl := base()
+		job.SetNode(&tl.op.Status, "TalosOS", "worker-2", engine.PhaseDraining, "", at(41))
+		tl.op.Status.EndRunner(at(42))
+
+		p := progress.Of(tl.op, plan(), at(46))
+
+		assert.InDelta(t, 12-4+10, left(t, p), 1)
+	})
+
+	t.Run("done: measured, and in no batch", func(t *testing.T) {
+		// One more node after the runner's: worker-3.
+		tl := base()
+		tl.op.Status.EndRunner(at(42))
+		tl.op.Status.StartRunner("runner-2", "cp-2", false, t0, at(53))
+		tl.op.Status.Runs = 2
+		tl.done("TalosOS", 63, "worker-2")
+
+		p := plan()
+		p.Stages[0].Nodes = append(p.Stages[0].Nodes, api.NodeStep{Node: "worker-3", Batch: 6})
+
+		got := progress.Of(tl.op, p, at(63))
+
+		assert.Equal(t, int64(10), got.Stages[0].BatchSeconds, "the batch of the replacement without its 11 s")
+		assert.InDelta(t, 10, left(t, got), 1, "one batch; the runner, on cp-2, is not replaced again")
+	})
+
+	t.Run("a Kubernetes upgrade's runner stays on its node through its kubelet's restart", func(t *testing.T) {
+		// Kubelets: the control planes done at 40, 43, 46, workers 1 and 2
+		// at 49; the runner's node, worker-4, is in the last batch.
 		tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
 			controlPlanes("KubeProxy", 20).controlPlanes("Kubelets", 37).done("Kubelets", 49, "worker-1", "worker-2")
 		s := &tl.op.Status
 		job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(29))
 		job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
-
-		return tl
-	}
-
-	t.Run("to come: the Job's backoff and a pod's start", func(t *testing.T) {
-		p := progress.Of(base().op, kubePlan(), at(49))
-
-		assert.InDelta(t, 12+3, left(t, p), 1, "the replacement, then the last batch")
-	})
-
-	t.Run("under way: the time without a runner counts", func(t *testing.T) {
-		tl := base()
-		job.SetNode(&tl.op.Status, "Kubelets", "worker-3", engine.PhaseDraining, "", at(50))
-		tl.op.Status.EndRunner(at(51))
-
-		p := progress.Of(tl.op, kubePlan(), at(55))
-
-		assert.InDelta(t, 12-4+3, left(t, p), 1)
-	})
-
-	t.Run("done: measured, and in no batch", func(t *testing.T) {
-		tl := base()
-		tl.op.Status.EndRunner(at(51))
-		tl.op.Status.StartRunner("runner-2", "cp-2", false, t0, at(62))
-		tl.op.Status.Runs = 2
-		tl.done("Kubelets", 64, "worker-3", "worker-4")
-
-		// Not finished yet: a plan with one more Kubelets batch.
-		plan := kubePlan()
-		kubelets := &plan.Stages[3]
-		kubelets.Nodes = append(kubelets.Nodes, api.NodeStep{Node: "worker-5", Batch: 6})
-
-		p := progress.Of(tl.op, plan, at(64))
-
-		assert.Equal(t, int64(3), p.Stages[3].BatchSeconds, "the batch of the replacement without its 11 s")
-		assert.InDelta(t, 3, left(t, p), 1, "one batch; the runner, on cp-2, is not replaced again")
-	})
-
-	t.Run("a runner that stays on its node through a kubelet restart is not replaced", func(t *testing.T) {
-		tl := base()
-		tl.op.Status.Runners[0].StaysOnNode = true
 
 		p := progress.Of(tl.op, kubePlan(), at(49))
 
@@ -326,10 +332,9 @@ func TestResumedOperationKeepsWhatItMeasured(t *testing.T) {
 	// Kubelets: cp-1 after the rollout (3 s), cp-3 across the pause (1 s
 	// before it and 2 s after: the hour without a runner left out).
 	assert.Equal(t, int64(3), p.Stages[3].BatchSeconds)
-	// Left: workers 1-2 (the runner's node: its replacement first, at the
-	// prior, the resume's wait being the operator's), workers 3-4; no
-	// rollout.
-	assert.InDelta(t, 12+3+3, left(t, p), 1)
+	// Left: workers 1-2 (the runner's node, worker-1: it stays through its
+	// kubelet's restart), workers 3-4; no rollout.
+	assert.InDelta(t, 3+3, left(t, p), 1)
 	assert.NotContains(t, p.Basis, "rollout")
 }
 

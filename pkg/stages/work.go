@@ -19,9 +19,15 @@ const (
 	WorkReboot Work = "reboot"
 )
 
-// Drains reports whether a stage of this work drains its nodes: the drain of
-// the runner's own node evicts the runner.
+// Drains reports whether a stage of this work cordons and drains its nodes.
 func (w Work) Drains() bool { return w == WorkDrain || w == WorkReboot }
+
+// Reboots reports whether a stage of this work takes its nodes down, every
+// container on them with it. The runner's pod leaves its own node before
+// such a stage reboots it; a kubelet restart (WorkDrain) leaves containers
+// running, so the runner stays on its node through that node's drain and
+// restart, and no replacement costs the upgrade a Job backoff.
+func (w Work) Reboots() bool { return w == WorkReboot }
 
 // StageWork is the work of the stage named name, "" for a name no stage has.
 func StageWork(name string) Work {

@@ -7,6 +7,7 @@
 //	    applyBlocks: true            # a non-dry-run ApplyConfiguration blocks until the caller gives up
 //	    neverReady: [kube-scheduler] # these components never get Ready once started on a new spec
 //	    stayNotReady: true           # the node stays NotReady after its kubelet restarts or it reboots
+//	    restartsContainers: true     # its kubelet, started on a new version, restarts every container of its pods (see below)
 //	    pullFails: true              # image pulls fail
 //	    unreachableAfterApply: 20s   # the Talos API refuses connections this long after each apply
 //	    unreachable: true            # the Talos API refuses connections while this is set
@@ -41,6 +42,13 @@
 // boot; the caller had its ack long before), as a sequence stuck in its
 // last phases would.
 //
+// restartsContainers is a kubelet whose container hash changed with its
+// version, as v1.31's did (kubernetes/kubernetes#129385): the new kubelet
+// sees every running container's definition as changed, kills it (SIGTERM,
+// the pod's grace) and starts it again in the same pod, whatever the pod's
+// restartPolicy. Kubernetes supports no running container across a minor
+// kubelet upgrade; most versions keep them running, this one does not.
+//
 // unpublished is the registries' side, shared by every node: a pull of a
 // reference listed (or of any tag of a repository listed without a tag or
 // digest) fails as a registry's "manifest unknown" makes it fail, on top of
@@ -62,6 +70,7 @@ type Node struct {
 	ApplyBlocks           bool     `json:"applyBlocks,omitempty"`
 	NeverReady            []string `json:"neverReady,omitempty"`
 	StayNotReady          bool     `json:"stayNotReady,omitempty"`
+	RestartsContainers    bool     `json:"restartsContainers,omitempty"` // see the package comment
 	PullFails             bool     `json:"pullFails,omitempty"`
 	UnreachableAfterApply Duration `json:"unreachableAfterApply,omitempty"`
 	Unreachable           bool     `json:"unreachable,omitempty"`

@@ -294,6 +294,11 @@ func (n *node) sync(ctx context.Context) {
 			for _, sp := range n.staticPods {
 				sp.remirror()
 			}
+			if n.k.opts.Faults.For(n.name).RestartsContainers {
+				for _, r := range n.k.runnersOn(n.name) {
+					r.definitionChanged()
+				}
+			}
 		}
 	} else if !n.ready && !n.k.opts.Faults.For(n.name).StayNotReady {
 		n.becomeReady(ctx, st)

@@ -25,14 +25,19 @@ type podRunner struct {
 	ns   string
 	name string
 
-	updates  chan *corev1.Pod
-	nodeCh   chan bool // node up (true) or down (false)
+	updates chan *corev1.Pod
+	nodeCh  chan bool // node up (true) or down (false)
+	// changed says the kubelet, on a new version, hashes the pod's
+	// containers differently: it restarts them (faults.Node.RestartsContainers).
+	changed  chan struct{}
 	goneCh   chan struct{}
 	goneOnce sync.Once
 
 	mu    sync.Mutex
 	procs []*containerProc
 	exits chan struct{}
+	// restarts counts the containers' restarts (the restartCount posted).
+	restarts int32
 }
 
 func newPodRunner(k *Kubelets, n *node, pod *corev1.Pod) *podRunner {
@@ -40,6 +45,7 @@ func newPodRunner(k *Kubelets, n *node, pod *corev1.Pod) *podRunner {
 		k: k, n: n, uid: string(pod.UID), ns: pod.Namespace, name: pod.Name,
 		updates: make(chan *corev1.Pod, 1),
 		nodeCh:  make(chan bool, 4),
+		changed: make(chan struct{}, 1),
 		goneCh:  make(chan struct{}),
 		exits:   make(chan struct{}, 16),
 	}
@@ -56,6 +62,17 @@ func (r *podRunner) update(pod *corev1.Pod) {
 func (r *podRunner) gone()     { r.goneOnce.Do(func() { close(r.goneCh) }) }
 func (r *podRunner) nodeDown() { r.nodeCh <- false }
 func (r *podRunner) nodeUp()   { r.nodeCh <- true }
+
+// definitionChanged restarts the pod's running containers, as a kubelet
+// does for a container whose definition hash changed: it kills it with the
+// pod's grace and starts it again in the same pod, whatever the pod's
+// restartPolicy.
+func (r *podRunner) definitionChanged() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
 
 func (r *podRunner) logf(msg string, args ...any) {
 	r.k.opts.Log.Info(msg, append([]any{"node", r.n.name, "pod", r.ns + "/" + r.name}, args...)...)
@@ -146,6 +163,22 @@ func (r *podRunner) run(ctx context.Context) {
 				}
 				started = false
 			}
+			startAt = time.Now().Add(r.k.opts.PodStart)
+		case <-r.changed:
+			if !started || terminal || pod.DeletionTimestamp != nil {
+				break
+			}
+			grace := 30 * time.Second
+			if pod.Spec.TerminationGracePeriodSeconds != nil {
+				grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+			}
+			r.logf("kubelet on a new version: container definition changed, killing and restarting the pod's containers")
+			if asProcess {
+				r.stopProcesses(grace)
+			}
+			started, postedReady, readyAt = false, false, time.Time{}
+			r.restarts++
+			r.writeRunning(ctx, false)
 			startAt = time.Now().Add(r.k.opts.PodStart)
 		case <-r.exits:
 			if code, done := r.exited(); done && started {
@@ -259,6 +292,9 @@ func (r *podRunner) writeRunning(ctx context.Context, ready bool) {
 		keep := preservedConditions(pod)
 		pod.Status = runningStatus(pod, r.n.m.IP().String(), r.podIP(pod), true, ready)
 		pod.Status.Conditions = append(pod.Status.Conditions, keep...)
+		for i := range pod.Status.ContainerStatuses {
+			pod.Status.ContainerStatuses[i].RestartCount = r.restarts
+		}
 	})
 }
 
@@ -294,6 +330,7 @@ func (r *podRunner) writeTerminated(ctx context.Context, code int, message strin
 				ExitCode: int32(code), Reason: reason, Message: message, FinishedAt: now,
 			}}
 			cs.Started = ptr(false)
+			cs.RestartCount = r.restarts
 		}
 		st.Conditions = append(st.Conditions, keep...)
 		pod.Status = st

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -187,4 +188,49 @@ func TestPowerLossPostsNothing(t *testing.T) {
 			assert.Equal(t, "node is shutting down", ready.Message)
 		}
 	}
+}
+
+// A kubelet whose container hash changed with its version (v1.31's did) kills
+// each running container and starts it again in the same pod, whatever its
+// restartPolicy: the pod stays Running, its restart count one more. The
+// runner's pod meets it when it stays on its node through that node's kubelet
+// upgrade.
+func TestDefinitionChangedRestartsTheContainersInThePod(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "runner", Namespace: "ichor-system", UID: "5b2d3c4e-1f8a-4d66-8a1b-3e4f5a6b7c81"},
+		Spec: corev1.PodSpec{NodeName: "worker-1", RestartPolicy: corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr[int64](1), Containers: []corev1.Container{{Name: "runner", Image: "registry.local/runner:v1"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending},
+	}
+	client := fake.NewClientset(pod)
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler), PodStart: 10 * time.Millisecond, Ready: 10 * time.Millisecond},
+		nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
+	n.running.Store(true)
+	r := newPodRunner(k, n, pod)
+	r.update(pod)
+	go r.run(ctx)
+
+	status := func() *corev1.Pod {
+		got, err := client.CoreV1().Pods("ichor-system").Get(ctx, "runner", metav1.GetOptions{})
+		require.NoError(t, err)
+		return got
+	}
+	readyWith := func(restarts int32) func() bool {
+		return func() bool {
+			got := status()
+			return got.Status.Phase == corev1.PodRunning && podIsReady(got) &&
+				len(got.Status.ContainerStatuses) == 1 && got.Status.ContainerStatuses[0].RestartCount == restarts
+		}
+	}
+
+	require.Eventually(t, readyWith(0), 5*time.Second, 10*time.Millisecond, "running and Ready first")
+
+	r.update(status())
+	r.definitionChanged()
+
+	require.Eventually(t, readyWith(1), 5*time.Second, 10*time.Millisecond, "restarted in the same pod, Running and Ready again")
+	assert.Equal(t, pod.UID, status().UID)
 }
