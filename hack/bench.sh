@@ -4,8 +4,9 @@
 #   planes; default 5, 1000 and 5000), BENCH_RUNS measured plans each
 #   (default 5): plan.json and plan.txt;
 # - upgrade: a Kubernetes upgrade through the Job of a cluster of each size in
-#   BENCH_UPGRADE_SIZES (default 8 and 23), BENCH_MAX_UNAVAILABLE workers at
-#   once (default 5), with fixed simulated latencies: wall time against the
+#   BENCH_UPGRADE_SIZES (default 8, 23 and 103, "103:10": a size's own
+#   --max-unavailable after a colon), BENCH_MAX_UNAVAILABLE workers at once
+#   otherwise (default 5), with fixed simulated latencies: wall time against the
 #   critical path's lower bound, the gaps between nodes, requests per node and
 #   the runner's memory and CPU; beside it, each on an identical cluster,
 #   kubectl-ichor one worker at a time and talosctl upgrade-k8s, their walls
@@ -88,7 +89,7 @@ go build -o "$out/bench" ./e2e/bench
 "$out/bench" \
   --sizes "${BENCH_SIZES:-5,1000,5000}" \
   --runs "${BENCH_RUNS:-5}" \
-  --upgrade-sizes "${BENCH_UPGRADE_SIZES:-8,23}" \
+  --upgrade-sizes "${BENCH_UPGRADE_SIZES:-8,23,103:10}" \
   --max-unavailable "${BENCH_MAX_UNAVAILABLE:-5}" \
   --compare="$([ "$compare" != 0 ] && echo true || echo false)" \
   --keep-logs="$([ "${BENCH_KEEP_LOGS:-0}" != 0 ] && echo true || echo false)" \

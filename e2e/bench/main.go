@@ -53,6 +53,8 @@ type options struct {
 	// The upgrade benchmark's.
 	upgradeSizes   []int
 	maxUnavailable int
+	// sizeMU is a size's own --max-unavailable ("103:10" in --upgrade-sizes).
+	sizeMU map[int]int
 	imageRoot      string
 	keepLogs       bool
 	compare        bool
@@ -69,8 +71,8 @@ func run() error {
 	fs.StringVar(&o.sim, "sim", filepath.Join(root, "_output", "bin", "ichor-sim"), "the ichor-sim binary")
 	fs.StringVar(&o.plugin, "plugin", filepath.Join(root, "_output", "bin", "kubectl-ichor"), "the kubectl-ichor binary")
 	fs.StringVar(&o.binDir, "bin-dir", filepath.Join(root, "_output", "cluster-bins"), "the control plane's binaries")
-	upgradeSizes := fs.String("upgrade-sizes", "8,23", "upgrade: cluster sizes in nodes, comma-separated (3 control planes, the rest workers)")
-	fs.IntVar(&o.maxUnavailable, "max-unavailable", 5, "upgrade: workers upgraded at once")
+	upgradeSizes := fs.String("upgrade-sizes", "8,23,103:10", "upgrade: cluster sizes in nodes, comma-separated (3 control planes, the rest workers), each with its own --max-unavailable after a colon")
+	fs.IntVar(&o.maxUnavailable, "max-unavailable", 5, "upgrade: workers upgraded at once, at a size without its own")
 	fs.StringVar(&o.imageRoot, "image-root", filepath.Join(root, "_output", "image", "rootfs"), "upgrade: the Job image's root filesystem, run by the simulated kubelets")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "upgrade: keep every cluster's logs and events.jsonl in --out, not only a failed one's")
 	fs.BoolVar(&o.compare, "compare", true, "upgrade: also run kubectl-ichor one worker at a time (--max-unavailable 1) and the peer, talosctl upgrade-k8s, each on an identical cluster")
@@ -86,7 +88,7 @@ func run() error {
 	if o.sizes, err = parseSizes("--sizes", *sizes); err != nil {
 		return err
 	}
-	if o.upgradeSizes, err = parseSizes("--upgrade-sizes", *upgradeSizes); err != nil {
+	if o.upgradeSizes, o.sizeMU, err = parseUpgradeSizes(*upgradeSizes); err != nil {
 		return err
 	}
 	if o.runs < 1 {
@@ -120,6 +122,44 @@ func run() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// parseUpgradeSizes parses --upgrade-sizes: node counts, each with its own
+// --max-unavailable after a colon ("8,23,103:10").
+func parseUpgradeSizes(list string) ([]int, map[int]int, error) {
+	var sizes []string
+
+	mu := map[int]int{}
+
+	for _, s := range strings.Split(list, ",") {
+		size, m, ok := strings.Cut(strings.TrimSpace(s), ":")
+		sizes = append(sizes, size)
+
+		if !ok {
+			continue
+		}
+
+		n, err := strconv.Atoi(size)
+		v, merr := strconv.Atoi(m)
+		if err != nil || merr != nil || v < 1 {
+			return nil, nil, fmt.Errorf("--upgrade-sizes %q: want node counts, each with its own --max-unavailable (1 or more) after a colon, e.g. 8,23,103:10", list)
+		}
+
+		mu[n] = v
+	}
+
+	out, err := parseSizes("--upgrade-sizes", strings.Join(sizes, ","))
+
+	return out, mu, err
+}
+
+// muFor is the --max-unavailable of the upgrade of n nodes.
+func (o options) muFor(n int) int {
+	if mu, ok := o.sizeMU[n]; ok {
+		return mu
+	}
+
+	return o.maxUnavailable
 }
 
 func parseSizes(name, list string) ([]int, error) {

@@ -250,7 +250,8 @@ var staticPods = map[string]bool{events.APIServer: true, events.ControllerManage
 // the last start, at the target, of a component the stage changes on the
 // node (plus the readiness latency of a static pod), from events.jsonl; for a
 // node where no component restarts (KubeProxy on a control plane: kube-proxy
-// moves with the DaemonSet), when the runner saw it done.
+// moves with the DaemonSet), when the runner saw it done. A control plane's
+// new kubelet is verified once the static pods it restarted are Ready again.
 func verifiedAt(n api.NodeStep, evs []events.Event, t nodeTimes) time.Time {
 	var at time.Time
 
@@ -277,6 +278,16 @@ func verifiedAt(n api.NodeStep, evs []events.Event, t nodeTimes) time.Time {
 
 	if at.IsZero() {
 		return t.done
+	}
+
+	// A control plane's kubelet on a new version restarts its static pods, which
+	// the stage waits Ready: the node is verified once the last of them is.
+	if kubelet := at; n.Role == api.RoleControlPlane && slices.ContainsFunc(n.Changes, func(c api.Change) bool { return c.Component == events.Kubelet }) {
+		for _, e := range evs {
+			if e.Node == n.Node && staticPods[e.Component] && e.Time.After(kubelet) {
+				at = later(at, e.Time.Add(benchLatencies.Ready))
+			}
+		}
 	}
 
 	return at

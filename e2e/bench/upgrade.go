@@ -46,8 +46,8 @@ func runUpgrade(ctx context.Context, o options) error {
 	}
 
 	report := UpgradeReport{
-		Benchmark: fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --yes --max-unavailable %d through the Job (cluster at %s, Talos %s)%s",
-			toVersion, o.maxUnavailable, fromVersion, talosVersion, compared(o)),
+		Benchmark: fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --yes --max-unavailable %d%s through the Job (cluster at %s, Talos %s)%s",
+			toVersion, o.maxUnavailable, ownMU(o), fromVersion, talosVersion, compared(o)),
 		Started:        time.Now().UTC(),
 		Machine:        machine(),
 		Latencies:      benchLatencies,
@@ -77,6 +77,23 @@ func runUpgrade(ctx context.Context, o options) error {
 			return report, func(w io.Writer) { writeUpgradeSummary(w, &report) }
 		},
 	}.run(ctx, o.out)
+}
+
+// ownMU names the sizes measured with a --max-unavailable of their own.
+func ownMU(o options) string {
+	var own []string
+
+	for _, n := range o.upgradeSizes {
+		if mu, ok := o.sizeMU[n]; ok {
+			own = append(own, fmt.Sprintf("%d at %d nodes", mu, n))
+		}
+	}
+
+	if len(own) == 0 {
+		return ""
+	}
+
+	return " (" + strings.Join(own, ", ") + ")"
 }
 
 // compared says what ran beside the upgrade measured.
@@ -114,12 +131,14 @@ func checkImageRoot(o options) error {
 // talosctl upgrade-k8s, each on a cluster of its own started identically.
 // Every result of the size carries the peer's run.
 func upgradeSize(ctx context.Context, o options, n int) []UpgradeResult {
-	out := []UpgradeResult{upgradeRun(ctx, o, n, o.maxUnavailable)}
+	mu := o.muFor(n)
+
+	out := []UpgradeResult{upgradeRun(ctx, o, n, mu)}
 	if !o.compare {
 		return out
 	}
 
-	if o.maxUnavailable != 1 && ctx.Err() == nil {
+	if mu != 1 && ctx.Err() == nil {
 		out = append(out, upgradeRun(ctx, o, n, 1))
 	}
 

@@ -68,3 +68,18 @@ func TestGroupsMoveTheRunnersNodeLast(t *testing.T) {
 
 	assert.Equal(t, []string{"cp-1", "cp-2", "[w-2 w-3]", "w-1"}, got)
 }
+
+func TestUpgradeSizesWithTheirOwnMaxUnavailable(t *testing.T) {
+	sizes, mu, err := parseUpgradeSizes("8, 23,103:10")
+	assert.NoError(t, err)
+	assert.Equal(t, []int{8, 23, 103}, sizes)
+
+	o := options{maxUnavailable: 5, sizeMU: mu}
+	assert.Equal(t, 5, o.muFor(23))
+	assert.Equal(t, 10, o.muFor(103))
+
+	for _, bad := range []string{"103:0", "103:x", "2", "x:10"} {
+		_, _, err := parseUpgradeSizes(bad)
+		assert.Error(t, err, bad)
+	}
+}
