@@ -13,8 +13,9 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
-// settleInterval is how often a settle looks at the cache again (at most; five times
-// in a shorter settle window).
+// settleInterval is how often a settle looks at the cache again besides on each change
+// it sees (at most; five times in a shorter settle window): for the time its pods stay
+// Ready.
 const settleInterval = time.Second
 
 // mirrorUIDs are the UIDs of node's control-plane mirror pods as the cache last saw
@@ -53,6 +54,11 @@ func (r *kubeRun) settleStaticPods(ctx context.Context, stage, node string, befo
 	tick := time.NewTicker(min(settleInterval, max(r.opts.StaticPodSettle/5, 10*time.Millisecond)))
 	defer tick.Stop()
 
+	// A change is looked at when the cache sees it: the replaced mirror pods Ready end
+	// the wait at once, not at the next tick.
+	changed, stop := r.cache.Changes()
+	defer stop()
+
 	for {
 		now := time.Now()
 
@@ -85,6 +91,7 @@ func (r *kubeRun) settleStaticPods(ctx context.Context, stage, node string, befo
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:
+		case <-changed:
 		}
 	}
 }

@@ -158,6 +158,10 @@ func (c *Cache) notify() {
 	}
 }
 
+// Changes returns a channel that receives (coalesced) when the cache sees a change, and
+// the function that stops it: for a wait that also keeps time of its own.
+func (c *Cache) Changes() (<-chan struct{}, func()) { return c.subscribe() }
+
 func (c *Cache) subscribe() (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 
