@@ -54,11 +54,11 @@ type options struct {
 	upgradeSizes   []int
 	maxUnavailable int
 	// sizeMU is a size's own --max-unavailable ("103:10" in --upgrade-sizes).
-	sizeMU map[int]int
-	imageRoot      string
-	keepLogs       bool
-	compare        bool
-	talosctl       string
+	sizeMU    map[int]int
+	imageRoot string
+	keepLogs  bool
+	compare   bool
+	talosctl  string
 }
 
 func run() error {
