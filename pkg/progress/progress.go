@@ -147,8 +147,11 @@ type model struct {
 	prev, mark time.Time
 
 	byStage map[string][]time.Duration
-	byWork  map[stages.Work][]time.Duration
-	all     []time.Duration
+	// byWorkers are the stages' worker batches: a control plane's batch may wait
+	// for more (in Kubelets, the static pods its new kubelet restarts).
+	byWorkers map[string][]time.Duration
+	byWork    map[stages.Work][]time.Duration
+	all       []time.Duration
 
 	// runnerNode is the node the current runner runs on (the plan's self
 	// node when no runner was recorded).
@@ -165,7 +168,7 @@ func newModel(op *api.Operation, plan *api.Plan, now time.Time) *model {
 	s := &op.Status
 	m := &model{
 		op: op, plan: plan, now: now,
-		byStage: map[string][]time.Duration{}, byWork: map[stages.Work][]time.Duration{},
+		byStage: map[string][]time.Duration{}, byWorkers: map[string][]time.Duration{}, byWork: map[stages.Work][]time.Duration{},
 	}
 
 	if s.StartedAt != nil {
@@ -262,6 +265,7 @@ func (m *model) stage(st *api.Stage) Stage {
 		batchDone = map[int]time.Time{}
 		batchLeft = map[int]bool{}
 		runnerIn  = map[int]bool{}
+		workers   = map[int]bool{} // a batch of workers (a batch holds one role)
 		order     []int
 	)
 
@@ -269,6 +273,8 @@ func (m *model) stage(st *api.Stage) Stage {
 		if !slices.Contains(order, n.Batch) {
 			order = append(order, n.Batch)
 		}
+
+		workers[n.Batch] = n.Role == api.RoleWorker
 
 		done, ok := doneAt(s, n.Node, st.Name)
 		if !ok {
@@ -293,7 +299,7 @@ func (m *model) stage(st *api.Stage) Stage {
 				m.items = append(m.items, item{kind: itemReplacement})
 			}
 
-			m.items = append(m.items, item{kind: itemBatch, stage: st.Name, work: work})
+			m.items = append(m.items, item{kind: itemBatch, stage: st.Name, work: work, workers: workers[b]})
 
 			continue
 		}
@@ -303,6 +309,10 @@ func (m *model) stage(st *api.Stage) Stage {
 			if c := m.busy(m.prev, done, true); c > 0 {
 				m.byStage[st.Name] = append(m.byStage[st.Name], c)
 				m.byWork[work] = append(m.byWork[work], c)
+
+				if workers[b] {
+					m.byWorkers[st.Name] = append(m.byWorkers[st.Name], c)
+				}
 				m.all = append(m.all, c)
 			}
 		}
@@ -366,6 +376,8 @@ type item struct {
 	kind  itemKind
 	stage string
 	work  stages.Work
+	// workers says a batch is of workers.
+	workers bool
 	// rollout and rec are the rollout's pods and its record, if any.
 	rollout api.Rollout
 	rec     *api.StepRecord
@@ -400,13 +412,26 @@ func (it item) dur(m *model) time.Duration {
 	case itemReplacement:
 		return m.replacement()
 	default:
-		return m.cycleFor(it.stage, it.work)
+		return m.cycleFor(it.stage, it.work, it.workers)
 	}
 }
 
 // cycleFor is a batch's time: its stage's median cycle, else that of the
-// stages of its work, else that of all.
-func (m *model) cycleFor(stage string, work stages.Work) time.Duration {
+// stages of its work, else that of all. A batch of workers takes that of its
+// stage's worker batches once one is measured, and until then that of all
+// batches, not its stage's control planes': theirs may hold more (the static
+// pods a control plane's new kubelet restarts).
+func (m *model) cycleFor(stage string, work stages.Work, workers bool) time.Duration {
+	if workers {
+		if c := m.byWorkers[stage]; len(c) > 0 {
+			return median(c)
+		}
+
+		if len(m.all) > 0 && len(m.byStage[stage]) > 0 {
+			return median(m.all)
+		}
+	}
+
 	if c := m.byStage[stage]; len(c) > 0 {
 		return median(c)
 	}

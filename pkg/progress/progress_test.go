@@ -2,6 +2,7 @@ package progress_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -404,4 +405,32 @@ func TestOfPath(t *testing.T) {
 	assert.Equal(t, int64(60), *p.RemainingSeconds)
 
 	assert.Nil(t, progress.OfPath(&api.Operation{Spec: api.OperationSpec{Upgrade: api.UpgradeKubernetes, Target: "v1.36.3"}}, progress.Progress{}, t0), "not a path")
+}
+
+func TestWorkerBatchesTakeTheirOwnPace(t *testing.T) {
+	// Kubelets: the control planes done at 42, 47 and 52, 5 s each (their
+	// new kubelets restart their static pods); the workers' batches are
+	// shorter. The batches before: APIServers and ControlPlaneComponents
+	// 3 s each, KubeProxy 1 s each, its rollout from 23 to 37.
+	plan := kubePlan()
+	for i := range plan.Stages[3].Nodes {
+		if n := &plan.Stages[3].Nodes[i]; strings.HasPrefix(n.Node, "worker-") {
+			n.Role = api.RoleWorker
+		}
+	}
+
+	tl := newTimeline("worker-4").controlPlanes("APIServers", 2).controlPlanes("ControlPlaneComponents", 11).
+		done("KubeProxy", 21, "cp-1").done("KubeProxy", 22, "cp-2").done("KubeProxy", 23, "cp-3").
+		done("Kubelets", 42, "cp-1").done("Kubelets", 47, "cp-2").done("Kubelets", 52, "cp-3")
+	s := &tl.op.Status
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{}, at(23))
+	job.SetStep(s, "KubeProxy", engine.StepRollout, engine.StepTiming{Done: true, Pods: 7, Updated: 7, MaxUnavailable: 1}, at(37))
+
+	// No worker batch measured: the median of every batch (3 s), not the
+	// control planes' 5 s.
+	assert.InDelta(t, 2*3, left(t, progress.Of(tl.op, plan, at(52))), 1)
+
+	// One measured, 2 s: the other takes its pace.
+	tl.done("Kubelets", 54, "worker-1", "worker-2")
+	assert.InDelta(t, 2, left(t, progress.Of(tl.op, plan, at(54))), 1)
 }
