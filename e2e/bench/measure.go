@@ -417,13 +417,7 @@ func daemonSetPace(evs []events.Event) time.Duration {
 		steps = append(steps, starts[i].Sub(starts[i-1]).Seconds())
 	}
 
-	if len(steps) == 0 {
-		return 0
-	}
-
-	slices.Sort(steps)
-
-	return time.Duration(steps[len(steps)/2] * float64(time.Second))
+	return time.Duration(spread(steps).Median * float64(time.Second))
 }
 
 // rolloutDone is when the last kube-proxy pod at the target got Ready.
