@@ -110,6 +110,12 @@ func TestTalos113To114ThenKubernetes137(t *testing.T) {
 	r = c.ichor(t, 10*time.Minute, "upgrade", "talos", "--to", talos114, "--yes")
 	r.requireExit(t, 0)
 	t.Logf("upgraded Talos 3+2 from %s to %s through the Job in %s", talos113, talos114, time.Since(start).Round(time.Millisecond))
+	// The status's summary times each node from its Upgrade call to done: it
+	// was upgraded, not only verified.
+	r = c.ichor(t, time.Minute, "status")
+	r.requireExit(t, 0)
+	assert.Regexp(t, `(?m)^\s+worker-1\s+TalosOS \d+s\b`, r.stdout)
+	assert.NotContains(t, r.stdout, "TalosOS verified")
 
 	requireTalosAt(t, c, talos, talos114)
 

@@ -136,7 +136,8 @@ func (r *reporter) StepTime(stage, step string, t engine.StepTiming) {
 }
 
 // SetNode records a node's step (a change of phase or message) in s, and in the
-// node's timeline when the step begins its apply or ends it.
+// node's timeline when the step begins its apply (a Talos upgrade's: its
+// Upgrade call) or ends it.
 func SetNode(s *api.OperationStatus, stage, name string, phase engine.NodePhase, message string, now time.Time) {
 	n := s.Node(name)
 	if n == nil {
@@ -150,7 +151,8 @@ func SetNode(s *api.OperationStatus, stage, name string, phase engine.NodePhase,
 
 	n.Stage, n.Phase, n.Message = stage, string(phase), message
 
-	if phase != engine.PhaseApplying && phase != engine.PhaseDone {
+	applying := phase == engine.PhaseApplying || phase == engine.PhaseUpgrading
+	if !applying && phase != engine.PhaseDone {
 		return
 	}
 
@@ -163,7 +165,7 @@ func SetNode(s *api.OperationStatus, stage, name string, phase engine.NodePhase,
 	at := metav1.NewMicroTime(now.UTC())
 
 	switch t := &n.Timeline[i]; {
-	case phase == engine.PhaseApplying && t.ApplyStarted == nil:
+	case applying && t.ApplyStarted == nil:
 		t.ApplyStarted = &at
 	case phase == engine.PhaseDone && t.Done == nil:
 		t.Done = &at

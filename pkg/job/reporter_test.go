@@ -45,6 +45,27 @@ func TestSetNodeTimeline(t *testing.T) {
 	assert.True(t, got.Status.Nodes[0].Timeline[0].ApplyStarted.Equal(at(1500*time.Microsecond)))
 }
 
+// A Talos upgrade's node has no Applying phase: its apply is the Upgrade
+// call, then the reboot (Upgrading). Without it in the timeline, the summary
+// said every upgraded node was only verified.
+func TestSetNodeTimelineOfATalosUpgrade(t *testing.T) {
+	var s api.OperationStatus
+
+	SetNode(&s, "TalosOS", "worker-1", engine.PhaseCordoned, "cordoned", t0)
+	SetNode(&s, "TalosOS", "worker-1", engine.PhaseDraining, "draining", t0.Add(time.Second))
+	SetNode(&s, "TalosOS", "worker-1", engine.PhaseUpgrading, "installing", t0.Add(2*time.Second))
+	SetNode(&s, "TalosOS", "worker-1", engine.PhaseUpgrading, "rebooting", t0.Add(3*time.Second))
+	SetNode(&s, "TalosOS", "worker-1", engine.PhaseVerifying, "waiting for Ready", t0.Add(7*time.Second))
+	SetNode(&s, "TalosOS", "worker-1", engine.PhaseDone, "done", t0.Add(8*time.Second))
+
+	require.Len(t, s.Nodes, 1)
+	require.Len(t, s.Nodes[0].Timeline, 1)
+	tl := s.Nodes[0].Timeline[0]
+	require.NotNil(t, tl.ApplyStarted)
+	assert.Equal(t, t0.Add(2*time.Second), tl.ApplyStarted.Time, "the Upgrade call's start")
+	assert.Equal(t, t0.Add(8*time.Second), tl.Done.Time)
+}
+
 func TestStepRecords(t *testing.T) {
 	var s api.OperationStatus
 

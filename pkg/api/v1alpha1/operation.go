@@ -434,8 +434,8 @@ type NodeStatus struct {
 type NodeStageTimes struct {
 	// Stage is the stage.
 	Stage string `json:"stage"`
-	// ApplyStarted is when the node's apply began (its dry run); empty when the
-	// stage only verified the node.
+	// ApplyStarted is when the node's apply began (its dry run; in a Talos
+	// upgrade its Upgrade call); empty when the stage only verified the node.
 	ApplyStarted *metav1.MicroTime `json:"applyStarted,omitempty"`
 	// Done is when the node was done: verified (and, in the Kubelets stage,
 	// uncordoned).
