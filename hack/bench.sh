@@ -11,8 +11,12 @@
 #   the runner's memory and CPU; beside it, each on an identical cluster,
 #   kubectl-ichor one worker at a time and talosctl upgrade-k8s, their walls
 #   and ratios (BENCH_COMPARE=0 leaves them out): upgrade.json, upgrade.txt
-#   and a timeline of each run, timeline-*.svg.
-# BENCH selects the benchmarks (default "plan upgrade"); BENCH_KEEP_LOGS=1
+#   and a timeline of each run, timeline-*.svg;
+# - talos: a Talos OS upgrade (v1.13.9 -> v1.14.1) through the Job of a
+#   cluster of each size in BENCH_TALOS_SIZES (default 23, "103:10" as
+#   above), with the same latencies, measured and reported alike against its
+#   own lower bound: talos.json, talos.txt, timeline-talos-*.svg.
+# BENCH selects the benchmarks (default "plan upgrade talos"); BENCH_KEEP_LOGS=1
 # keeps every cluster's logs. Never fails on a timing: only when a cluster
 # does not start, the plugin gives no plan or an upgrade does not succeed.
 #
@@ -24,14 +28,16 @@ set -o errexit -o nounset -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=$root/_output/bench
-benchmarks=${BENCH:-plan upgrade}
+benchmarks=${BENCH:-plan upgrade talos}
 compare=${BENCH_COMPARE:-1}
 sim=${ICHOR_SIM:-$root/_output/bin/ichor-sim}
 plugin=${ICHOR_PLUGIN:-$root/_output/bin/kubectl-ichor}
 bins=${ICHOR_CLUSTER_BINS:-$root/_output/cluster-bins}
 image_root=${ICHOR_IMAGE_ROOT:-$root/_output/image/rootfs}
-upgrade=0
-case " $benchmarks " in *" upgrade "*) upgrade=1 ;; esac
+upgrade=0 # 1 when the Job runs: the upgrade or talos benchmark
+peer=0    # 1 when the Kubernetes upgrade runs beside its peer, talosctl
+case " $benchmarks " in *" upgrade "* | *" talos "*) upgrade=1 ;; esac
+case " $benchmarks " in *" upgrade "*) [ "$compare" = 0 ] || peer=1 ;; esac
 
 # missing says what is not there, in one line: "what (path: how to get it); ...".
 missing() {
@@ -46,7 +52,7 @@ missing() {
   [ -z "$cp" ] || add "the control plane's $cp (in $bins: make cluster-bins)"
   if [ "$upgrade" = 1 ]; then
     [ -x "$image_root/usr/local/bin/kubectl-ichor" ] || add "the Job's image root ($image_root: make build)"
-    if [ "$compare" != 0 ]; then
+    if [ "$peer" = 1 ]; then
       [ -x "$bins/talosctl" ] || add "talosctl ($bins/talosctl: make cluster-bins, or BENCH_COMPARE=0)"
     fi
   fi
@@ -68,7 +74,7 @@ if [ -n "$(missing)" ]; then
         break
       fi
     done
-    if [ "$upgrade" = 1 ] && [ "$compare" != 0 ] && [ ! -x "$bins/talosctl" ]; then
+    if [ "$peer" = 1 ] && [ ! -x "$bins/talosctl" ]; then
       echo "bench: getting talosctl, the peer (hack/talosctl.sh; a cold build takes long)"
       hack/talosctl.sh
     fi
@@ -79,7 +85,7 @@ if [ -n "$(missing)" ]; then
   exit 1
 fi
 if [ "$upgrade" = 1 ] && [ "$(id -u)" != 0 ]; then
-  echo "bench: the upgrade benchmark runs the Job's pod as a process in a mount namespace: run it as root (or BENCH=plan)" >&2
+  echo "bench: the upgrade and talos benchmarks run the Job's pod as a process in a mount namespace: run them as root (or BENCH=plan)" >&2
   exit 1
 fi
 
@@ -90,6 +96,7 @@ go build -o "$out/bench" ./e2e/bench
   --sizes "${BENCH_SIZES:-5,1000,5000}" \
   --runs "${BENCH_RUNS:-5}" \
   --upgrade-sizes "${BENCH_UPGRADE_SIZES:-8,23,103:10}" \
+  --talos-sizes "${BENCH_TALOS_SIZES:-23}" \
   --max-unavailable "${BENCH_MAX_UNAVAILABLE:-5}" \
   --compare="$([ "$compare" != 0 ] && echo true || echo false)" \
   --keep-logs="$([ "${BENCH_KEEP_LOGS:-0}" != 0 ] && echo true || echo false)" \

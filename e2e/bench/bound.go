@@ -124,6 +124,11 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration)
 		{Stage: "Kubelets", What: fmt.Sprintf("then %d workers at a time: drain, kubelet restart (T + KR)", maxUnavailable), Count: batches, Each: t + kr},
 	}
 
+	return sumTerms(terms)
+}
+
+// sumTerms is the bound of terms, each rounded.
+func sumTerms(terms []BoundTerm) Bound {
 	var b Bound
 
 	for i := range terms {
@@ -140,3 +145,33 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration)
 // boundFormula is lowerBound's formula, for the summary.
 const boundFormula = `bound = PS + 4 x IP + cps x (SPR + RL) + cps x (SPR + RL) + N x max(T + PS + RL, DS)
         + cps x (T + KR + SPR + RL) + ceil(W / mu) x (T + KR)`
+
+// talosBound is a Talos OS upgrade's critical path on a cluster of cps
+// control planes and workers, maxUnavailable at a time:
+//
+//	bound = PS                                  the first runner pod starts
+//	      + IP                                  the installer's pre-pull, every node at once
+//	      + cps x (T + IP + RB + RL)            one control plane at a time: drain, the installer
+//	                                            writes the other boot slot (IP in the simulator),
+//	                                            reboot, Node Ready on the new Talos, etcd healthy
+//	      + ceil(W / mu) x (T + IP + RB + RL)   then mu workers at a time, alike
+//
+// with RB the reboot (down to booted again) and the rest as lowerBound's.
+// The runner's own node reboots, so the runner leaves it before: the Job's
+// replacement pod and its failure backoff are the tool's, in no bound.
+func talosBound(l Latencies, cps, workers, maxUnavailable int) Bound {
+	ip, rb, rl, ps := l.ImagePull.Seconds(), l.Reboot.Seconds(), l.Ready.Seconds(), l.PodStart.Seconds()
+	t := float64(podTermination)
+	batches := (workers + maxUnavailable - 1) / maxUnavailable
+	node := t + ip + rb + rl
+
+	return sumTerms([]BoundTerm{
+		{Stage: "TalosOS", What: "the first runner pod starts (PS)", Count: 1, Each: ps},
+		{Stage: "TalosOS", What: "the installer's pre-pull, every node at once (IP)", Count: 1, Each: ip},
+		{Stage: "TalosOS", What: "a control plane: drain, install, reboot, Ready on the new Talos with etcd healthy (T + IP + RB + RL)", Count: cps, Each: node},
+		{Stage: "TalosOS", What: fmt.Sprintf("then %d workers at a time: drain, install, reboot, Ready (T + IP + RB + RL)", maxUnavailable), Count: batches, Each: node},
+	})
+}
+
+// talosBoundFormula is talosBound's formula, for the summary.
+const talosBoundFormula = `bound = PS + IP + cps x (T + IP + RB + RL) + ceil(W / mu) x (T + IP + RB + RL)`

@@ -1,5 +1,6 @@
 // Command bench runs kubectl-ichor's benchmarks against local simulated
-// clusters (make bench, through hack/bench.sh): `bench [flags] plan upgrade`.
+// clusters (make bench, through hack/bench.sh): `bench [flags] plan upgrade
+// talos`.
 // It never fails on a timing: it measures, writes the figures and says which
 // targets were met; it fails only when a cluster does not start, the plugin
 // does not produce a plan or the upgrade does not succeed.
@@ -32,6 +33,15 @@
 // OUT/upgrade.txt (also printed) and a timeline of each run,
 // OUT/timeline-<nodes>-nodes-{mu<N>,talosctl}.svg.
 //
+// The talos benchmark is the upgrade benchmark's run for a Talos OS upgrade,
+//
+//	kubectl-ichor upgrade talos --to v1.14.1 --yes --max-unavailable 5
+//
+// of a cluster at Talos v1.13.9 (Kubernetes v1.36.3), measured and reported
+// alike against its own lower bound (every node's install, reboot and
+// readiness, the drains at --max-unavailable), with no peer beside it. It
+// writes OUT/talos.json, OUT/talos.txt and OUT/timeline-talos-*.svg.
+//
 // The files, each one job:
 //
 //   - main.go: the command line;
@@ -41,7 +51,9 @@
 //   - report.go: the figures' shared shapes (the machine, a spread of runs,
 //     rounding, request breakdowns);
 //   - plan.go, plan_report.go: the plan benchmark and its report;
-//   - bound.go: the simulated latencies and the upgrade's lower bound;
+//   - bound.go: the simulated latencies and the upgrades' lower bounds;
+//   - kind.go: what differs between the Kubernetes and the Talos upgrade
+//     benchmarks;
 //   - upgrade.go: the upgrade benchmark, one cluster per run, the command
 //     launched and timed;
 //   - measure.go: what the records say of a finished upgrade: the stages'

@@ -54,11 +54,15 @@ type options struct {
 	upgradeSizes   []int
 	maxUnavailable int
 	// sizeMU is a size's own --max-unavailable ("103:10" in --upgrade-sizes).
-	sizeMU    map[int]int
-	imageRoot string
-	keepLogs  bool
-	compare   bool
-	talosctl  string
+	sizeMU map[int]int
+	// talosSizes and talosMU are the Talos OS upgrade benchmark's
+	// (--talos-sizes).
+	talosSizes []int
+	talosMU    map[int]int
+	imageRoot  string
+	keepLogs   bool
+	compare    bool
+	talosctl   string
 }
 
 func run() error {
@@ -72,6 +76,7 @@ func run() error {
 	fs.StringVar(&o.plugin, "plugin", filepath.Join(root, "_output", "bin", "kubectl-ichor"), "the kubectl-ichor binary")
 	fs.StringVar(&o.binDir, "bin-dir", filepath.Join(root, "_output", "cluster-bins"), "the control plane's binaries")
 	upgradeSizes := fs.String("upgrade-sizes", "8,23,103:10", "upgrade: cluster sizes in nodes, comma-separated (3 control planes, the rest workers), each with its own --max-unavailable after a colon")
+	talosSizes := fs.String("talos-sizes", "23", "talos: cluster sizes in nodes of the Talos OS upgrade, as --upgrade-sizes")
 	fs.IntVar(&o.maxUnavailable, "max-unavailable", 5, "upgrade: workers upgraded at once, at a size without its own")
 	fs.StringVar(&o.imageRoot, "image-root", filepath.Join(root, "_output", "image", "rootfs"), "upgrade: the Job image's root filesystem, run by the simulated kubelets")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "upgrade: keep every cluster's logs and events.jsonl in --out, not only a failed one's")
@@ -82,13 +87,16 @@ func run() error {
 	}
 	benchmarks := fs.Args()
 	if len(benchmarks) == 0 {
-		return errors.New("usage: bench [flags] BENCHMARK [BENCHMARK]: plan, upgrade or both")
+		return errors.New("usage: bench [flags] BENCHMARK [BENCHMARK...]: plan, upgrade, talos")
 	}
 	var err error
 	if o.sizes, err = parseSizes("--sizes", *sizes); err != nil {
 		return err
 	}
-	if o.upgradeSizes, o.sizeMU, err = parseUpgradeSizes(*upgradeSizes); err != nil {
+	if o.upgradeSizes, o.sizeMU, err = parseUpgradeSizes("--upgrade-sizes", *upgradeSizes); err != nil {
+		return err
+	}
+	if o.talosSizes, o.talosMU, err = parseUpgradeSizes("--talos-sizes", *talosSizes); err != nil {
 		return err
 	}
 	if o.runs < 1 {
@@ -113,9 +121,11 @@ func run() error {
 		case "plan":
 			errs = append(errs, runPlan(ctx, o))
 		case "upgrade":
-			errs = append(errs, runUpgrade(ctx, o))
+			errs = append(errs, runUpgrade(ctx, o, kubernetesUpgrade))
+		case "talos":
+			errs = append(errs, runUpgrade(ctx, o, talosUpgrade))
 		default:
-			return fmt.Errorf("unknown benchmark %q: want plan or upgrade", b)
+			return fmt.Errorf("unknown benchmark %q: want plan, upgrade or talos", b)
 		}
 		if ctx.Err() != nil {
 			break
@@ -124,9 +134,9 @@ func run() error {
 	return errors.Join(errs...)
 }
 
-// parseUpgradeSizes parses --upgrade-sizes: node counts, each with its own
-// --max-unavailable after a colon ("8,23,103:10").
-func parseUpgradeSizes(list string) ([]int, map[int]int, error) {
+// parseUpgradeSizes parses the flag name's list: node counts, each with its
+// own --max-unavailable after a colon ("8,23,103:10").
+func parseUpgradeSizes(name, list string) ([]int, map[int]int, error) {
 	var sizes []string
 
 	mu := map[int]int{}
@@ -142,13 +152,13 @@ func parseUpgradeSizes(list string) ([]int, map[int]int, error) {
 		n, err := strconv.Atoi(size)
 		v, merr := strconv.Atoi(m)
 		if err != nil || merr != nil || v < 1 {
-			return nil, nil, fmt.Errorf("--upgrade-sizes %q: want node counts, each with its own --max-unavailable (1 or more) after a colon, e.g. 8,23,103:10", list)
+			return nil, nil, fmt.Errorf("%s %q: want node counts, each with its own --max-unavailable (1 or more) after a colon, e.g. 8,23,103:10", name, list)
 		}
 
 		mu[n] = v
 	}
 
-	out, err := parseSizes("--upgrade-sizes", strings.Join(sizes, ","))
+	out, err := parseSizes(name, strings.Join(sizes, ","))
 
 	return out, mu, err
 }

@@ -28,7 +28,7 @@ import (
 
 // measureUpgrade reads the records of a finished upgrade into r and
 // returns the run's timeline, its picture's content.
-func measureUpgrade(ctx context.Context, dir string, client kubernetes.Interface, began, ended time.Time, r *UpgradeResult) (Timeline, error) {
+func measureUpgrade(ctx context.Context, k upgradeKind, dir string, client kubernetes.Interface, began, ended time.Time, r *UpgradeResult) (Timeline, error) {
 	cm, err := client.CoreV1().ConfigMaps(stateNamespace).Get(ctx, job.StateName, metav1.GetOptions{})
 	if err != nil {
 		return Timeline{}, fmt.Errorf("state: %w", err)
@@ -89,7 +89,7 @@ func measureUpgrade(ctx context.Context, dir string, client kubernetes.Interface
 	r.KubernetesPerNode = round(float64(r.KubernetesRequests) / float64(r.Nodes))
 	r.TalosPerNode = round(float64(r.TalosCalls) / float64(r.Nodes))
 
-	r.LowerBound = lowerBound(benchLatencies, r.ControlPlanes, r.Workers, r.MaxUnavailable, daemonSetPace(evs))
+	r.LowerBound = k.bound(benchLatencies, r.ControlPlanes, r.Workers, r.MaxUnavailable, evs)
 	r.Ratio = round(r.WallSeconds / r.LowerBound.Seconds)
 
 	tl := timelines(op)
@@ -253,6 +253,10 @@ var staticPods = map[string]bool{events.APIServer: true, events.ControllerManage
 // moves with the DaemonSet), when the runner saw it done. A control plane's
 // new kubelet is verified once the static pods it restarted are Ready again.
 func verifiedAt(n api.NodeStep, evs []events.Event, t nodeTimes) time.Time {
+	if slices.ContainsFunc(n.Changes, func(c api.Change) bool { return c.Component == events.Talos }) {
+		return talosVerifiedAt(n, evs, t)
+	}
+
 	var at time.Time
 
 	for _, ch := range n.Changes {
@@ -291,6 +295,48 @@ func verifiedAt(n api.NodeStep, evs []events.Event, t nodeTimes) time.Time {
 	}
 
 	return at
+}
+
+// talosVerifiedAt is when the cluster made a node's Talos upgrade true: its
+// Node Ready on the new Talos, the readiness latency after the later of its
+// boot at the target and its kubelet's first start in that boot (etcd's
+// health, on a control plane, comes with the boot in the simulator); when
+// the runner saw it done if the events have no such boot.
+func talosVerifiedAt(n api.NodeStep, evs []events.Event, t nodeTimes) time.Time {
+	var to string
+
+	for _, ch := range n.Changes {
+		if ch.Component == events.Talos {
+			to = ch.To
+		}
+	}
+
+	var booted time.Time
+
+	for _, e := range evs {
+		if e.Node == n.Node && e.Component == events.Talos && e.Version == to {
+			booted = e.Time
+
+			break
+		}
+	}
+
+	if booted.IsZero() {
+		return t.done
+	}
+
+	at := booted
+
+	for _, e := range evs {
+		// The kubelet starts with the boot, its event a moment before or after the boot's.
+		if e.Node == n.Node && e.Component == events.Kubelet && e.Time.After(booted.Add(-time.Second)) {
+			at = later(at, e.Time)
+
+			break
+		}
+	}
+
+	return at.Add(benchLatencies.Ready)
 }
 
 // gaps are the waits between a group being verified and the next group's

@@ -6,6 +6,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -97,15 +98,18 @@ type simCluster struct {
 }
 
 // clusterRun says how to start a cluster: what (for the progress lines),
-// the nodes (3 of them control planes), ichor-sim up's flags beyond the
-// size, versions and directory, and where to keep its logs (a directory
-// under --out) when the measurement fails, or always when keep is set.
+// the nodes (3 of them control planes), its Kubernetes and Talos versions
+// (the benchmark's fromVersion and talosVersion when empty), ichor-sim up's
+// flags beyond the size, versions and directory, and where to keep its logs
+// (a directory under --out) when the measurement fails, or always when keep
+// is set.
 type clusterRun struct {
-	what  string
-	nodes int
-	flags []string
-	logs  string
-	keep  bool
+	what              string
+	nodes             int
+	kubernetes, talos string
+	flags             []string
+	logs              string
+	keep              bool
 }
 
 // withCluster starts the cluster, waits until it has settled and calls f
@@ -120,10 +124,11 @@ func withCluster(ctx context.Context, o options, cr clusterRun, f func(c *simClu
 	}
 	defer os.RemoveAll(dir)
 
+	kube, talos := cmp.Or(cr.kubernetes, fromVersion), cmp.Or(cr.talos, talosVersion)
 	start := time.Now()
 	args := append([]string{"up", "--dir", dir, "--bin-dir", o.binDir,
 		"--control-planes", strconv.Itoa(controlPlanes), "--workers", strconv.Itoa(cr.nodes - controlPlanes),
-		"--kubernetes", fromVersion, "--talos", talosVersion, "--wait", startTimeout(cr.nodes).String()}, cr.flags...)
+		"--kubernetes", kube, "--talos", talos, "--wait", startTimeout(cr.nodes).String()}, cr.flags...)
 	out, upErr := exec.CommandContext(ctx, o.sim, args...).CombinedOutput()
 	// Stop it whatever happened, keeping its logs first when something failed.
 	defer func() {

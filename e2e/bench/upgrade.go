@@ -34,9 +34,17 @@ const (
 	stateNamespace = "ichor-system"
 )
 
-func runUpgrade(ctx context.Context, o options) error {
+// runUpgrade is the upgrade benchmark of kind k (kind.go).
+func runUpgrade(ctx context.Context, o options, k upgradeKind) error {
 	if err := checkImageRoot(o); err != nil {
 		return err
+	}
+
+	o.compare = o.compare && k.peer
+	sizes := o.upgradeSizes
+
+	if k.what == "talos" {
+		sizes, o.sizeMU = o.talosSizes, o.talosMU
 	}
 
 	if o.compare {
@@ -46,8 +54,9 @@ func runUpgrade(ctx context.Context, o options) error {
 	}
 
 	report := UpgradeReport{
-		Benchmark: fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --yes --max-unavailable %d%s through the Job (cluster at %s, Talos %s)%s",
-			toVersion, o.maxUnavailable, ownMU(o), fromVersion, talosVersion, compared(o)),
+		Benchmark: fmt.Sprintf("kubectl-ichor upgrade %s --to %s --yes --max-unavailable %d%s through the Job (cluster at Kubernetes %s, Talos %s)%s",
+			k.what, k.to, o.maxUnavailable, ownMU(o, sizes), k.kubernetes, k.talos, compared(o)),
+		Formula:        k.formula,
 		Started:        time.Now().UTC(),
 		Machine:        machine(),
 		Latencies:      benchLatencies,
@@ -61,9 +70,9 @@ func runUpgrade(ctx context.Context, o options) error {
 	}
 
 	return suite[UpgradeResult]{
-		name:    "upgrade",
-		sizes:   o.upgradeSizes,
-		measure: func(ctx context.Context, n int) []UpgradeResult { return upgradeSize(ctx, o, n) },
+		name:    k.name,
+		sizes:   sizes,
+		measure: func(ctx context.Context, n int) []UpgradeResult { return upgradeSize(ctx, o, k, n) },
 		failure: func(r UpgradeResult) (string, string) {
 			what := fmt.Sprintf("%d nodes, --max-unavailable %d", r.Nodes, r.MaxUnavailable)
 			if r.Error == "" && r.Talosctl != nil && r.Talosctl.Error != "" {
@@ -80,10 +89,10 @@ func runUpgrade(ctx context.Context, o options) error {
 }
 
 // ownMU names the sizes measured with a --max-unavailable of their own.
-func ownMU(o options) string {
+func ownMU(o options, sizes []int) string {
 	var own []string
 
-	for _, n := range o.upgradeSizes {
+	for _, n := range sizes {
 		if mu, ok := o.sizeMU[n]; ok {
 			own = append(own, fmt.Sprintf("%d at %d nodes", mu, n))
 		}
@@ -130,16 +139,16 @@ func checkImageRoot(o options) error {
 // at a time; with --compare also one worker at a time and the peer,
 // talosctl upgrade-k8s, each on a cluster of its own started identically.
 // Every result of the size carries the peer's run.
-func upgradeSize(ctx context.Context, o options, n int) []UpgradeResult {
+func upgradeSize(ctx context.Context, o options, k upgradeKind, n int) []UpgradeResult {
 	mu := o.muFor(n)
 
-	out := []UpgradeResult{upgradeRun(ctx, o, n, mu)}
+	out := []UpgradeResult{upgradeRun(ctx, o, k, n, mu)}
 	if !o.compare {
 		return out
 	}
 
 	if mu != 1 && ctx.Err() == nil {
-		out = append(out, upgradeRun(ctx, o, n, 1))
+		out = append(out, upgradeRun(ctx, o, k, n, 1))
 	}
 
 	if ctx.Err() != nil {
@@ -165,17 +174,17 @@ func upgradeClusterFlags(o options) []string {
 
 // upgradeRun starts a cluster of n nodes, upgrades it maxUnavailable workers
 // at a time and stops it.
-func upgradeRun(ctx context.Context, o options, n, maxUnavailable int) (r UpgradeResult) {
+func upgradeRun(ctx context.Context, o options, k upgradeKind, n, maxUnavailable int) (r UpgradeResult) {
 	r = UpgradeResult{Nodes: n, ControlPlanes: controlPlanes, Workers: n - controlPlanes, WorkloadPods: n - controlPlanes, MaxUnavailable: maxUnavailable}
 	cr := clusterRun{
-		what: fmt.Sprintf("upgrade %d nodes, --max-unavailable %d", n, maxUnavailable), nodes: n,
-		logs: fmt.Sprintf("upgrade-logs-%d-nodes-mu%d", n, maxUnavailable), keep: o.keepLogs,
-		flags: upgradeClusterFlags(o),
+		what: fmt.Sprintf("%s %d nodes, --max-unavailable %d", k.name, n, maxUnavailable), nodes: n,
+		logs: fmt.Sprintf("%s-logs-%d-nodes-mu%d", k.name, n, maxUnavailable), keep: o.keepLogs,
+		kubernetes: k.kubernetes, talos: k.talos, flags: upgradeClusterFlags(o),
 	}
 	err := withCluster(ctx, o, cr, func(c *simCluster) error {
 		r.ClusterStartSeconds = c.startSeconds
 
-		return upgradeOnce(ctx, o, c, &r)
+		return upgradeOnce(ctx, o, k, c, &r)
 	})
 	if err != nil {
 		r.Error = err.Error()
@@ -186,7 +195,7 @@ func upgradeRun(ctx context.Context, o options, n, maxUnavailable int) (r Upgrad
 
 // upgradeOnce adds the workload to c, upgrades it and measures the upgrade
 // into r.
-func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult) error {
+func upgradeOnce(ctx context.Context, o options, k upgradeKind, c *simCluster, r *UpgradeResult) error {
 	client, err := newClient(c.kubeconfig)
 	if err != nil {
 		return err
@@ -202,7 +211,7 @@ func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult
 	upCtx, cancel := context.WithTimeout(ctx, upgradeTimeout)
 	defer cancel()
 
-	cmd := exec.CommandContext(upCtx, o.plugin, "upgrade", "kubernetes", "--to", toVersion, "--yes",
+	cmd := exec.CommandContext(upCtx, o.plugin, "upgrade", k.what, "--to", k.to, "--yes",
 		"--max-unavailable", strconv.Itoa(r.MaxUnavailable), "--kubeconfig", c.kubeconfig, "--talosconfig", c.talosconfig)
 	cmd.Env = append(cleanEnviron(), "HOME="+c.home)
 	// Its own process group: a signal for the benchmark's group does not detach it.
@@ -241,21 +250,24 @@ func upgradeOnce(ctx context.Context, o options, c *simCluster, r *UpgradeResult
 			err = fmt.Errorf("%w (the benchmark was interrupted)", err)
 		}
 
-		return fmt.Errorf("kubectl-ichor upgrade: %v: %s", err, lastLine(output.Bytes()))
+		return fmt.Errorf("kubectl-ichor upgrade %s: %v: %s", k.what, err, lastLine(output.Bytes()))
 	}
 
-	fmt.Fprintf(os.Stderr, "bench: upgrade %d nodes, --max-unavailable %d: upgraded in %.1fs\n", r.Nodes, r.MaxUnavailable, r.WallSeconds)
+	fmt.Fprintf(os.Stderr, "bench: %s %d nodes, --max-unavailable %d: upgraded in %.1fs\n", k.name, r.Nodes, r.MaxUnavailable, r.WallSeconds)
 
-	t, err := measureUpgrade(ctx, c.dir, client, began, ended, r)
+	t, err := measureUpgrade(ctx, k, c.dir, client, began, ended, r)
 	if err != nil {
 		return err
 	}
 
-	t.Title = fmt.Sprintf("kubectl-ichor upgrade kubernetes --to %s --max-unavailable %d, %d+%d nodes", toVersion, r.MaxUnavailable, r.ControlPlanes, r.Workers)
-	t.Subtitle = fmt.Sprintf("wall %.1fs, bound %.1fs (%.2f x); %s -> %s on Talos %s; load average %s at the start, %s at the end",
-		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, fromVersion, toVersion, talosVersion, r.LoadAvgBefore, r.LoadAvgAfter)
+	t.Title = fmt.Sprintf("kubectl-ichor upgrade %s --to %s --max-unavailable %d, %d+%d nodes", k.what, k.to, r.MaxUnavailable, r.ControlPlanes, r.Workers)
+	t.Subtitle = fmt.Sprintf("wall %.1fs, bound %.1fs (%.2f x); %s -> %s (Kubernetes %s, Talos %s at the start); load average %s at the start, %s at the end",
+		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, k.from(), k.to, k.kubernetes, k.talos, r.LoadAvgBefore, r.LoadAvgAfter)
 
 	name := fmt.Sprintf("timeline-%d-nodes-mu%d.svg", r.Nodes, r.MaxUnavailable)
+	if k.what == "talos" {
+		name = "timeline-talos-" + strings.TrimPrefix(name, "timeline-")
+	}
 	if err := os.WriteFile(filepath.Join(o.out, name), svgTimeline(t), 0o644); err != nil {
 		return err
 	}

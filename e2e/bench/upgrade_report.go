@@ -27,7 +27,9 @@ const (
 
 // UpgradeReport is upgrade.json.
 type UpgradeReport struct {
-	Benchmark      string          `json:"benchmark"`
+	Benchmark string `json:"benchmark"`
+	// Formula is the lower bound's, in the latencies' letters.
+	Formula        string          `json:"boundFormula"`
 	Started        time.Time       `json:"started"`
 	Machine        Machine         `json:"machine"`
 	Latencies      Latencies       `json:"latencies"`
@@ -265,9 +267,9 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 	fmt.Fprintf(w, "%s\n", r.Benchmark)
 	fmt.Fprintf(w, "%d CPUs (%s), load average %s at the start (LOAD: the one-minute load average at each run's start and end); the cluster runs on the same machine\n",
 		r.Machine.CPUs, r.Machine.OS, r.Machine.LoadAvgBefore)
-	fmt.Fprintf(w, "simulated latencies: static pod restart SPR %s, ready RL %s, kubelet restart KR %s, pod start PS %s, image pull IP %s, "+
-		"pod termination T 0 (simulated pods stop at once); Job failure backoff JB %s (kube-controller-manager)\n\n",
-		l.StaticPodRestart, l.Ready, l.KubeletRestart, l.PodStart, l.ImagePull, jobFailureBackoff)
+	fmt.Fprintf(w, "simulated latencies: static pod restart SPR %s, ready RL %s, kubelet restart KR %s, pod start PS %s, image pull (and a Talos install) IP %s, "+
+		"reboot RB %s, pod termination T 0 (simulated pods stop at once); Job failure backoff JB %s (kube-controller-manager)\n\n",
+		l.StaticPodRestart, l.Ready, l.KubeletRestart, l.PodStart, l.ImagePull, l.Reboot, jobFailureBackoff)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODES\tMU\tLOAD\tWALL\tBOUND\tRATIO\tTALOSCTL\tx TALOSCTL\tLAUNCH/RUN/TAIL\tGAP max (median)\tK8S REQ/NODE\tTALOS/NODE\tRUNNER RSS\tRUNNER CPU")
@@ -289,7 +291,7 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 
 	writePeerSummary(w, r.Results)
 
-	fmt.Fprintf(w, "\nThe lower bound: every wait the design makes serial, from the simulated latencies, nothing of the tool's own:\n%s\n", boundFormula)
+	fmt.Fprintf(w, "\nThe lower bound: every wait the design makes serial, from the simulated latencies, nothing of the tool's own:\n%s\n", r.Formula)
 	fmt.Fprintf(w, "(cps control planes, W workers, N nodes, mu = --max-unavailable)\n")
 
 	for _, x := range r.Results {

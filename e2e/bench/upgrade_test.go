@@ -70,7 +70,7 @@ func TestGroupsMoveTheRunnersNodeLast(t *testing.T) {
 }
 
 func TestUpgradeSizesWithTheirOwnMaxUnavailable(t *testing.T) {
-	sizes, mu, err := parseUpgradeSizes("8, 23,103:10")
+	sizes, mu, err := parseUpgradeSizes("--upgrade-sizes", "8, 23,103:10")
 	assert.NoError(t, err)
 	assert.Equal(t, []int{8, 23, 103}, sizes)
 
@@ -79,7 +79,39 @@ func TestUpgradeSizesWithTheirOwnMaxUnavailable(t *testing.T) {
 	assert.Equal(t, 10, o.muFor(103))
 
 	for _, bad := range []string{"103:0", "103:x", "2", "x:10"} {
-		_, _, err := parseUpgradeSizes(bad)
+		_, _, err := parseUpgradeSizes("--upgrade-sizes", bad)
 		assert.Error(t, err, bad)
 	}
+}
+
+func TestTalosBound(t *testing.T) {
+	// 0.3 + 0.2 + 3 x (0 + 0.2 + 3 + 1) + 4 x 4.2
+	assert.InDelta(t, 29.9, talosBound(benchLatencies, 3, 20, 5).Seconds, 1e-9)
+	// a last batch of one worker is a batch: 0.5 + 3 x 4.2 + 2 x 4.2
+	assert.InDelta(t, 21.5, talosBound(benchLatencies, 3, 6, 5).Seconds, 1e-9)
+}
+
+func TestTalosVerifiedAt(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	step := api.NodeStep{Node: "cp-2", Role: api.RoleControlPlane, Changes: []api.Change{
+		{Component: events.Talos, From: talosFrom, To: talosTo},
+		{Component: "installer", From: "ghcr.io/siderolabs/installer:" + talosFrom, To: "factory.talos.dev/installer/abc:" + talosTo},
+	}}
+	evs := []events.Event{
+		{Time: at(0), Node: "cp-2", Component: events.Kubelet, Version: "v1.36.3"}, // the boot before
+		{Time: at(1), Node: "cp-1", Component: events.Talos, Version: talosTo},     // another node
+		{Time: at(5), Node: "cp-2", Component: events.TalosInstall, Version: talosTo},
+		{Time: at(9.999), Node: "cp-2", Component: events.Kubelet, Version: "v1.36.3"},
+		{Time: at(10), Node: "cp-2", Component: events.Talos, Version: talosTo},
+		{Time: at(10.3), Node: "cp-2", Component: events.APIServer, Version: "v1.36.3"},
+	}
+	done := nodeTimes{applyStarted: at(4), done: at(13)}
+
+	assert.Equal(t, at(11), verifiedAt(step, evs, done), "Node Ready RL after the boot")
+
+	evs[3].Time = at(10.5) // a kubelet that starts after the boot's event
+	assert.Equal(t, at(11.5), verifiedAt(step, evs, done))
+
+	assert.Equal(t, at(13), verifiedAt(step, evs[:3], done), "no boot at the target: when the runner saw it done")
 }
