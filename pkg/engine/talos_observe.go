@@ -115,17 +115,23 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 
 // groups lays out the nodes in visiting order: each control plane alone,
 // then the workers in batches of MaxUnavailable. A node whose upgrade is
-// under way (ichor cordoned it, or its boot ID is recorded) goes first in its
-// group: it is finished before anything else is made unavailable.
+// under way (ichor cordoned it, or its boot ID is recorded and it does not
+// run the target yet) goes first in its group: it is finished before
+// anything else is made unavailable. A node that runs the target and that
+// ichor does not hold cordoned is done but for its verification, however
+// its mark reads: counted under way, the nodes an earlier runner finished
+// would share the first batch with those it left half done, and push some of
+// those into a later batch.
 func (r *talosRun) groups(order stages.Order, byName map[string]*osNode) [][]*osNode {
 	inProgress := func(name string) bool {
-		if r.mark(name).following() {
+		n, ok := r.cache.Node(name)
+		if ok && kube.CordonedByIchor(n) {
 			return true
 		}
 
-		n, ok := r.cache.Node(name)
+		on := byName[name]
 
-		return ok && kube.CordonedByIchor(n)
+		return r.mark(name).following() && (on.unreachable != nil || on.version != r.target.String())
 	}
 
 	firstInProgress := func(nodes []discovery.Node) []*osNode {

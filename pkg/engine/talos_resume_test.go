@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // TestTalosResumesFromAnyPoint stops an upgrade after every possible number
@@ -147,6 +150,54 @@ func TestTalosResumes(t *testing.T) {
 			assert.Contains(t, next.with("TalosOS worker-")[0], "worker-2", "the node under way is finished first")
 		})
 	}
+}
+
+// TestTalosResumeKeepsTheBatchUnderWay stops the runner in its second
+// worker batch, on its own node's drain; the next runner, on a worker the
+// first batch upgraded, takes the nodes left cordoned in its first batch,
+// together. The finished workers (on the target, their marks still reading
+// "reboot") were counted under way too, and split the batch left half done.
+func TestTalosResumeKeepsTheBatchUnderWay(t *testing.T) {
+	spec := clusterSpec{controlPlanes: 1, workers: 4, kubernetes: "v1.35.4", talos: "v1.12.4", workloads: 1}
+	o := newFakeOS(t, spec)
+	memo := newMemo()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	first := o.engine("v1.13.9", memo, func(opts *Options) { opts.Self, opts.MaxUnavailable = "worker-4", 2 })
+	first.Progress = stopOnLine{recorder: &recorder{}, prefix: "TalosOS worker-4 Draining: draining", cancel: cancel}
+	require.ErrorIs(t, first.Run(ctx), context.Canceled)
+
+	left := o.f.cordonedByIchor()
+	require.Contains(t, left, "worker-4")
+	assert.Equal(t, "v1.13.9", o.state("worker-1").version, "the first batch finished")
+	assert.Equal(t, "v1.13.9", o.state("worker-2").version, "the first batch finished")
+
+	// The Job's next pod runs on worker-1.
+	e := o.engine("v1.13.9", memo, func(opts *Options) { opts.Self, opts.MaxUnavailable = "worker-1", 2 })
+	e.Progress = &recorder{}
+
+	c, err := e.startCache(context.Background())
+	require.NoError(t, err)
+	defer c.Stop()
+
+	target, err := stages.ParseVersion("v1.13.9")
+	require.NoError(t, err)
+
+	r := &talosRun{e: e, opts: e.Options.withDefaults(), target: target, stage: stages.TalosOS{Target: target}, cache: c, poll: time.Millisecond}
+	groups, _, err := r.observe(context.Background())
+	require.NoError(t, err)
+	require.Len(t, groups, 3, "cp-1, then two batches of two workers")
+
+	var batch []string
+	for _, n := range groups[1] {
+		batch = append(batch, n.Name)
+	}
+
+	assert.Subset(t, batch, left, "the nodes left cordoned go on together, first")
+
+	require.NoError(t, e.Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
 }
 
 // stopOnLine is a recorder that ends a run when a node's line starts with
