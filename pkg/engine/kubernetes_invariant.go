@@ -48,9 +48,10 @@ func (r *kubeRun) checkInvariant(ctx context.Context, stage, node string) error 
 	return nil
 }
 
-// observeNow reads what the cluster runs now (two LISTs).
+// observeNow reads what the cluster runs now (two LISTs started after the call, shared
+// with the nodes that read at the same time: kube.Observer).
 func (r *kubeRun) observeNow(ctx context.Context) ([]kube.Running, error) {
-	return kube.Observe(ctx, r.e.Kube)
+	return r.observer.Observe(ctx)
 }
 
 // cached is what the cache's watches last saw, with no request.

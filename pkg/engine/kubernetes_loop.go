@@ -29,6 +29,9 @@ type kubeRun struct {
 	target  stages.Version
 	cache   *kube.Cache
 	applier *kube.ManifestApplier
+	// observer reads what the cluster runs now, one read shared by the nodes of a batch
+	// that check at the same time.
+	observer *kube.Observer
 	// base is the invariant as judged at the stage's start: no apply may make it worse.
 	base stages.Invariant
 	// known are the nodes the stage read at its start: a control plane not among
@@ -75,7 +78,10 @@ func (e *Engine) runKubernetes(ctx context.Context, opts Options) error {
 	}
 	defer c.Stop()
 
-	r := &kubeRun{e: e, opts: opts, target: target, cache: c, applier: kube.NewManifestApplier(e.Dynamic, e.Kube.Discovery())}
+	r := &kubeRun{
+		e: e, opts: opts, target: target, cache: c, applier: kube.NewManifestApplier(e.Dynamic, e.Kube.Discovery()),
+		observer: kube.NewObserver(ctx, e.Kube),
+	}
 
 	all := stages.KubernetesStages()
 	for i, s := range all {

@@ -196,12 +196,12 @@ func (r *kubeRun) earlierStage(s stages.KubernetesStage, n discovery.Node, cfg c
 			return nil, nil
 		}
 
-		res, err := r.render(st, n, cfg)
+		changed, err := stages.StageChanges(st, n, cfg, r.target)
 		if err != nil {
 			return nil, err
 		}
 
-		if len(res.Changed) > 0 {
+		if len(changed) > 0 {
 			return st, nil
 		}
 	}

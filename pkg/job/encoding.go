@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,7 +63,7 @@ func EncodeState(namespace string, op *api.Operation, plan []byte) (*corev1.Conf
 		cm.BinaryData = map[string][]byte{PlanKey: blob}
 	}
 
-	if err := writeOperation(cm, op); err != nil {
+	if err := writeOperation(cm, op, nil); err != nil {
 		return nil, err
 	}
 
@@ -89,9 +90,15 @@ func encodeStateJSON(namespace string, op *api.Operation) (*corev1.ConfigMap, er
 	return cm, nil
 }
 
-// writeOperation stores op in cm, gzipped, with the labels that mirror it.
-func writeOperation(cm *corev1.ConfigMap, op *api.Operation) error {
-	blob, err := gzipJSON(op)
+// writeOperation stores op in cm, gzipped with z (nil: a compressor of its own), with
+// the labels that mirror it.
+func writeOperation(cm *corev1.ConfigMap, op *api.Operation, z *zipper) error {
+	b, err := json.Marshal(op)
+	if err != nil {
+		return fmt.Errorf("encode operation %s: %w", op.Spec.ID, err)
+	}
+
+	blob, err := z.gzip(b)
 	if err != nil {
 		return fmt.Errorf("encode operation %s: %w", op.Spec.ID, err)
 	}
@@ -217,6 +224,43 @@ func gzipBytes(b []byte) ([]byte, error) {
 	}
 
 	return buf.Bytes(), nil
+}
+
+// zipper gzips with one compressor, reset for each use: setting one up allocates some
+// 800 KiB, and a runner writes its state at every step of every node. It is safe for
+// concurrent use; the nil zipper sets up a compressor for each use.
+type zipper struct {
+	mu  sync.Mutex
+	w   *gzip.Writer
+	buf bytes.Buffer
+}
+
+// gzip returns b gzipped, the same bytes as gzipBytes(b).
+func (z *zipper) gzip(b []byte) ([]byte, error) {
+	if z == nil {
+		return gzipBytes(b)
+	}
+
+	z.mu.Lock()
+	defer z.mu.Unlock()
+
+	z.buf.Reset()
+
+	if z.w == nil {
+		z.w = gzip.NewWriter(&z.buf)
+	} else {
+		z.w.Reset(&z.buf)
+	}
+
+	if _, err := z.w.Write(b); err != nil {
+		return nil, err
+	}
+
+	if err := z.w.Close(); err != nil {
+		return nil, err
+	}
+
+	return bytes.Clone(z.buf.Bytes()), nil
 }
 
 // gunzip returns what blob holds, at most maxUnzipped bytes.

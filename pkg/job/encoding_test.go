@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +40,32 @@ func TestStateRoundTrip(t *testing.T) {
 	assert.JSONEq(t, string(want), string(again))
 	require.Len(t, got.Status.Nodes, 1)
 	assert.True(t, t0.Add(time.Minute).Equal(got.Status.Nodes[0].Since.Time), "a phase change restarts the node's clock")
+}
+
+// TestZipperReused: a compressor reset for each use gzips as a new one does, whatever it
+// compressed before, and what it gives stays as it was after its next use.
+func TestZipperReused(t *testing.T) {
+	var z zipper
+
+	inputs := [][]byte{[]byte(`{"kind":"Operation","long":"` + strings.Repeat("node-", 2000) + `"}`), []byte(`{}`), nil, []byte(`{"a":1}`)}
+	blobs := make([][]byte, 0, len(inputs))
+
+	for _, in := range inputs {
+		want, err := gzipBytes(in)
+		require.NoError(t, err)
+
+		got, err := z.gzip(in)
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+
+		blobs = append(blobs, got)
+	}
+
+	for i, blob := range blobs {
+		raw, err := gunzip(blob)
+		require.NoError(t, err)
+		assert.Equal(t, string(inputs[i]), string(raw))
+	}
 }
 
 func TestCorruptState(t *testing.T) {

@@ -36,6 +36,7 @@ type Store struct {
 
 	mu   sync.Mutex
 	last *corev1.ConfigMap // the ConfigMap as this Store last read or wrote it
+	zip  zipper            // gzips the Operation of every write
 }
 
 // remember keeps cm as the latest known state.
@@ -181,7 +182,7 @@ func (s *Store) Update(ctx context.Context, mutate func(op *api.Operation) error
 
 		op.Status.UpdatedAt = ptrTime(s.now())
 
-		if err := writeOperation(cm, op); err != nil {
+		if err := writeOperation(cm, op, &s.zip); err != nil {
 			return nil, err
 		}
 

@@ -126,7 +126,7 @@ func TestStoreUpdateRereadsOnConflict(t *testing.T) {
 
 		memo++
 		o.Status.Memo = map[string]string{"writer": strings.Repeat("x", memo)}
-		require.NoError(t, writeOperation(cm, o))
+		require.NoError(t, writeOperation(cm, o, nil))
 	})
 
 	var seen []string
@@ -158,7 +158,7 @@ func TestStoreUpdateSeesAnAbortInBetween(t *testing.T) {
 		require.NoError(t, err)
 
 		o.Status.Phase = api.PhaseAborted
-		require.NoError(t, writeOperation(cm, o))
+		require.NoError(t, writeOperation(cm, o, nil))
 	})
 
 	_, err := store.Update(context.Background(), func(o *api.Operation) error {
@@ -229,7 +229,7 @@ func TestStoreCreate(t *testing.T) {
 		// op-3 replaces op-1 between our read and our write: we must look again and
 		// be refused by op-3, not overwrite it.
 		conflicts(client, 1, func(cm *corev1.ConfigMap) {
-			require.NoError(t, writeOperation(cm, testOperation("op-3", api.PhasePending)))
+			require.NoError(t, writeOperation(cm, testOperation("op-3", api.PhasePending), nil))
 		})
 
 		var saw []string

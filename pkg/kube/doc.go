@@ -24,7 +24,8 @@
 //     for whose fields it takes over (Talos' own writes, or forced); Talos'
 //     inventory of the manifests kept as Talos' own pass keeps it;
 //   - Observe: what the cluster runs (mirror pods, kube-proxy pods, kubelets),
-//     for the engine's invariant check;
+//     for the engine's invariant check; Observer shares one such read among the
+//     callers that read at the same time, none older than its caller's call;
 //   - Retry of what is temporary (an apiserver restarting) with a bound.
 //
 // Nothing here decides policy (which version a component should run, what

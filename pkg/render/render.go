@@ -246,58 +246,21 @@ type Result struct {
 // machine type lives there), an unknown machine type, or a control plane
 // whose config holds its control-plane images in neither layout.
 func Render(cfg config.Provider, want Versions) (*Result, error) {
-	if err := renderable(cfg); err != nil {
-		return nil, err
-	}
-
-	tags, err := want.tags()
+	changed, skipped, err := changes(cfg, want)
 	if err != nil {
 		return nil, err
 	}
 
-	res := &Result{Skipped: map[Component]string{}}
+	res := &Result{Changed: changed, Skipped: skipped}
 
-	var patches []configpatcher.Patch
+	patches := make([]configpatcher.Patch, 0, len(changed))
 
-	for _, c := range Components() {
-		tag, ok := tags[c]
-		if !ok {
-			continue
-		}
-
-		current, skip := imageOf(cfg, c)
-		if skip != "" {
-			res.Skipped[c] = skip
-
-			continue
-		}
-
-		layout := LayoutOf(cfg, c)
-
-		ref, err := parseImage(current)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.PathIn(layout), err)
-		}
-
-		if ref.tag == tag {
-			continue
-		}
-
-		ch := Change{
-			Component:     c,
-			Layout:        layout,
-			Path:          c.PathIn(layout),
-			From:          current,
-			To:            ref.repository + ":" + tag,
-			DroppedDigest: ref.digest,
-		}
-
-		patch, err := imagePatch(cfg, c, ch.To)
+	for _, ch := range changed {
+		patch, err := imagePatch(cfg, ch.Component, ch.To)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ch.Path, err)
 		}
 
-		res.Changed = append(res.Changed, ch)
 		patches = append(patches, patch)
 	}
 
@@ -343,6 +306,69 @@ func Render(cfg config.Provider, want Versions) (*Result, error) {
 	}
 
 	return res, nil
+}
+
+// Changes returns the images Render(cfg, want) would change, as its Result's
+// Changed, and refuses what Render refuses before it patches anything, without
+// patching, encoding or verifying: enough to tell whether a render changes a
+// config, at a small part of a render's cost.
+func Changes(cfg config.Provider, want Versions) ([]Change, error) {
+	changed, _, err := changes(cfg, want)
+
+	return changed, err
+}
+
+// changes is Render's first half: the images it changes, in the order of
+// Components, and the components asked for that cfg does not carry.
+func changes(cfg config.Provider, want Versions) ([]Change, map[Component]string, error) {
+	if err := renderable(cfg); err != nil {
+		return nil, nil, err
+	}
+
+	tags, err := want.tags()
+	if err != nil {
+		return nil, nil, err
+	}
+
+	var changed []Change
+
+	skipped := map[Component]string{}
+
+	for _, c := range Components() {
+		tag, ok := tags[c]
+		if !ok {
+			continue
+		}
+
+		current, skip := imageOf(cfg, c)
+		if skip != "" {
+			skipped[c] = skip
+
+			continue
+		}
+
+		layout := LayoutOf(cfg, c)
+
+		ref, err := parseImage(current)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", c.PathIn(layout), err)
+		}
+
+		if ref.tag == tag {
+			continue
+		}
+
+		changed = append(changed, Change{
+			Component:     c,
+			Layout:        layout,
+			Path:          c.PathIn(layout),
+			From:          current,
+			To:            ref.repository + ":" + tag,
+			DroppedDigest: ref.digest,
+		})
+	}
+
+	return changed, skipped, nil
 }
 
 // imagePatch returns machinery's patch setting the component's image in the

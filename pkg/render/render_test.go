@@ -162,6 +162,10 @@ func TestRenderGolden(t *testing.T) {
 			res, err := Render(before, tc.want)
 			require.NoError(t, err)
 
+			changed, err := Changes(before, tc.want)
+			require.NoError(t, err)
+			assert.Equal(t, res.Changed, changed, "Changes tells what Render changes")
+
 			for _, ch := range res.Changed {
 				assert.Equal(t, LayoutOf(before, ch.Component), ch.Layout, "%s changed where the node keeps it", ch.Component)
 			}
@@ -404,6 +408,9 @@ func TestRenderRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(tc.cfg(t), tc.want)
 			require.ErrorContains(t, err, tc.err)
+
+			_, err = Changes(tc.cfg(t), tc.want)
+			require.ErrorContains(t, err, tc.err, "Changes refuses what Render refuses")
 		})
 	}
 }

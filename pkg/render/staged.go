@@ -1,6 +1,7 @@
 package render
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"strings"
@@ -15,7 +16,7 @@ import (
 // (nothing staged, or no persistent config: persistent nil), else "at
 // <path>, <path>" or "the documents differ in form".
 func Staged(active, persistent config.Provider) (string, error) {
-	if persistent == nil {
+	if persistent == nil || sameSource(active, persistent) {
 		return "", nil
 	}
 
@@ -54,6 +55,28 @@ func Staged(active, persistent config.Provider) (string, error) {
 	slices.Sort(paths)
 
 	return "at " + strings.Join(paths, ", "), nil
+}
+
+// sameSource reports whether two configs were loaded from the same bytes. A read-only
+// config (as the Talos API gives it) keeps the bytes it was loaded from, and the same
+// bytes load to the same config, which hashes the same: the common case of Staged, a
+// node with nothing staged, then costs no encoding.
+func sameSource(a, b config.Provider) bool {
+	if a == nil || b == nil || !a.Readonly() || !b.Readonly() {
+		return false
+	}
+
+	ab, err := a.Bytes()
+	if err != nil {
+		return false
+	}
+
+	bb, err := b.Bytes()
+	if err != nil {
+		return false
+	}
+
+	return bytes.Equal(ab, bb)
 }
 
 // StagedAction is what to do about a staged config: settle it before ichor

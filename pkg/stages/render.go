@@ -20,6 +20,38 @@ import (
 // (DesiredVersion, its pins read from n's kubelet version). The run applies it; plan
 // predicts with it what the run will apply (ManifestsAtTarget).
 func RenderStage(s KubernetesStage, n discovery.Node, cfg config.Provider, target Version) (*render.Result, error) {
+	versions, err := stageVersions(s, n, cfg, target)
+	if err != nil {
+		return nil, err
+	}
+
+	res, err := render.Render(cfg, versions)
+	if err != nil {
+		return nil, fmt.Errorf("node %q: render: %w", n.Name, err)
+	}
+
+	return res, nil
+}
+
+// StageChanges returns the images RenderStage would change, as its Result's Changed,
+// without rendering (render.Changes): whether stage s still has node n to move, at a
+// small part of a render's cost.
+func StageChanges(s KubernetesStage, n discovery.Node, cfg config.Provider, target Version) ([]render.Change, error) {
+	versions, err := stageVersions(s, n, cfg, target)
+	if err != nil {
+		return nil, err
+	}
+
+	changed, err := render.Changes(cfg, versions)
+	if err != nil {
+		return nil, fmt.Errorf("node %q: render: %w", n.Name, err)
+	}
+
+	return changed, nil
+}
+
+// stageVersions is the version stage s wants of each component cfg carries.
+func stageVersions(s KubernetesStage, n discovery.Node, cfg config.Provider, target Version) (render.Versions, error) {
 	versions := render.Versions{}
 
 	for c, image := range render.Images(cfg) {
@@ -31,12 +63,7 @@ func RenderStage(s KubernetesStage, n discovery.Node, cfg config.Provider, targe
 		versions[c] = v.String()
 	}
 
-	res, err := render.Render(cfg, versions)
-	if err != nil {
-		return nil, fmt.Errorf("node %q: render: %w", n.Name, err)
-	}
-
-	return res, nil
+	return versions, nil
 }
 
 // KubeProxyObject is how the sync names the kube-proxy DaemonSet.
