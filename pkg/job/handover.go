@@ -57,10 +57,11 @@ type handOver struct {
 	mu sync.Mutex
 	// job is the runner's Job, once Prepare raised its parallelism.
 	job string
-	// asked is set by Prepare: settleParallelism stops.
-	asked bool
-	// successor is the pod handed over to.
+	// asked is when Prepare asked for a successor: settleParallelism stops.
+	asked time.Time
+	// successor is the pod handed over to; waited how long it took to run from the ask.
 	successor *corev1.Pod
+	waited    time.Duration
 	// poll, startTimeout override the pace and bound (tests).
 	poll, startTimeout time.Duration
 }
@@ -81,7 +82,7 @@ func (h *handOver) pace() (poll, start time.Duration) {
 // Prepare raises the runner's Job's parallelism to 2.
 func (h *handOver) Prepare(ctx context.Context) {
 	h.mu.Lock()
-	h.asked = true
+	h.asked = time.Now()
 	h.mu.Unlock()
 
 	rctx, cancel := context.WithTimeout(ctx, LockRequestTimeout)
@@ -133,11 +134,11 @@ wait:
 		switch {
 		case pod != nil:
 			h.mu.Lock()
-			h.successor = pod
+			h.successor, h.waited = pod, time.Since(h.asked)
 			h.mu.Unlock()
 
-			h.r.logf("hand-over: successor %s runs on node %s (%s after the ask): this runner stops, writes its progress and releases the lock",
-				pod.Name, pod.Spec.NodeName, time.Since(start).Round(time.Millisecond))
+			h.r.logf("hand-over: successor %s runs on node %s (%s after the ask, %s after only this runner was left): this runner stops, writes its progress and releases the lock",
+				pod.Name, pod.Spec.NodeName, h.waited.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 			h.stop(errHandedOver)
 
 			return true
@@ -184,16 +185,17 @@ func whyOr(why, or string) string {
 	return why
 }
 
-// handedTo is the successor handed over to, nil when none.
-func (h *handOver) handedTo() *corev1.Pod {
+// handedTo is the successor handed over to, nil when none, and how long it took to run
+// from the ask.
+func (h *handOver) handedTo() (*corev1.Pod, time.Duration) {
 	if h == nil {
-		return nil
+		return nil, 0
 	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 
-	return h.successor
+	return h.successor, h.waited
 }
 
 // ownJob is the name of the Job that owns the runner's pod.
@@ -315,7 +317,7 @@ func (r *Runner) settleParallelism(ctx context.Context, h *handOver) {
 		if alone, err := r.onlyActive(ctx, job); err == nil && alone {
 			h.mu.Lock()
 
-			if !h.asked {
+			if h.asked.IsZero() {
 				if err := r.setParallelism(ctx, job, 1); err != nil {
 					r.logf("could not set the parallelism of job %s back to 1: %v", job, err)
 				} else {

@@ -146,14 +146,16 @@ func TestHandOver(t *testing.T) {
 
 			if tt.handed == "" {
 				assert.NoError(t, stopped, "the run goes on")
-				assert.Nil(t, h.handedTo())
+				to, _ := h.handedTo()
+				assert.Nil(t, to)
 
 				return
 			}
 
 			assert.ErrorIs(t, stopped, errHandedOver, "the engine is stopped")
-			require.NotNil(t, h.handedTo())
-			assert.Equal(t, tt.handed, h.handedTo().Name)
+			to, _ := h.handedTo()
+			require.NotNil(t, to)
+			assert.Equal(t, tt.handed, to.Name)
 		})
 	}
 }
@@ -184,7 +186,12 @@ func TestSettleParallelism(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 
-			r.settleParallelism(ctx, &handOver{r: r, asked: tt.asked})
+			h := &handOver{r: r}
+			if tt.asked {
+				h.asked = time.Now()
+			}
+
+			r.settleParallelism(ctx, h)
 			assert.Equal(t, tt.want, parallelism(t, c))
 		})
 	}

@@ -602,7 +602,7 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 
 		return &ExitError{Code: 1, Err: errLostLock}
 	case errors.Is(cause, errHandedOver):
-		to := r.handOver.handedTo()
+		to, waited := r.handOver.handedTo()
 
 		rep.change(func(s *api.OperationStatus) { s.EndRunner(r.now()) })
 
@@ -610,8 +610,8 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 			r.logf("last progress not written: %v", ferr)
 		}
 
-		events.operation(wctx, "HandedOver", fmt.Sprintf("runner %s on node %s handed over to %s on node %s before its node's reboot",
-			r.Identity, r.Node, to.Name, to.Spec.NodeName), false)
+		events.operation(wctx, "HandedOver", fmt.Sprintf("runner %s on node %s handed over to %s on node %s before its node's reboot (the successor ran %s after the ask)",
+			r.Identity, r.Node, to.Name, to.Spec.NodeName, waited.Round(time.Millisecond)), false)
 		r.logf("handed over to %s: the operation stays Running; the successor continues from here", to.Name)
 
 		return &ExitError{Code: ExitHandedOver, Err: fmt.Errorf("handed over to %s", HolderIdentity(r.Namespace, to.Name))}
