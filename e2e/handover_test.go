@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,9 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 )
 
 // TestTalosJobHandOver upgrades Talos on 3+5 through the Job, 1.13 -> 1.14, with no
@@ -43,19 +44,83 @@ func TestTalosJobHandOver(t *testing.T) {
 	r.requireExit(t, 0)
 	t.Logf("upgraded Talos 3+5 from %s to %s through the Job in %s", talos113, talos114, time.Since(start).Round(time.Millisecond))
 
+	requireHandOvers(t, c, tc, pods, 2)
+
+	// The last runner's log (in the test's log): how it took over.
+	r = c.ichor(t, time.Minute, "logs")
+	r.requireExit(t, 0)
+	assert.Contains(t, r.stdout, "took the lock")
+}
+
+// TestTalosJobHandsOverTwice: the first runner runs on a control plane, and its
+// successor can only land on a worker not upgraded yet (the other control planes
+// take no runner: a taint it does not tolerate), so the successor hands over again
+// when its own node's turn comes. The second successor is the Job's third pod: the
+// first runner's ignored exit may hold it back for the Job's failure backoff, said in
+// the log with the time it took.
+func TestTalosJobHandsOverTwice(t *testing.T) {
+	t.Parallel()
+
+	c := startJobCluster(t, "--workers", "3", "--talos", talos113)
+	addWorkload(t, c, 2)
+
+	ctx := context.Background()
+	noRunner := corev1.Taint{Key: "e2e.ichor.dev/no-runner", Effect: corev1.TaintEffectNoSchedule}
+	workers := []string{"worker-1", "worker-2", "worker-3"}
+
+	for _, w := range workers {
+		require.NoError(t, setTaint(ctx, c, w, noRunner, true))
+	}
+
+	tc := openTalos(t, c)
+	pods := watchJobPods(t, c)
+
+	start := time.Now()
+	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talos114, "--yes", "--detach")
+	r.requireExit(t, 0)
+
+	first := waitForRunner(t, c)
+	require.NotEmpty(t, first)
+
+	p, err := c.Client.CoreV1().Pods(jobNamespace).Get(ctx, first, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Contains(t, controlPlanes, p.Spec.NodeName, "the workers take no runner")
+
+	// From now on only the workers take a runner.
+	for _, n := range append(slices.Clone(controlPlanes), workers...) {
+		require.NoError(t, setTaint(ctx, c, n, noRunner, n != p.Spec.NodeName && slices.Contains(controlPlanes, n)))
+	}
+
+	t.Cleanup(func() {
+		for _, n := range controlPlanes {
+			_ = setTaint(context.Background(), c, n, noRunner, false)
+		}
+	})
+
+	r = c.ichor(t, 10*time.Minute, "status", "--watch")
+	r.requireExit(t, 0)
+	t.Logf("upgraded Talos 3+3 from %s to %s through the Job in %s", talos113, talos114, time.Since(start).Round(time.Millisecond))
+
+	requireHandOvers(t, c, tc, pods, 3)
+}
+
+// requireHandOvers checks a Talos upgrade through the Job that succeeded with at least
+// runners runners, each but the last of which handed over.
+func requireHandOvers(t *testing.T, c *Cluster, tc *countingTalos, pods *jobPods, runners int) {
+	t.Helper()
+
 	requireTalosAt(t, c, tc, talos114)
 	requireNothingCordoned(t, c)
 
 	op := c.operation(t)
 	require.Equal(t, api.PhaseSucceeded, op.Status.Phase)
 
-	runners := op.Status.Runners
-	require.GreaterOrEqual(t, len(runners), 2, "the first runner's node reboots: it hands over")
+	require.GreaterOrEqual(t, len(op.Status.Runners), runners, "every runner's node reboots: it hands over")
 
 	evs := c.Events(t)
 
-	for i, run := range runners[:len(runners)-1] {
-		next := runners[i+1]
+	for i, run := range op.Status.Runners[:len(op.Status.Runners)-1] {
+		next := op.Status.Runners[i+1]
 
 		p := pods.last(run.Pod)
 		require.NotNil(t, p, "runner pod %s seen", run.Pod)
@@ -72,13 +137,13 @@ func TestTalosJobHandOver(t *testing.T) {
 			installed.Sub(cordoned).Round(time.Millisecond))
 	}
 
-	last := pods.last(runners[len(runners)-1].Pod)
+	last := pods.last(op.Status.Runners[len(op.Status.Runners)-1].Pod)
 	require.NotNil(t, last)
 	assert.Equal(t, corev1.PodSucceeded, last.Status.Phase)
 
 	// Every pod the Job created took the lock: none was a replacement of a failure.
-	names := make([]string, 0, len(runners))
-	for _, run := range runners {
+	names := make([]string, 0, len(op.Status.Runners))
+	for _, run := range op.Status.Runners {
 		names = append(names, run.Pod)
 	}
 
@@ -103,6 +168,14 @@ func TestTalosJobHandOver(t *testing.T) {
 	assert.Equal(t, int32(0), j.Status.Failed, "a hand-over is ignored by the podFailurePolicy: no failure counted")
 	assert.Equal(t, int32(1), j.Status.Succeeded)
 	assert.Equal(t, int32(1), *j.Spec.Parallelism, "the holder set the parallelism back to 1")
+
+	handed, err := c.Client.CoreV1().Events(jobNamespace).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=HandedOver"})
+	require.NoError(t, err)
+	assert.Len(t, handed.Items, len(op.Status.Runners)-1, "one HandedOver event per hand-over")
+
+	for _, e := range handed.Items {
+		t.Logf("%s: %s", e.Reason, e.Message)
+	}
 
 	for _, e := range evs {
 		if e.Component == events.TalosInstall {
