@@ -91,9 +91,18 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (i
 		last, keep = "", opts.SelfPod
 	}
 
-	if keep != "" && name == opts.Self {
+	// Before a reboot of its node, the runner hands its work to a successor
+	// started elsewhere (the node is cordoned) rather than be evicted.
+	var beforeLast func(context.Context) bool
+
+	switch {
+	case keep != "" && name == opts.Self:
 		e.node(stage, name, PhaseDraining, "draining (bound %s); the runner's own pod %s stays on it", opts.DrainTimeout, keep)
-	} else {
+	case last != "" && name == opts.Self && opts.HandOver != nil:
+		e.node(stage, name, PhaseDraining, "draining (bound %s); the runner hands over to a successor pod before its own pod's turn", opts.DrainTimeout)
+		opts.HandOver.Prepare(ctx)
+		beforeLast = opts.HandOver.Complete
+	default:
 		e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
 	}
 
@@ -103,6 +112,7 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (i
 		EvictRetryDelay: e.evictRetryDelay,
 		Last:            last,
 		Keep:            keep,
+		BeforeLast:      beforeLast,
 		OnEvicted: func(pod string) {
 			e.node(stage, name, PhaseDraining, "evicted %s", pod)
 		},
@@ -123,4 +133,21 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (i
 	}
 
 	return evicted, nil
+}
+
+// HandOver is how the runner leaves its own node before that node's reboot
+// without being evicted: an eviction fails its pod, and the Job creates the
+// replacement only after its pod failure backoff (10 s), on the critical path.
+// Instead a successor pod is started while the node's other pods are drained,
+// and the run stops once it is up; the successor takes the lock and continues
+// from the state, with this node's drain.
+type HandOver interface {
+	// Prepare asks for a successor pod: called once the drain of Self, which
+	// is cordoned, starts. It returns at once; a failure is said, and
+	// Complete then returns false.
+	Prepare(ctx context.Context)
+	// Complete waits, bounded, for the successor: true means it runs and the
+	// run stops here (ctx is cancelled before Complete returns); false means
+	// there is none, and the drain evicts the runner's pod as it would have.
+	Complete(ctx context.Context) bool
 }

@@ -261,6 +261,10 @@ type Options struct {
 	// reboots (or restarts the kubelet of) its own node and the Job's next pod
 	// continues from the state.
 	StayOnNode bool
+	// HandOver, when not nil, moves the runner to a successor pod before the
+	// drain of Self before its reboot would evict it (see HandOver); nil: the
+	// drain evicts SelfPod last.
+	HandOver HandOver
 	// PullOnly pre-pulls what the upgrade needs on the nodes that would take it, every
 	// stage's images (a Talos upgrade's installers), and changes nothing: no check,
 	// cordon, drain or apply. A path runs it for each of its hops before its first

@@ -59,7 +59,7 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 		return nil, fmt.Errorf("list the pods of %s: %w", describe("job", c.Namespace, j.Name), err)
 	}
 
-	if p := newestPod(pods.Items); p != nil && p.Status.Phase == corev1.PodFailed && !hasDisruption(p) {
+	if p := newestPod(pods.Items); p != nil && p.Status.Phase == corev1.PodFailed && !hasDisruption(p) && !handedOver(p) {
 		why := ""
 
 		for _, cs := range p.Status.ContainerStatuses {
@@ -178,6 +178,19 @@ func newestPod(pods []corev1.Pod) *corev1.Pod {
 func hasDisruption(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+
+	return false
+}
+
+// handedOver reports whether a runner pod ended by handing the operation over to a
+// successor pod of its Job (ExitHandedOver): the Job ignores it, and the successor runs
+// on.
+func handedOver(p *corev1.Pod) bool {
+	for _, cs := range p.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil && cs.Name == ContainerName && t.ExitCode == ExitHandedOver {
 			return true
 		}
 	}

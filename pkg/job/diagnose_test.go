@@ -30,6 +30,9 @@ func TestDiagnose(t *testing.T) {
 	evicted := runnerPod("pod-c", op.Status.Job, corev1.PodFailed)
 	evicted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}
 
+	handed := runnerPod("pod-d", op.Status.Job, corev1.PodFailed)
+	handed.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: ContainerName, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: ExitHandedOver}}}}
+
 	rebooting := testOperation("op-1", api.PhaseRunning)
 	rebooting.Status.Nodes = []api.NodeStatus{{Name: "worker-1", Stage: "Talos", Phase: "Upgrading"}}
 
@@ -56,6 +59,7 @@ func TestDiagnose(t *testing.T) {
 			want: "runner pod pod-b failed (exit code 1); the Job tries again (0 failures of 6 allowed): read kubectl ichor logs",
 		},
 		{name: "an eviction is no failure", objs: []runtime.Object{runnerJob(op.Status.Job), evicted}},
+		{name: "a hand-over is no failure", objs: []runtime.Object{runnerJob(op.Status.Job), handed}},
 		{
 			name: "runner on a lost node", objs: []runtime.Object{runnerJob(op.Status.Job), onNode("pod-a", op.Status.Job, "worker-1"), lostNode("worker-1")},
 			want: "runner pod pod-a is on node worker-1, not Ready (for 2m0s: NodeStatusUnknown): the Job starts another runner once that pod is gone, " +

@@ -24,6 +24,10 @@ const (
 	// ExitFinal means this runner must never run again: the operation was aborted or
 	// replaced, or its state cannot be read. The Job fails at once.
 	ExitFinal = 4
+	// ExitHandedOver means the runner handed the operation to a successor pod of its
+	// Job, which holds the lock, before its own node's reboot: the Job ignores it (no
+	// failure counted) and, its successor running, starts no other pod.
+	ExitHandedOver = 5
 )
 
 // Job settings.
@@ -77,12 +81,16 @@ func LockRules() []rbacv1.PolicyRule {
 	}
 }
 
-// RoleRules are the runner's permissions in its own namespace: the state, and the
-// deletion of its Talos credentials (the talos.dev ServiceAccount, the Secret Talos wrote
-// for it, a copied talosconfig) once the operation succeeded.
+// RoleRules are the runner's permissions in its own namespace: the state; its Job's
+// parallelism, which a hand-over raises to start a successor pod and the lock's holder
+// sets back to 1 (the Jobs there are the product's own; their pod template cannot
+// change once created); and the deletion of its Talos credentials (the talos.dev
+// ServiceAccount, the Secret Talos wrote for it, a copied talosconfig) once the
+// operation succeeded.
 func RoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: []string{StateName}},
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"delete"}, ResourceNames: []string{LocalTalosconfigName, TalosAccountName}},
 		{APIGroups: []string{TalosAccountResource.Group}, Resources: []string{TalosAccountResource.Resource}, Verbs: []string{"delete"}, ResourceNames: []string{TalosAccountName}},
 	}
@@ -265,7 +273,8 @@ const StayOnNodeEnv = "ICHOR_STAY_ON_NODE"
 // Job is the Job that runs an operation: the plugin's own binary (`kubectl-ichor run`) in
 // its release image, under the runner's ServiceAccount, with the Talos credentials mounted
 // where Talos' client looks in a pod. An eviction costs no retry (DisruptionTarget is
-// ignored); a pause or an abort fails the Job at once; a crash is retried a few times, and
+// ignored), and so does a hand-over to a successor pod (ExitHandedOver); a pause or an
+// abort fails the Job at once; a crash is retried a few times, and
 // every new pod continues from the state ConfigMap.
 func Job(p JobParams) *batchv1.Job {
 	labels := commonLabels(map[string]string{LabelOperation: p.Operation})
@@ -291,12 +300,24 @@ func Job(p JobParams) *batchv1.Job {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
 		ObjectMeta: metav1.ObjectMeta{Name: JobName(p.Operation, p.Attempt), Namespace: p.Namespace, Labels: labels},
 		Spec: batchv1.JobSpec{
+			// One pod at a time; a hand-over raises it to 2 a moment (handover.go). Set, so
+			// that completions stays unset (with neither, the API server sets both to 1, and
+			// completions 1 allows no second pod): a pod that succeeds ends the Job.
+			Parallelism:             ptr.To[int32](1),
 			BackoffLimit:            ptr.To[int32](BackoffLimit),
 			TTLSecondsAfterFinished: ptr.To[int32](TTLAfterFinished),
 			PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
 				{
 					Action:          batchv1.PodFailurePolicyActionIgnore,
 					OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+				},
+				{
+					Action: batchv1.PodFailurePolicyActionIgnore,
+					OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{
+						ContainerName: ptr.To(ContainerName),
+						Operator:      batchv1.PodFailurePolicyOnExitCodesOpIn,
+						Values:        []int32{ExitHandedOver},
+					},
 				},
 				{
 					Action: batchv1.PodFailurePolicyActionFailJob,

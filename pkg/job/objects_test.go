@@ -33,12 +33,17 @@ func TestJobSpec(t *testing.T) {
 	assert.Equal(t, int32(TTLAfterFinished), *j.Spec.TTLSecondsAfterFinished)
 
 	rules := j.Spec.PodFailurePolicy.Rules
-	require.Len(t, rules, 2)
+	require.Len(t, rules, 3)
 	assert.Equal(t, batchv1.PodFailurePolicyActionIgnore, rules[0].Action, "an eviction costs no retry")
 	assert.Equal(t, corev1.DisruptionTarget, rules[0].OnPodConditions[0].Type)
-	assert.Equal(t, batchv1.PodFailurePolicyActionFailJob, rules[1].Action, "a pause is never retried")
-	assert.Equal(t, []int32{ExitPaused, ExitFinal}, rules[1].OnExitCodes.Values)
+	assert.Equal(t, batchv1.PodFailurePolicyActionIgnore, rules[1].Action, "a hand-over costs no retry")
+	assert.Equal(t, []int32{ExitHandedOver}, rules[1].OnExitCodes.Values)
 	assert.Equal(t, ContainerName, *rules[1].OnExitCodes.ContainerName)
+	assert.Equal(t, batchv1.PodFailurePolicyActionFailJob, rules[2].Action, "a pause is never retried")
+	assert.Equal(t, []int32{ExitPaused, ExitFinal}, rules[2].OnExitCodes.Values)
+	assert.Equal(t, ContainerName, *rules[2].OnExitCodes.ContainerName)
+	assert.Nil(t, j.Spec.Completions, "a pod's success ends the Job: a hand-over exits otherwise")
+	assert.Equal(t, int32(1), *j.Spec.Parallelism, "set, or the API server sets completions to 1, which allows no second pod")
 
 	pod := j.Spec.Template.Spec
 	assert.Equal(t, "kubernetes-v1-36-3-abcde", j.Spec.Template.Labels[LabelOperation])
@@ -123,6 +128,8 @@ func TestRBACIsExact(t *testing.T) {
 		"delete secrets ichor-talosconfig,ichor-talos",
 		"delete serviceaccounts.talos.dev ichor-talos",
 		"get configmaps ichor-state",
+		"get jobs.batch",
+		"patch jobs.batch",
 		"update configmaps ichor-state",
 	}, flatRules(RoleRules()))
 

@@ -107,6 +107,9 @@ type Runner struct {
 	// nodes is the watch of the Nodes while the runner leads: every engine it
 	// builds reads the Nodes from it, and its events the Nodes' UIDs.
 	nodes *kube.Nodes
+	// handOver is the hand-over of the run that leads; nil for a runner that stays on
+	// its node.
+	handOver *handOver
 }
 
 var (
@@ -270,6 +273,11 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	r.releaseOwnLock(ctx)
 
+	var exit *ExitError
+	if errors.As(result, &exit) && exit.Code == ExitHandedOver {
+		r.awaitSuccessor(ctx)
+	}
+
 	if result == nil {
 		// The lock is released: the runner's credentials go, the state stays.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RenewDeadline)
@@ -415,6 +423,14 @@ func (r *Runner) lead(ctx, lctx context.Context, id string, fence func(context.C
 
 	events.operation(ctx, "Running", fmt.Sprintf("runner %s took the lock (run %d)", r.Identity, op.Status.Runs), false)
 
+	if !r.StayOnNode {
+		h := &handOver{r: r, stop: stop}
+		r.handOver = h
+		defer func() { r.handOver = nil }()
+
+		go r.settleParallelism(engCtx, h)
+	}
+
 	rep := newReporter(r.store(), op, events, r.now, r.logf, func() { stop(errAborted) })
 	rep.identity, rep.fence, rep.lost, rep.setTimeout = r.Identity, fence, func() { stop(errLostLock) }, r.StateWriteTimeout
 	go rep.loop(engCtx)
@@ -461,6 +477,10 @@ func (r *Runner) runHops(ctx context.Context, op *api.Operation, rep *reporter, 
 		opts := engineOptions(op.Spec, hop, r.Node)
 		opts.SelfPod = r.Namespace + "/" + r.Identity
 		opts.StayOnNode = r.StayOnNode
+
+		if r.handOver != nil {
+			opts.HandOver = r.handOver
+		}
 
 		if err := r.runEngine(ctx, opts, rep, rep); err != nil || !path {
 			return err
@@ -581,6 +601,20 @@ func (r *Runner) finish(ctx, engCtx context.Context, rep *reporter, events *even
 		r.logf("lost the lock: stopped without writing; the holder carries on")
 
 		return &ExitError{Code: 1, Err: errLostLock}
+	case errors.Is(cause, errHandedOver):
+		to, waited := r.handOver.handedTo()
+
+		rep.change(func(s *api.OperationStatus) { s.EndRunner(r.now()) })
+
+		if ferr := rep.flush(wctx); ferr != nil {
+			r.logf("last progress not written: %v", ferr)
+		}
+
+		events.operation(wctx, "HandedOver", fmt.Sprintf("runner %s on node %s handed over to %s on node %s before its node's reboot (the successor ran %s after the ask)",
+			r.Identity, r.Node, to.Name, to.Spec.NodeName, waited.Round(time.Millisecond)), false)
+		r.logf("handed over to %s: the operation stays Running; the successor continues from here", to.Name)
+
+		return &ExitError{Code: ExitHandedOver, Err: fmt.Errorf("handed over to %s", HolderIdentity(r.Namespace, to.Name))}
 	case errors.Is(cause, errAborted):
 		r.logf("the operation was aborted: stopped")
 

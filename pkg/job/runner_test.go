@@ -186,10 +186,13 @@ func TestRunnerSucceeds(t *testing.T) {
 	assert.Contains(t, f.out.String(), "deleted clusterrole ichor-runner:ichor-system")
 
 	assert.True(t, memoDurable)
+	opts := f.cfg.Options
+	assert.NotNil(t, opts.HandOver, "the runner hands over before its node's reboot")
+	opts.HandOver = nil
 	assert.Equal(t, engine.Options{
 		Kind: engine.KindKubernetes, Target: "v1.36.3", MaxUnavailable: 1, Self: "cp-2", SelfPod: "ichor-system/runner-pod-1", DrainTimeout: 7 * time.Minute,
 		PullTimeout: 3 * time.Minute, PullConcurrency: 8,
-	}, f.cfg.Options, "the runner's own pod is evicted last on its node")
+	}, opts, "the runner's own pod is evicted last on its node")
 
 	s := f.state(t).Status
 	assert.Equal(t, api.PhaseSucceeded, s.Phase)

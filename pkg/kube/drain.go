@@ -133,6 +133,11 @@ type Drainer struct {
 	// replacement would come back to this node). The drain ends once every
 	// other pod is gone.
 	Keep string
+	// BeforeLast, when not nil, is called once only Last is left, before its
+	// eviction: true means Last leaves by itself (the runner handed its work
+	// to a successor and stops: see engine.HandOver), so it is not evicted and
+	// the drain waits for it to go, or for ctx to end.
+	BeforeLast func(ctx context.Context) bool
 }
 
 // Drain drains node and returns how many pods it evicted. Its error says
@@ -176,6 +181,10 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 				case <-evictCtx.Done():
 					return
 				case <-w.set.onlyLeft(d.Last):
+				}
+
+				if d.BeforeLast != nil && d.BeforeLast(evictCtx) {
+					return
 				}
 			}
 

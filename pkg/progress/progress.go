@@ -72,7 +72,8 @@ type Stage struct {
 //   - the runner's replacement, once, before the batch that drains the node
 //     the runner runs on (or, when its pod stays on its node for want of
 //     another, reboots it): the median of the replacements measured, else
-//     the Job's failure backoff plus that pod start.
+//     that pod start when the runner hands over to a successor, plus the
+//     Job's failure backoff when it stays on its node through the reboot.
 //
 // The item under way has been going since the last batch or step done (a
 // rollout: since it was last observed).
@@ -507,7 +508,8 @@ func (m *model) replaced(work stages.Work) bool {
 
 // replacement is the runner's replacement after its node's drain: the
 // median of those measured (a runner that took over from one stopped, not
-// paused), else the Job's failure backoff and a pod's start.
+// paused), else a pod's start for a runner that hands over, and the Job's
+// failure backoff and a pod's start for one that stays on its node.
 func (m *model) replacement() time.Duration {
 	var measured []time.Duration
 
@@ -520,6 +522,16 @@ func (m *model) replacement() time.Duration {
 	if len(measured) > 0 {
 		d := median(measured)
 		m.note(fmt.Sprintf("runner replacement %s measured", d.Round(100*time.Millisecond)))
+
+		return d
+	}
+
+	// A runner that can leave its node hands over to a successor pod the Job starts
+	// at once (no failure, no backoff); one that stays on it dies with the reboot, and
+	// the Job replaces it after its failure backoff.
+	if n := len(m.op.Status.Runners); n > 0 && !m.op.Status.Runners[n-1].StaysOnNode {
+		d := m.podStart()
+		m.note(fmt.Sprintf("runner hand-over %s (a pod's start)", d.Round(100*time.Millisecond)))
 
 		return d
 	}

@@ -242,11 +242,11 @@ func TestRunnerReplacement(t *testing.T) {
 		return p
 	}
 
-	t.Run("to come: the Job's backoff and a pod's start", func(t *testing.T) {
+	t.Run("to come: a hand-over, a pod's start", func(t *testing.T) {
 		p := progress.Of(base().op, plan(), at(40))
 
-		assert.InDelta(t, 12+10, left(t, p), 1, "the replacement, then the last batch")
-		assert.Contains(t, p.Basis, "runner replacement 12s (the Job's backoff and a pod's start)")
+		assert.InDelta(t, 2+10, left(t, p), 1, "the hand-over, then the last batch")
+		assert.Contains(t, p.Basis, "runner hand-over 2s (a pod's start)")
 	})
 
 	t.Run("under way: the time without a runner counts", func(t *testing.T) {
@@ -254,9 +254,9 @@ func TestRunnerReplacement(t *testing.T) {
 		job.SetNode(&tl.op.Status, "TalosOS", "worker-2", engine.PhaseDraining, "", at(41))
 		tl.op.Status.EndRunner(at(42))
 
-		p := progress.Of(tl.op, plan(), at(46))
+		p := progress.Of(tl.op, plan(), at(43))
 
-		assert.InDelta(t, 12-4+10, left(t, p), 1)
+		assert.InDelta(t, 2-1+10, left(t, p), 1)
 	})
 
 	t.Run("done: measured, and in no batch", func(t *testing.T) {
