@@ -24,9 +24,13 @@ type upgradeKind struct {
 	name string
 	// what is the plugin's: kubectl-ichor upgrade WHAT --to TO.
 	what string
-	// talos and kubernetes are the cluster's versions at the start, to the
-	// upgrade's target.
-	talos, kubernetes, to string
+	// talos and kubernetes are the cluster's versions at the start, from the
+	// one the upgrade moves, to its target.
+	talos, kubernetes, from, to string
+	// sizes are the benchmark's cluster sizes and their own --max-unavailable.
+	sizes func(o options) ([]int, map[int]int)
+	// timelines begins the name of each run's picture.
+	timelines string
 	// formula is bound's, for the summary.
 	formula string
 	// bound is the critical path of an upgrade of cps control planes and
@@ -39,26 +43,19 @@ type upgradeKind struct {
 
 var (
 	kubernetesUpgrade = upgradeKind{
-		name: "upgrade", what: "kubernetes", talos: talosVersion, kubernetes: fromVersion, to: toVersion,
-		formula: boundFormula, peer: true,
+		name: "upgrade", what: "kubernetes", talos: talosVersion, kubernetes: fromVersion, from: fromVersion, to: toVersion,
+		sizes:     func(o options) ([]int, map[int]int) { return o.upgradeSizes, o.sizeMU },
+		timelines: "timeline-", formula: boundFormula, peer: true,
 		bound: func(l Latencies, cps, workers, mu int, evs []events.Event) Bound {
 			return lowerBound(l, cps, workers, mu, daemonSetPace(evs))
 		},
 	}
 	talosUpgrade = upgradeKind{
-		name: "talos", what: "talos", talos: talosFrom, kubernetes: talosKubernetes, to: talosTo,
-		formula: talosBoundFormula,
+		name: "talos", what: "talos", talos: talosFrom, kubernetes: talosKubernetes, from: talosFrom, to: talosTo,
+		sizes:     func(o options) ([]int, map[int]int) { return o.talosSizes, o.talosMU },
+		timelines: "timeline-talos-", formula: talosBoundFormula,
 		bound: func(l Latencies, cps, workers, mu int, _ []events.Event) Bound {
 			return talosBound(l, cps, workers, mu)
 		},
 	}
 )
-
-// from is the version the upgrade starts from.
-func (k upgradeKind) from() string {
-	if k.what == "talos" {
-		return k.talos
-	}
-
-	return k.kubernetes
-}

@@ -41,11 +41,10 @@ func runUpgrade(ctx context.Context, o options, k upgradeKind) error {
 	}
 
 	o.compare = o.compare && k.peer
-	sizes := o.upgradeSizes
 
-	if k.what == "talos" {
-		sizes, o.sizeMU = o.talosSizes, o.talosMU
-	}
+	var sizes []int
+
+	sizes, o.sizeMU = k.sizes(o)
 
 	if o.compare {
 		if _, err := os.Stat(o.talosctl); err != nil {
@@ -262,12 +261,9 @@ func upgradeOnce(ctx context.Context, o options, k upgradeKind, c *simCluster, r
 
 	t.Title = fmt.Sprintf("kubectl-ichor upgrade %s --to %s --max-unavailable %d, %d+%d nodes", k.what, k.to, r.MaxUnavailable, r.ControlPlanes, r.Workers)
 	t.Subtitle = fmt.Sprintf("wall %.1fs, bound %.1fs (%.2f x); %s -> %s (Kubernetes %s, Talos %s at the start); load average %s at the start, %s at the end",
-		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, k.from(), k.to, k.kubernetes, k.talos, r.LoadAvgBefore, r.LoadAvgAfter)
+		r.WallSeconds, r.LowerBound.Seconds, r.Ratio, k.from, k.to, k.kubernetes, k.talos, r.LoadAvgBefore, r.LoadAvgAfter)
 
-	name := fmt.Sprintf("timeline-%d-nodes-mu%d.svg", r.Nodes, r.MaxUnavailable)
-	if k.what == "talos" {
-		name = "timeline-talos-" + strings.TrimPrefix(name, "timeline-")
-	}
+	name := fmt.Sprintf("%s%d-nodes-mu%d.svg", k.timelines, r.Nodes, r.MaxUnavailable)
 	if err := os.WriteFile(filepath.Join(o.out, name), svgTimeline(t), 0o644); err != nil {
 		return err
 	}
