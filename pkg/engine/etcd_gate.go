@@ -19,7 +19,9 @@ func (r *talosRun) etcdGate(ctx context.Context, n *osNode) error {
 
 	r.e.node(stage, name, PhasePending, "checking etcd: every member's status and quorum without %s", name)
 
-	verdict := r.readEtcd(ctx).Judge(name)
+	// Nothing is changed on the node yet, and the gates right before its
+	// install and its reboot read etcd again: a view of the last second does.
+	verdict := r.lookEtcd(ctx).Judge(name)
 
 	switch {
 	case ctx.Err() != nil:
@@ -63,15 +65,17 @@ func (r *talosRun) stillCordoned(name string) string {
 	return ""
 }
 
-// readEtcd reads etcd through the control planes, the two passes
-// etcdProgressGap apart (see ReadEtcdProgress).
+// readEtcd reads etcd through the control planes, judged on two passes at
+// least EtcdProgressGap apart; a read soon after the one before takes that
+// one's last pass as its first (see stages.EtcdChain).
 func (r *talosRun) readEtcd(ctx context.Context) *stages.EtcdView {
-	gap := r.e.etcdGap
-	if gap <= 0 {
-		gap = stages.EtcdProgressGap
-	}
+	return r.etcd.Read(ctx)
+}
 
-	return stages.ReadEtcdProgress(ctx, r.e.Talos, r.etcdNodes, gap)
+// lookEtcd is readEtcd for a look that changes nothing by itself: the last
+// view when its last pass is under a gap old (stages.EtcdChain.Recent).
+func (r *talosRun) lookEtcd(ctx context.Context) *stages.EtcdView {
+	return r.etcd.Recent(ctx)
 }
 
 // The moments a node is gated at again (gateBefore): the cordon's gate is

@@ -158,9 +158,16 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 		var verdict stages.EtcdVerdict
 
 		// ReadEtcd bounds each of its calls; it reads several in turn, so it
-		// gets the run's ctx, not the poll's short one.
+		// gets the run's ctx, not the poll's short one. The first look takes
+		// a view of the last second (the node before it was verified on it,
+		// or a resumed run's node before it): only a member that rejoined
+		// passes; the next looks read anew.
+		look := r.lookEtcd
+
 		err := r.pollUntil(ctx, deadline, bound, func(context.Context) (bool, string, error) {
-			verdict = r.readEtcd(ctx).Judge("")
+			verdict = look(ctx).Judge("")
+			look = r.readEtcd
+
 			if waiting := verdict.Rejoined(name); waiting != "" {
 				return false, "etcd: " + waiting, nil
 			}

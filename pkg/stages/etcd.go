@@ -114,11 +114,24 @@ func ReadEtcd(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode) *Etcd
 // member answered without errors. Each call is bounded; nothing here
 // fails: what could not be read is in the view, for Judge.
 func ReadEtcdProgress(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode, gap time.Duration) *EtcdView {
-	v := &EtcdView{ControlPlanes: controlPlanes, Gap: gap}
+	before, failed := readEtcdStatuses(ctx, r, controlPlanes)
 
-	var failed map[string]error
+	select {
+	case <-ctx.Done():
+	case <-time.After(gap):
+	}
 
-	v.Before, failed = readEtcdStatuses(ctx, r, controlPlanes)
+	return readEtcdAfter(ctx, r, controlPlanes, before, failed, gap)
+}
+
+// readEtcdAfter is the second half of a read: the statuses again of the
+// control planes that answered the first pass (before; failed says why the
+// others did not, and stands), gap after it, then the member list and the
+// alarms.
+func readEtcdAfter(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode,
+	before map[string]talos.EtcdStatus, failed map[string]error, gap time.Duration,
+) *EtcdView {
+	v := &EtcdView{ControlPlanes: controlPlanes, Gap: gap, Before: before}
 
 	answered := make([]EtcdNode, 0, len(controlPlanes))
 
@@ -126,11 +139,6 @@ func ReadEtcdProgress(ctx context.Context, r EtcdReader, controlPlanes []EtcdNod
 		if _, ok := v.Before[n.Name]; ok {
 			answered = append(answered, n)
 		}
-	}
-
-	select {
-	case <-ctx.Done():
-	case <-time.After(gap):
 	}
 
 	v.Status, v.StatusErr = readEtcdStatuses(ctx, r, answered)

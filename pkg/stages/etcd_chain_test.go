@@ -1,0 +1,215 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
+)
+
+// movingEtcd is three members on a clock: the leader commits 100 entries a
+// second and the followers keep up, except one stalled from stalledAt on.
+// It counts the status calls.
+type movingEtcd struct {
+	mu        sync.Mutex
+	t         time.Duration // since the test began
+	stalled   string        // an IP whose member stops applying at stalledAt
+	stalledAt time.Duration
+	down      map[string]bool
+	calls     int
+}
+
+var chainNodes = []EtcdNode{{"cp-1", "10.0.0.11"}, {"cp-2", "10.0.0.12"}, {"cp-3", "10.0.0.13"}}
+
+func (m *movingEtcd) EtcdStatus(_ context.Context, ip string) (talos.EtcdStatus, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	m.calls++
+
+	if m.down[ip] {
+		return talos.EtcdStatus{}, errors.New("connection refused")
+	}
+
+	id := map[string]uint64{"10.0.0.11": 1, "10.0.0.12": 2, "10.0.0.13": 3}[ip]
+
+	at := m.t
+	if ip == m.stalled && at > m.stalledAt {
+		at = m.stalledAt
+	}
+
+	index := 9000 + uint64(at/(10*time.Millisecond))
+
+	return talos.EtcdStatus{MemberID: id, Leader: 1, RaftTerm: 3, RaftIndex: index, RaftAppliedIndex: index}, nil
+}
+
+func (m *movingEtcd) EtcdMembers(context.Context, string) ([]talos.EtcdMember, error) {
+	return []talos.EtcdMember{{ID: 1, Hostname: "cp-1"}, {ID: 2, Hostname: "cp-2"}, {ID: 3, Hostname: "cp-3"}}, nil
+}
+
+func (m *movingEtcd) EtcdAlarms(context.Context, string) ([]talos.EtcdAlarm, error) { return nil, nil }
+
+// advance moves the clock on by d.
+func (m *movingEtcd) advance(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	m.t += d
+}
+
+// read is one chained read: how many status calls it made, how long it
+// waited, and its view.
+func (m *movingEtcd) read(c *EtcdChain) (int, time.Duration, *EtcdView) {
+	m.mu.Lock()
+	calls, t := m.calls, m.t
+	m.mu.Unlock()
+
+	v := c.Read(context.Background())
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	return m.calls - calls, m.t - t, v
+}
+
+func chainOver(m *movingEtcd) *EtcdChain {
+	epoch := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+
+	return &EtcdChain{
+		Reader: m, ControlPlanes: chainNodes, Gap: time.Second,
+		now: func() time.Time {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+
+			return epoch.Add(m.t)
+		},
+		sleep: func(_ context.Context, d time.Duration) { m.advance(d) },
+	}
+}
+
+// TestEtcdChainReadsOnePassSoonAfter: a read soon after another (a control
+// plane's gate before its install, after the one before its cordon and a
+// short drain) takes the last pass as its first: one pass and what is left of
+// the gap; a read long after is two passes and the whole gap again.
+func TestEtcdChainReadsOnePassSoonAfter(t *testing.T) {
+	m := &movingEtcd{}
+	c := chainOver(m)
+
+	calls, waited, first := m.read(c)
+	assert.Equal(t, 6, calls, "the first read: two passes")
+	assert.Equal(t, time.Second, waited)
+	assert.True(t, first.Judge("cp-2").Healthy(), first.Judge("cp-2").Describe())
+
+	m.advance(400 * time.Millisecond) // the drain
+
+	calls, waited, second := m.read(c)
+	assert.Equal(t, 3, calls, "soon after: one pass")
+	assert.Equal(t, 600*time.Millisecond, waited, "what was left of the gap")
+	assert.Equal(t, first.Status, second.Before, "the last pass is the first")
+	assert.Equal(t, time.Second, second.Gap)
+	assert.True(t, second.Judge("cp-2").Healthy(), second.Judge("cp-2").Describe())
+
+	m.advance(1500 * time.Millisecond) // the install: the last pass began 1.5s ago
+
+	calls, waited, third := m.read(c)
+	assert.Equal(t, 3, calls, "within two gaps of the last pass: one pass")
+	assert.Zero(t, waited)
+	assert.Equal(t, 1500*time.Millisecond, third.Gap)
+
+	m.advance(2100 * time.Millisecond) // the reboot: more than two gaps
+
+	calls, waited, _ = m.read(c)
+	assert.Equal(t, 6, calls, "long after: two passes")
+	assert.Equal(t, time.Second, waited)
+}
+
+// TestEtcdChainCatchesAStall: a member that stopped applying is judged
+// behind by a chained read, as by a two-pass one. It stalled 200ms before the
+// first read's second pass: too short a stall for that read to see (the gap
+// is 1s), not for the next.
+func TestEtcdChainCatchesAStall(t *testing.T) {
+	m := &movingEtcd{stalled: "10.0.0.12", stalledAt: 800 * time.Millisecond}
+	c := chainOver(m)
+
+	_, _, first := m.read(c)
+	require.True(t, first.Judge("cp-3").Healthy(), first.Judge("cp-3").Describe())
+
+	m.advance(300 * time.Millisecond)
+
+	calls, _, second := m.read(c)
+	require.Equal(t, 3, calls, "chained")
+
+	verdict := second.Judge("cp-3")
+	assert.False(t, verdict.Healthy())
+	assert.Contains(t, verdict.Describe(), "member cp-2 raft index 9080 is 20 behind the leader's 9100 of 1s before: it does not keep up")
+}
+
+// TestEtcdChainStartsAfreshAfterAMemberFailed: a pass a member did not
+// answer is no first pass for the next read, which reads two again.
+func TestEtcdChainStartsAfreshAfterAMemberFailed(t *testing.T) {
+	m := &movingEtcd{down: map[string]bool{"10.0.0.13": true}}
+	c := chainOver(m)
+
+	calls, _, first := m.read(c)
+	assert.Equal(t, 5, calls, "cp-3 is not asked again in the second pass")
+	assert.Contains(t, first.Judge("cp-1").Describe(), "member cp-3 does not answer etcd status")
+
+	m.down = nil
+
+	calls, waited, second := m.read(c)
+	assert.Equal(t, 6, calls, "two passes")
+	assert.Equal(t, time.Second, waited)
+	assert.True(t, second.Judge("cp-1").Healthy(), second.Judge("cp-1").Describe())
+
+	calls, _, _ = m.read(c)
+	assert.Equal(t, 3, calls, "every member answered the last pass: chained again")
+}
+
+// TestEtcdChainRecent: a look within a gap of the last pass is that view,
+// with no call; later, or after a read a member did not answer, it reads.
+func TestEtcdChainRecent(t *testing.T) {
+	m := &movingEtcd{}
+	c := chainOver(m)
+
+	_, _, first := m.read(c)
+
+	m.advance(900 * time.Millisecond)
+
+	calls, waited, v := m.look(c)
+	assert.Zero(t, calls)
+	assert.Zero(t, waited)
+	assert.Same(t, first, v)
+
+	m.advance(200 * time.Millisecond)
+
+	calls, _, v = m.look(c)
+	assert.Equal(t, 3, calls, "more than a gap since the last pass began: a chained read")
+	assert.NotSame(t, first, v)
+
+	m.down = map[string]bool{"10.0.0.13": true}
+	_, _, _ = m.read(c)
+	m.down = nil
+
+	calls, _, _ = m.look(c)
+	assert.Equal(t, 6, calls, "the last read missed a member: a read of two passes")
+}
+
+// look is read's Recent.
+func (m *movingEtcd) look(c *EtcdChain) (int, time.Duration, *EtcdView) {
+	m.mu.Lock()
+	calls, t := m.calls, m.t
+	m.mu.Unlock()
+
+	v := c.Recent(context.Background())
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	return m.calls - calls, m.t - t, v
+}
