@@ -58,7 +58,7 @@ func TestLaunch(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{
 		"create daemonsets.apps kube-proxy", "create leases.coordination.k8s.io", "get daemonsets.apps kube-proxy",
-		"get leases.coordination.k8s.io ichor-lock", "patch daemonsets.apps kube-proxy", "update leases.coordination.k8s.io ichor-lock",
+		"get leases.coordination.k8s.io ichor-lock", "patch daemonsets.apps kube-proxy", "update leases.coordination.k8s.io ichor-lock", "watch leases.coordination.k8s.io ichor-lock",
 	}, flatRules(role.Rules), "the manifests' kube-system objects and the cluster's one lock")
 	assert.Equal(t, cr.Name, role.OwnerReferences[0].Name, "the ClusterRole owns the runner's other objects")
 	_, err = f.kube.CoreV1().Namespaces().Get(ctx, "ichor-system", metav1.GetOptions{})

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -220,6 +222,56 @@ func releaseLock(ctx context.Context, client kubernetes.Interface, lock *Lock) e
 }
 
 var errLockChanged = errors.New("another runner took it meanwhile")
+
+// awaitRelease watches the lock, read as lock and held by another, for up to
+// bound and returns once its holder has released it or another holds it: a
+// runner waiting for a lock that is about to be released (the runner it
+// takes over from in a hand-over) then tries for it at once, rather than at
+// its elector's next retry (RetryPeriod and up to 1.2 times as much again:
+// 2 to 4.4 s later). It returns at bound, when ctx ends or when the watch
+// cannot be had or ends (an older Role without the watch): the elector's
+// own retries go on from there, as without it. It reports whether the lock
+// was released.
+func awaitRelease(ctx context.Context, client kubernetes.Interface, lock *Lock, bound time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+
+	w, err := client.CoordinationV1().Leases(LockNamespace).Watch(ctx, metav1.ListOptions{
+		FieldSelector:   fields.OneTermEqualSelector("metadata.name", LockName).String(),
+		ResourceVersion: lock.resourceVersion,
+	})
+	if err != nil {
+		return false
+	}
+	defer w.Stop()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return false
+			}
+
+			switch ev.Type {
+			case watch.Deleted:
+				return true
+			case watch.Added, watch.Modified:
+				lease, ok := ev.Object.(*coordinationv1.Lease)
+				if !ok {
+					continue
+				}
+
+				if now := lockOf(lease); now.Holder != lock.Holder || now.Holder == "" {
+					return now.Holder == ""
+				}
+			default:
+				return false
+			}
+		}
+	}
+}
 
 // nsFlag is the -n flag that names namespace in a suggested command, "" for the default.
 func nsFlag(namespace string) string {

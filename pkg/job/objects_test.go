@@ -137,6 +137,7 @@ func TestRBACIsExact(t *testing.T) {
 		"create leases.coordination.k8s.io",
 		"get leases.coordination.k8s.io ichor-lock",
 		"update leases.coordination.k8s.io ichor-lock",
+		"watch leases.coordination.k8s.io ichor-lock",
 	}, flatRules(LockRules()))
 
 	for _, rules := range [][]rbacv1.PolicyRule{ClusterRoleRules("upgrades"), RoleRules(), LockRules()} {
@@ -190,7 +191,7 @@ func TestRunnerObjects(t *testing.T) {
 			if o.Namespace == "kube-system" {
 				assert.Equal(t, []string{
 					"create leases.coordination.k8s.io", "create secrets s", "get leases.coordination.k8s.io ichor-lock",
-					"get secrets s", "patch secrets s", "update leases.coordination.k8s.io ichor-lock",
+					"get secrets s", "patch secrets s", "update leases.coordination.k8s.io ichor-lock", "watch leases.coordination.k8s.io ichor-lock",
 				}, flatRules(o.Rules), "the manifests' kube-system objects and the cluster's one lock")
 			} else {
 				assert.Contains(t, flatRules(o.Rules), "patch configmaps c", "the manifests' rules of the runner's own namespace join its Role")

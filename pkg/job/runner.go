@@ -175,7 +175,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.logf("operation %s: %s upgrade to %s; runner %s on node %s waiting for the lock %s",
 		op.Spec.ID, op.Spec.Upgrade, op.Spec.Target, r.Identity, r.Node, describe("lease", LockNamespace, LockName))
 
-	if err := r.takeOverFromGone(ctx); err != nil {
+	held, err := r.takeOverFromGone(ctx)
+	if err != nil {
 		r.logf("could not check the lock's holder: %v", err)
 	}
 
@@ -261,6 +262,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}()
 
+	if held != nil {
+		// The holder runs: the elector's first try comes the moment it lets go.
+		awaitRelease(leCtx, r.Kube, held, lease)
+	}
+
 	elector.Run(leCtx)
 
 	if !leading.Load() {
@@ -334,29 +340,32 @@ func (r *Runner) wanted(op *api.Operation) error {
 
 // takeOverFromGone clears the lock when its holder is a pod that is gone or ended, so
 // that this runner need not wait for the lease to expire. A holder that still runs, or
-// whose fate is unknown, keeps it until it expires.
-func (r *Runner) takeOverFromGone(ctx context.Context) error {
+// whose fate is unknown, keeps it until it expires or lets it go: that lock is returned
+// (nil when nobody else holds it).
+func (r *Runner) takeOverFromGone(ctx context.Context) (*Lock, error) {
 	lock, err := ReadLock(ctx, r.Kube)
 	if err != nil || lock == nil || lock.Holder == "" || lock.Holder == HolderIdentity(r.Namespace, r.Identity) {
-		return err
+		return nil, err
 	}
 
 	gone, err := holderGone(ctx, r.Kube, lock.Holder)
 	if err != nil || !gone {
 		if err == nil {
 			r.logf("the lock is held by %s: waiting for it (one operation per cluster)", lock.Holder)
+
+			return lock, nil
 		}
 
-		return err
+		return nil, err
 	}
 
 	if err := releaseLock(ctx, r.Kube, lock); err != nil {
-		return err
+		return nil, err
 	}
 
 	r.logf("the lock's holder %s is gone: lock released", lock.Holder)
 
-	return nil
+	return nil, nil
 }
 
 // lead runs while the runner holds the lock; lctx ends when it loses it.

@@ -385,6 +385,42 @@ func TestRunnerTakesOverFromAGoneHolder(t *testing.T) {
 	assert.Equal(t, 1, f.state(t).Status.Runs)
 }
 
+// A runner waiting on a live holder takes the lock the moment the holder lets it go (a
+// hand-over's successor, as its predecessor releases it), not at its elector's next
+// retry: here the retry is an hour away and the lock is taken all the same.
+func TestRunnerTakesTheLockTheMomentItIsReleased(t *testing.T) {
+	holder, now, duration := "ichor-system/first-pod", metav1.NewMicroTime(time.Now()), int32(3600)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: LockNamespace},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &now, LeaseDurationSeconds: &duration},
+	}
+	firstPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "first-pod", Namespace: "ichor-system"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+
+	ran := false
+	f := newRunner(t, testOperation("op-1", api.PhaseRunning), func(context.Context, EngineConfig) error { ran = true; return nil }, lease, firstPod)
+	f.runner.LeaseDuration, f.runner.RenewDeadline, f.runner.RetryPeriod = 3*time.Hour, 2*time.Hour, time.Hour
+
+	go func() {
+		// The holder releases it once the waiting runner watches the Lease (the fake
+		// clientset's watch starts from now, not from the resourceVersion read).
+		for countActions(f.client.Actions(), "watch", "leases") == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+
+		lock, err := ReadLock(context.Background(), f.client)
+		if assert.NoError(t, err) {
+			assert.NoError(t, releaseLock(context.Background(), f.client, lock))
+		}
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	require.NoError(t, f.runner.Run(ctx))
+	assert.True(t, ran)
+	assert.Contains(t, f.out.String(), "the lock is held by ichor-system/first-pod: waiting for it")
+}
+
 // The lock is the cluster's: a live runner of an operation in another namespace keeps
 // this one waiting.
 func TestRunnerWaitsForALiveHolderThenGivesUpOnAbort(t *testing.T) {
