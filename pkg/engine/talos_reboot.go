@@ -139,6 +139,19 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 		r.e.node(stage, name, PhaseVerifying, "%s (waited %s)", waiting, time.Since(start).Round(time.Second))
 	}
 
+	// On a control plane its etcd member is looked at while the Node comes Ready, not
+	// after: the two come back independently (etcd is Talos', the Node the kubelet's).
+	var rejoined chan etcdRejoin
+
+	if n.ControlPlane {
+		etcdCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+
+		rejoined = make(chan etcdRejoin, 1)
+
+		go func() { rejoined <- r.etcdRejoined(etcdCtx, name, deadline, bound, report) }()
+	}
+
 	err := r.cache.Wait(ctx, time.Until(deadline), r.nodeOnTarget(name, osImage), report)
 
 	var timeout *kube.WaitTimeoutError
@@ -155,36 +168,18 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 	etcd := ""
 
 	if n.ControlPlane {
-		var verdict stages.EtcdVerdict
-
-		// ReadEtcd bounds each of its calls; it reads several in turn, so it
-		// gets the run's ctx, not the poll's short one. The first look takes
-		// a view of the last second (the node before it was verified on it,
-		// or a resumed run's node before it): only a member that rejoined
-		// passes; the next looks read anew.
-		look := r.lookEtcd
-
-		err := r.pollUntil(ctx, deadline, bound, func(context.Context) (bool, string, error) {
-			verdict = look(ctx).Judge("")
-			look = r.readEtcd
-
-			if waiting := verdict.Rejoined(name); waiting != "" {
-				return false, "etcd: " + waiting, nil
-			}
-
-			return true, "", nil
-		}, report)
+		res := <-rejoined
 
 		switch {
-		case errors.As(err, &timeout):
+		case errors.As(res.err, &timeout):
 			return r.e.pause(ctx, stage, name,
 				fmt.Sprintf("verify: %s after %s; the node stays cordoned if ichor cordoned it", timeout.Waiting, bound),
-				verdict.LookAction("resume (kubectl ichor resume)"), fmt.Errorf("node %q: verify etcd: %w", name, err))
-		case err != nil:
-			return r.e.pause(ctx, stage, name, "verify etcd: "+err.Error(), actionResume, fmt.Errorf("node %q: verify etcd: %w", name, err))
+				res.verdict.LookAction("resume (kubectl ichor resume)"), fmt.Errorf("node %q: verify etcd: %w", name, res.err))
+		case res.err != nil:
+			return r.e.pause(ctx, stage, name, "verify etcd: "+res.err.Error(), actionResume, fmt.Errorf("node %q: verify etcd: %w", name, res.err))
 		}
 
-		etcd = fmt.Sprintf("etcd member healthy, %d of %d voter(s) healthy", verdict.Left, verdict.Voters)
+		etcd = fmt.Sprintf("etcd member healthy, %d of %d voter(s) healthy", res.verdict.Left, res.verdict.Voters)
 	}
 
 	if err := r.checkCarried(ctx, n, deadline, bound, report); err != nil {
@@ -204,6 +199,38 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 	r.e.node(stage, name, PhaseDone, "%s", out.describe(r.target, osImage, etcd, uncordoned))
 
 	return nil
+}
+
+// etcdRejoin is what etcdRejoined found.
+type etcdRejoin struct {
+	verdict stages.EtcdVerdict
+	err     error
+}
+
+// etcdRejoined waits until deadline (bound is its length, for messages) for
+// the control plane's etcd member to be back: healthy, keeping up, with a
+// quorum of healthy voters (EtcdVerdict.Rejoined).
+func (r *talosRun) etcdRejoined(ctx context.Context, name string, deadline time.Time, bound time.Duration, report func(string)) etcdRejoin {
+	var verdict stages.EtcdVerdict
+
+	// ReadEtcd bounds each of its calls; it reads several in turn, so it gets
+	// ctx, not the poll's short one. The first look takes a view of the last
+	// second (the node before it was verified on it, or a resumed run's node
+	// before it): only a member that rejoined passes; the next looks read anew.
+	look := r.lookEtcd
+
+	err := r.pollUntil(ctx, deadline, bound, func(context.Context) (bool, string, error) {
+		verdict = look(ctx).Judge("")
+		look = r.readEtcd
+
+		if waiting := verdict.Rejoined(name); waiting != "" {
+			return false, "etcd: " + waiting, nil
+		}
+
+		return true, "", nil
+	}, report)
+
+	return etcdRejoin{verdict: verdict, err: err}
 }
 
 // describe is a node's last line: "Talos v1.12.4 -> v1.13.9 with

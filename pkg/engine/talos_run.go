@@ -156,6 +156,8 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	for _, group := range visit {
+		r.warmEtcd(ctx, group)
+
 		if err := r.prePull(ctx, group); err != nil {
 			return err
 		}
@@ -166,6 +168,20 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	return r.e.leftBehind(ctx, name, r.target, r.talosBehind, "the next run upgrades it")
+}
+
+// warmEtcd starts reading etcd, when a control plane of group is to be
+// visited and no view of the last second is at hand, while its installer is
+// pulled: its gate before the cordon then finds that view, a second sooner.
+// The read is bounded (each call, and the gap) and made once whoever waits.
+func (r *talosRun) warmEtcd(ctx context.Context, group []*osNode) {
+	for _, n := range group {
+		if n.ControlPlane {
+			go r.etcd.Recent(ctx)
+
+			return
+		}
+	}
 }
 
 // runGroup visits a group's nodes (several at once for a worker batch).
