@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -29,6 +30,11 @@ var (
 	runnerNodeRE   = regexp.MustCompile(`^(\d\d:\d\d:\d\d) operation \S+: .* runner (\S+) on node (\S+) waiting for the lock`)
 	runnerLockRE   = regexp.MustCompile(`^(\d\d:\d\d:\d\d) took the lock: `)
 	runnerStatsPfx = regexp.MustCompile(`^\d\d:\d\d:\d\d `)
+	// runnerPeakRE is the runner's own peak resident memory, its log's last line. The
+	// usage the simulator's kubelet records (getrusage's ru_maxrss) is not: a process
+	// started with vfork (Go's os/exec) carries its starter's peak into its own, so
+	// there it is the simulator's memory whenever that is the larger.
+	runnerPeakRE = regexp.MustCompile(`^\d\d:\d\d:\d\d memory: peak resident ([\d.]+) MiB \(VmHWM\)$`)
 )
 
 // runnerPods reads every runner pod's log and usage, in the order they took
@@ -107,6 +113,8 @@ func readRunnerPod(ctx context.Context, path string, day time.Time) (runnerPod, 
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 
+	peak := false
+
 	for sc.Scan() {
 		line := sc.Text()
 
@@ -118,11 +126,21 @@ func readRunnerPod(ctx context.Context, path string, day time.Time) (runnerPod, 
 			p.locked = clockOn(day, m[1])
 		}
 
+		if m := runnerPeakRE.FindStringSubmatch(line); m != nil {
+			if mib, err := strconv.ParseFloat(m[1], 64); err == nil {
+				p.MaxRSSMiB, peak = mib, true
+			}
+		}
+
 		p.stats.scan(runnerStatsPfx.ReplaceAllString(line, ""))
 	}
 
 	if p.stats.kubeBy == nil {
 		return p, fmt.Errorf("%s: no request stats lines (is the runner older than its request stats?)", path)
+	}
+
+	if !peak {
+		return p, fmt.Errorf("%s: no peak memory line (is the runner older than it?)", path)
 	}
 
 	p.KubernetesRequests, p.TalosCalls = p.stats.kube, p.stats.talos

@@ -134,7 +134,9 @@ type Gap struct {
 	RunnerReplaced bool `json:"runnerReplaced,omitempty"`
 }
 
-// RunnerPod is what one runner pod used, from its usage.json.
+// RunnerPod is what one runner pod used, from its usage.json (CPU, wall, exit code)
+// and its log (its node, its requests, and its own peak resident memory: see
+// runnerPeakRE).
 type RunnerPod struct {
 	Name        string  `json:"name"`
 	Node        string  `json:"node"`

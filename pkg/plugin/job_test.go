@@ -508,6 +508,7 @@ func TestRunVerb(t *testing.T) {
 			stdout, stderr, code := runWith(t, c.with(deps{}), "run", "--operation", "kubernetes-v1-36-3-abcde", "--namespace", job.DefaultNamespace)
 			assert.Equal(t, tt.code, code, stderr)
 			assert.Regexp(t, `(?m)^\d\d:\d\d:\d\d took the lock: operation kubernetes-v1-36-3-abcde is Running`, stdout)
+			assert.Regexp(t, `(?m)^\d\d:\d\d:\d\d memory: peak resident \d+\.\d MiB \(VmHWM\)$`, stdout, "the runner's own peak, last")
 
 			op, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
 			require.NoError(t, err)
@@ -515,6 +516,17 @@ func TestRunVerb(t *testing.T) {
 			assert.Equal(t, "runner-pod", op.Status.Runner)
 		})
 	}
+}
+
+// The runner's peak memory is its own VmHWM: getrusage's ru_maxrss would count the
+// memory of a process that started it with vfork.
+func TestVmHWM(t *testing.T) {
+	kib, ok := vmHWM([]byte("Name:\tkubectl-ichor\nVmPeak:\t 1391744 kB\nVmSize:\t 1326208 kB\nVmHWM:\t   92768 kB\nVmRSS:\t   86192 kB\n"))
+	assert.True(t, ok)
+	assert.Equal(t, int64(92768), kib)
+
+	_, ok = vmHWM([]byte("Name:\tkthreadd\n"))
+	assert.False(t, ok, "a kernel thread has no memory lines")
 }
 
 type engineFunc func(ctx context.Context) error

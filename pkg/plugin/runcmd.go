@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -49,7 +50,8 @@ func (o *RunOptions) Validate() error {
 //
 // Its last log lines count the requests it made to the Kubernetes and Talos APIs, in the
 // form of plan's --request-stats ("request stats: kubernetes N requests (...)"), so that
-// the cost of an upgrade per node can be read from the log.
+// the cost of an upgrade per node can be read from the log, and give its own peak
+// resident memory ("memory: peak resident N MiB (VmHWM)"), to size the Job's pod by.
 func (o *RunOptions) Run(ctx context.Context) error {
 	stats := newRequestStats()
 	stats.byResource = true
@@ -80,6 +82,10 @@ func (o *RunOptions) Run(ctx context.Context) error {
 
 	err = r.Run(ctx)
 	stats.print(out)
+
+	if kib, ok := peakRSS(); ok {
+		writef(out, "memory: peak resident %.1f MiB (VmHWM)\n", float64(kib)/1024)
+	}
 
 	var exit *job.ExitError
 
@@ -141,4 +147,36 @@ func (s *stampWriter) Write(p []byte) (int, error) {
 
 		s.buf = s.buf[i+1:]
 	}
+}
+
+// peakRSS is the process's own peak resident memory in KiB (VmHWM in /proc/self/status,
+// Linux only). Not getrusage's ru_maxrss: that also counts the memory of the process
+// that started this one when it was started with vfork (Go's os/exec does), which is
+// how a container runtime, or the local cluster's kubelet, may start it.
+func peakRSS() (int64, bool) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+
+	return vmHWM(b)
+}
+
+// vmHWM reads the VmHWM line ("VmHWM:    92768 kB") of a /proc/<pid>/status.
+func vmHWM(status []byte) (int64, bool) {
+	for line := range bytes.Lines(status) {
+		rest, ok := bytes.CutPrefix(line, []byte("VmHWM:"))
+		if !ok {
+			continue
+		}
+
+		var kib int64
+		if _, err := fmt.Sscanf(string(rest), "%d kB", &kib); err != nil {
+			return 0, false
+		}
+
+		return kib, true
+	}
+
+	return 0, false
 }
