@@ -261,13 +261,18 @@ func (m *model) stage(st *api.Stage) Stage {
 	ps := Stage{Name: st.Name, Total: len(st.Nodes)}
 	work := stages.StageWork(st.Name)
 
-	// Batches in order, with when each was done (its last node's Done).
+	// Batches are judged by how many nodes of their role are done, not by which:
+	// the runner orders the nodes again at the stage's start, its own node last,
+	// so a batch of the plan may end in pieces while the next one's nodes end
+	// with it. The i-th batch of a role is done once as many of the role's nodes
+	// are done as the plan's batches up to it hold, at the moment the last of
+	// those was.
 	var (
-		batchDone = map[int]time.Time{}
-		batchLeft = map[int]bool{}
-		runnerIn  = map[int]bool{}
-		workers   = map[int]bool{} // a batch of workers (a batch holds one role)
-		order     []int
+		order      []int
+		size       = map[int]int{}
+		workers    = map[int]bool{} // a batch of workers (a batch holds one role)
+		doneBy     = map[bool][]time.Time{}
+		runnerLeft = map[bool]bool{} // the runner's node is still to come, by role
 	)
 
 	for _, n := range st.Nodes {
@@ -275,20 +280,41 @@ func (m *model) stage(st *api.Stage) Stage {
 			order = append(order, n.Batch)
 		}
 
-		workers[n.Batch] = n.Role == api.RoleWorker
+		worker := n.Role == api.RoleWorker
+		workers[n.Batch] = worker
+		size[n.Batch]++
 
 		done, ok := doneAt(s, n.Node, st.Name)
 		if !ok {
-			batchLeft[n.Batch] = true
-			runnerIn[n.Batch] = runnerIn[n.Batch] || n.Node == m.runnerNode
+			runnerLeft[worker] = runnerLeft[worker] || n.Node == m.runnerNode
 
 			continue
 		}
 
 		ps.Done++
 
-		if done.After(batchDone[n.Batch]) {
-			batchDone[n.Batch] = done
+		doneBy[worker] = append(doneBy[worker], done)
+	}
+
+	for _, times := range doneBy {
+		slices.SortFunc(times, time.Time.Compare)
+	}
+
+	var (
+		batchDone = map[int]time.Time{}
+		batchLeft = map[int]bool{}
+		lastLeft  = map[bool]int{} // the last batch left, by role: the runner's node's
+		held      = map[bool]int{}
+	)
+
+	for _, b := range order {
+		worker := workers[b]
+		held[worker] += size[b]
+
+		if times := doneBy[worker]; len(times) >= held[worker] {
+			batchDone[b] = times[held[worker]-1]
+		} else {
+			batchLeft[b], lastLeft[worker] = true, b
 		}
 	}
 
@@ -296,7 +322,7 @@ func (m *model) stage(st *api.Stage) Stage {
 
 	for _, b := range order {
 		if batchLeft[b] {
-			if runnerIn[b] && m.replaced(work) {
+			if runnerLeft[workers[b]] && lastLeft[workers[b]] == b && m.replaced(work) {
 				m.items = append(m.items, item{kind: itemReplacement})
 			}
 

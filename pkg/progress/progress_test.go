@@ -1,6 +1,7 @@
 package progress_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -433,4 +434,26 @@ func TestWorkerBatchesTakeTheirOwnPace(t *testing.T) {
 	// One measured, 2 s: the other takes its pace.
 	tl.done("Kubelets", 54, "worker-1", "worker-2")
 	assert.InDelta(t, 2, left(t, progress.Of(tl.op, plan, at(54))), 1)
+}
+
+// TestBatchesCountedByTheNodesDone: the runner orders the nodes again at the
+// stage's start, its own node last, so the plan's first batch of workers
+// (worker-1 to worker-5, the runner on worker-1) ends in pieces. Five workers
+// done are a batch done, whichever they are: one batch is left, after the
+// runner's hand-over, not two.
+func TestBatchesCountedByTheNodesDone(t *testing.T) {
+	nodes := []api.NodeStep{{Node: "cp-1", Batch: 1, Role: api.RoleControlPlane}}
+	for i := 1; i <= 10; i++ {
+		nodes = append(nodes, api.NodeStep{Node: fmt.Sprintf("worker-%d", i), Batch: 2 + (i-1)/5, Role: api.RoleWorker})
+	}
+
+	plan := &api.Plan{Cluster: api.Cluster{ControlPlanes: 1, Workers: 10}, Stages: []api.Stage{{Name: "TalosOS", Nodes: nodes}}}
+
+	tl := newTimeline("worker-1").done("TalosOS", 10, "cp-1").
+		done("TalosOS", 15, "worker-2", "worker-3", "worker-4", "worker-5", "worker-6")
+
+	p := progress.Of(tl.op, plan, at(15))
+
+	assert.InDelta(t, 2+5, left(t, p), 1, "the hand-over (a pod's start), then one batch at the workers' 5 s")
+	assert.Equal(t, 6, p.Stages[0].Done)
 }
