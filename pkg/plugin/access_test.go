@@ -116,7 +116,7 @@ func TestUpgradeGivesTheJobTheManifestsByName(t *testing.T) {
 		"create daemonsets kube-proxy", "get daemonsets kube-proxy", "patch daemonsets kube-proxy",
 		"create secrets bootstrap-token-abcdef", "get secrets bootstrap-token-abcdef", "patch secrets bootstrap-token-abcdef",
 		// The cluster's one lock lives in kube-system too.
-		"create leases", "get leases ichor-lock", "update leases ichor-lock",
+		"create leases", "get leases ichor-lock", "update leases ichor-lock", "watch leases ichor-lock",
 		// And Talos' inventory of the manifests: the sync records what it synced.
 		"get configmaps talos-bootstrap-manifests-inventory", "update configmaps talos-bootstrap-manifests-inventory",
 	}, flat(role.Rules))
