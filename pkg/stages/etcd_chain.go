@@ -30,8 +30,8 @@ import (
 //
 // Recent gives a caller that only looks (before a node's cordon, at a
 // rebooted member's return) the last view itself when its second pass began
-// within a gap: a new read's first pass would be no younger. The gates right
-// before an install or a reboot always Read.
+// within a gap: a new read, by the time it ended, would rest on a first pass
+// as old. The gates right before an install or a reboot always Read.
 type EtcdChain struct {
 	// Reader and ControlPlanes are what every read asks.
 	Reader        EtcdReader

@@ -63,14 +63,23 @@ func (m *movingEtcd) advance(d time.Duration) {
 	m.t += d
 }
 
-// read is one chained read: how many status calls it made, how long it
-// waited, and its view.
+// read is one chained read (Read): how many status calls it made, how long
+// it waited, and its view.
 func (m *movingEtcd) read(c *EtcdChain) (int, time.Duration, *EtcdView) {
+	return m.measure(func() *EtcdView { return c.Read(context.Background()) })
+}
+
+// look is read's Recent.
+func (m *movingEtcd) look(c *EtcdChain) (int, time.Duration, *EtcdView) {
+	return m.measure(func() *EtcdView { return c.Recent(context.Background()) })
+}
+
+func (m *movingEtcd) measure(read func() *EtcdView) (int, time.Duration, *EtcdView) {
 	m.mu.Lock()
 	calls, t := m.calls, m.t
 	m.mu.Unlock()
 
-	v := c.Read(context.Background())
+	v := read()
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -198,18 +207,4 @@ func TestEtcdChainRecent(t *testing.T) {
 
 	calls, _, _ = m.look(c)
 	assert.Equal(t, 6, calls, "the last read missed a member: a read of two passes")
-}
-
-// look is read's Recent.
-func (m *movingEtcd) look(c *EtcdChain) (int, time.Duration, *EtcdView) {
-	m.mu.Lock()
-	calls, t := m.calls, m.t
-	m.mu.Unlock()
-
-	v := c.Recent(context.Background())
-
-	m.mu.Lock()
-	defer m.mu.Unlock()
-
-	return m.calls - calls, m.t - t, v
 }
