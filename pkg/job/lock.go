@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // Lease timings of the lock: a runner renews every RetryPeriod and stops changing
@@ -230,9 +231,8 @@ var errLockChanged = errors.New("another runner took it meanwhile")
 // its elector's next retry (RetryPeriod and up to 1.2 times as much again:
 // 2 to 4.4 s later). It returns at bound, when ctx ends or when the watch
 // cannot be had or ends (an older Role without the watch): the elector's
-// own retries go on from there, as without it. It reports whether the lock
-// was released.
-func awaitRelease(ctx context.Context, client kubernetes.Interface, lock *Lock, bound time.Duration) bool {
+// own retries go on from there, as without it.
+func awaitRelease(ctx context.Context, client kubernetes.Interface, lock *Lock, bound time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 
@@ -241,36 +241,20 @@ func awaitRelease(ctx context.Context, client kubernetes.Interface, lock *Lock, 
 		ResourceVersion: lock.resourceVersion,
 	})
 	if err != nil {
-		return false
+		return
 	}
-	defer w.Stop()
 
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return false
-			}
-
-			switch ev.Type {
-			case watch.Deleted:
-				return true
-			case watch.Added, watch.Modified:
-				lease, ok := ev.Object.(*coordinationv1.Lease)
-				if !ok {
-					continue
-				}
-
-				if now := lockOf(lease); now.Holder != lock.Holder || now.Holder == "" {
-					return now.Holder == ""
-				}
-			default:
-				return false
-			}
+	// Any end is an end of the wait: released, taken, deleted, the watch over.
+	_, _ = watchtools.UntilWithoutRetry(ctx, w, func(ev watch.Event) (bool, error) {
+		lease, ok := ev.Object.(*coordinationv1.Lease)
+		if ev.Type == watch.Deleted || !ok {
+			return true, nil
 		}
-	}
+
+		now := lockOf(lease)
+
+		return now.Holder != lock.Holder || now.Holder == "", nil
+	})
 }
 
 // nsFlag is the -n flag that names namespace in a suggested command, "" for the default.

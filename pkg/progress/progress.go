@@ -304,15 +304,15 @@ func (m *model) stage(st *api.Stage) Stage {
 		batchDone = map[int]time.Time{}
 		batchLeft = map[int]bool{}
 		lastLeft  = map[bool]int{} // the last batch left, by role: the runner's node's
-		held      = map[bool]int{}
+		upTo      = map[bool]int{} // the role's nodes in the plan's batches so far
 	)
 
 	for _, b := range order {
 		worker := workers[b]
-		held[worker] += size[b]
+		upTo[worker] += size[b]
 
-		if times := doneBy[worker]; len(times) >= held[worker] {
-			batchDone[b] = times[held[worker]-1]
+		if times := doneBy[worker]; len(times) >= upTo[worker] {
+			batchDone[b] = times[upTo[worker]-1]
 		} else {
 			batchLeft[b], lastLeft[worker] = true, b
 		}
