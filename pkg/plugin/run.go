@@ -30,10 +30,13 @@ func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string)
 }
 
 func run(ctx context.Context, streams genericiooptions.IOStreams, args []string, deps deps) int {
+	prof := &profiling{}
 	root := newRootCommand(streams, deps)
+	prof.addFlags(root.PersistentFlags())
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return prof.start() }
 	root.SetArgs(args)
 
-	err := root.ExecuteContext(ctx)
+	err := errors.Join(root.ExecuteContext(ctx), prof.stop())
 	if err == nil {
 		return ExitOK
 	}
