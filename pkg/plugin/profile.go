@@ -6,13 +6,15 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 
 	"github.com/spf13/pflag"
 )
 
 // profiling is the hidden --profile and --profile-output, kubectl's own flags of the
-// same names: a command's CPU or memory profile, written when the command ends,
-// for `go tool pprof`. The plan's cost at thousands of nodes is found with them, not
+// same names: a command's CPU or memory profile for `go tool pprof`, or its execution
+// trace for `go tool trace` (where its time went waiting: the network, the CPU), written
+// when the command ends. The plan's cost at thousands of nodes is found with them, not
 // guessed.
 type profiling struct {
 	name   string
@@ -22,7 +24,7 @@ type profiling struct {
 }
 
 // profileNames are the profiles --profile takes.
-const profileNames = "none, cpu, heap or allocs"
+const profileNames = "none, cpu, heap, allocs or trace"
 
 func (p *profiling) addFlags(flags *pflag.FlagSet) {
 	flags.StringVar(&p.name, "profile", "none", "The profile to write when the command ends: "+profileNames)
@@ -31,12 +33,13 @@ func (p *profiling) addFlags(flags *pflag.FlagSet) {
 	_ = flags.MarkHidden("profile-output")
 }
 
-// start starts a CPU profile; the other profiles are taken at stop.
+// start starts a CPU profile or an execution trace; the other profiles are taken at
+// stop.
 func (p *profiling) start() error {
 	switch p.name {
 	case "none", "":
 		return nil
-	case "cpu", "heap", "allocs":
+	case "cpu", "heap", "allocs", "trace":
 	default:
 		return fmt.Errorf("--profile %q: pass %s", p.name, profileNames)
 	}
@@ -48,13 +51,18 @@ func (p *profiling) start() error {
 
 	p.file = f
 
-	if p.name == "cpu" {
-		if err := pprof.StartCPUProfile(f); err != nil {
-			_ = f.Close()
-			p.file = nil
+	switch p.name {
+	case "cpu":
+		err = pprof.StartCPUProfile(f)
+	case "trace":
+		err = trace.Start(f)
+	}
 
-			return fmt.Errorf("--profile cpu: %w", err)
-		}
+	if err != nil {
+		_ = f.Close()
+		p.file = nil
+
+		return fmt.Errorf("--profile %s: %w", p.name, err)
 	}
 
 	return nil
@@ -71,6 +79,8 @@ func (p *profiling) stop() error {
 	switch p.name {
 	case "cpu":
 		pprof.StopCPUProfile()
+	case "trace":
+		trace.Stop()
 	case "heap":
 		runtime.GC() // the heap profile is of the last GC: make it this moment's
 		err = pprof.Lookup("heap").WriteTo(p.file, 0)

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,7 +11,7 @@ import (
 )
 
 func TestProfileFlag(t *testing.T) {
-	for _, name := range []string{"cpu", "heap", "allocs"} {
+	for _, name := range []string{"cpu", "heap", "allocs", "trace"} {
 		t.Run(name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), name+".pprof")
 
@@ -22,7 +23,12 @@ func TestProfileFlag(t *testing.T) {
 			b, err := os.ReadFile(out)
 			require.NoError(t, err)
 			require.Greater(t, len(b), 2)
-			assert.Equal(t, []byte{0x1f, 0x8b}, b[:2], "pprof writes a gzipped profile")
+
+			if name == "trace" {
+				assert.True(t, bytes.HasPrefix(b, []byte("go 1.")), "an execution trace starts with its Go version: %q", b[:8])
+			} else {
+				assert.Equal(t, []byte{0x1f, 0x8b}, b[:2], "pprof writes a gzipped profile")
+			}
 		})
 	}
 }
@@ -32,6 +38,6 @@ func TestProfileFlagRefusesAnUnknownProfile(t *testing.T) {
 
 	_, stderr, code := runWith(t, fakeDeps(fixture(), nil), "plan", "kubernetes", "--to", "v1.36.3", "--profile", "block", "--profile-output", out)
 	assert.Equal(t, ExitError, code)
-	assert.Equal(t, "error: --profile \"block\": pass none, cpu, heap or allocs\n", stderr)
+	assert.Equal(t, "error: --profile \"block\": pass none, cpu, heap, allocs or trace\n", stderr)
 	assert.NoFileExists(t, out)
 }
