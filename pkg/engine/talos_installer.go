@@ -75,47 +75,7 @@ func installerAction(nodes []string, target stages.Version) string {
 // installs anything. Nodes whose upgrade is under way, or that run the
 // target already, are not installed again by this run and are left out.
 func (r *talosRun) prePull(ctx context.Context, group []*osNode) error {
-	var todo []*osNode
-
-	for _, n := range group {
-		if r.mark(n.Name).following() || n.unreachable != nil || n.version == r.target.String() {
-			continue
-		}
-
-		todo = append(todo, n)
-	}
-
-	if len(todo) == 0 {
-		return nil
-	}
-
-	errs := make([]error, len(todo))
-	images := make([]string, len(todo))
-	names := make([]string, len(todo))
-	index := make(map[string]int, len(todo))
-
-	for i, n := range todo {
-		names[i], index[n.Name] = n.Name, i
-	}
-
-	// At most PullConcurrency nodes pull at once, as in a stage's pre-pull.
-	// Each node's outcome is kept in errs, worded for its pause; ForEach's
-	// own error only says that ctx ended before every node started.
-	stopped := talos.ForEach(ctx, names, r.opts.PullConcurrency, func(ctx context.Context, name string) error {
-		i, n := index[name], todo[index[name]]
-
-		choice, err := r.installer(ctx, n.Node, n.cfg)
-		if err != nil {
-			errs[i] = err
-
-			return nil
-		}
-
-		images[i] = choice.Image
-		errs[i] = r.pull(ctx, n, choice.Image)
-
-		return nil
-	})
+	todo, images, errs, stopped := r.pullGroup(ctx, group)
 	if stopped != nil {
 		return r.e.pause(ctx, r.stage.Name(), "", "", "", stopped)
 	}
@@ -131,6 +91,96 @@ func (r *talosRun) prePull(ctx context.Context, group []*osNode) error {
 	}
 
 	return nil
+}
+
+// pullGroup chooses, on every node of group that is to be installed, its installer
+// (read from the node now) and pulls it there, PullConcurrency nodes at once; an
+// installer this run pulled on the node already is not pulled again. It returns the
+// nodes it chose for, with each one's installer and outcome (worded for its pause),
+// and ForEach's own error, which only says that ctx ended before every node started.
+func (r *talosRun) pullGroup(ctx context.Context, group []*osNode) (todo []*osNode, images []string, errs []error, stopped error) {
+	for _, n := range group {
+		if r.mark(n.Name).following() || n.unreachable != nil || n.version == r.target.String() {
+			continue
+		}
+
+		todo = append(todo, n)
+	}
+
+	if len(todo) == 0 {
+		return nil, nil, nil, nil
+	}
+
+	errs = make([]error, len(todo))
+	images = make([]string, len(todo))
+	names := make([]string, len(todo))
+	index := make(map[string]int, len(todo))
+
+	for i, n := range todo {
+		names[i], index[n.Name] = n.Name, i
+	}
+
+	stopped = talos.ForEach(ctx, names, r.opts.PullConcurrency, func(ctx context.Context, name string) error {
+		i, n := index[name], todo[index[name]]
+
+		choice, err := r.installer(ctx, n.Node, n.cfg)
+		if err != nil {
+			errs[i] = err
+
+			return nil
+		}
+
+		images[i] = choice.Image
+		if n.pulled != choice.Image {
+			errs[i] = r.pull(ctx, n, choice.Image)
+		}
+
+		return nil
+	})
+
+	return todo, images, errs, stopped
+}
+
+// pullAhead pulls the installers of group, the next group to be upgraded, in the
+// background while the group before it is upgraded. On a real cluster an installer
+// takes a while to pull and a reboot takes minutes, so the next group's pull is off
+// the critical path. It changes nothing but the nodes' image caches and decides
+// nothing: the group's own prePull, at its turn, chooses each installer again from
+// what its node runs then, pulls what was not pulled (or failed here, or changed
+// since) and pauses on a failure, nothing of the group cordoned, as before.
+func (r *talosRun) pullAhead(ctx context.Context, group []*osNode) *pullingAhead {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &pullingAhead{done: make(chan struct{}), cancel: cancel}
+
+	go func() {
+		defer close(p.done)
+
+		_, _, _, _ = r.pullGroup(ctx, group)
+	}()
+
+	return p
+}
+
+// pullingAhead is a pullAhead under way; nil is one that ended.
+type pullingAhead struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+// wait waits for the pulls to end.
+func (p *pullingAhead) wait() {
+	if p != nil {
+		<-p.done
+		p.cancel()
+	}
+}
+
+// stop ends the pulls (the run stops) and waits for them.
+func (p *pullingAhead) stop() {
+	if p != nil {
+		p.cancel()
+		<-p.done
+	}
 }
 
 // pullError is a pull of a node's installer that failed.

@@ -145,11 +145,23 @@ func TestTalosPrePullBeforeCordon(t *testing.T) {
 		o := newFakeOS(t, spec113())
 		o.f.machine("worker-2").faults.pullFails = true
 
-		var cordonedAtPull []string
+		var (
+			mu             sync.Mutex
+			cordonedAtPull []string
+		)
 
+		// The workers' installers are pulled ahead while cp-3 is upgraded, and again
+		// at their batch's turn: no worker is cordoned at either.
 		o.f.onPull = func(node, _ string) {
 			if strings.HasPrefix(node, "worker") {
-				cordonedAtPull = append(cordonedAtPull, o.f.cordonedByIchor()...)
+				mu.Lock()
+				defer mu.Unlock()
+
+				for _, c := range o.f.cordonedByIchor() {
+					if strings.HasPrefix(c, "worker") {
+						cordonedAtPull = append(cordonedAtPull, c)
+					}
+				}
 			}
 		}
 
@@ -168,6 +180,52 @@ func TestTalosPrePullBeforeCordon(t *testing.T) {
 		for _, ev := range o.f.evictions {
 			assert.False(t, strings.HasPrefix(ev, "worker"), "a worker drained: %s", ev)
 		}
+	})
+
+	t.Run("the next group's installers are pulled while the group before it is upgraded", func(t *testing.T) {
+		o := newFakeOS(t, spec113())
+
+		var (
+			mu         sync.Mutex
+			pulls      = map[string]int{}
+			workerPull = make(chan struct{})
+			once       sync.Once
+			late       bool
+		)
+
+		o.f.onPull = func(node, _ string) {
+			mu.Lock()
+			pulls[node]++
+			mu.Unlock()
+
+			if strings.HasPrefix(node, "worker") {
+				once.Do(func() { close(workerPull) })
+			}
+		}
+
+		// cp-3's install waits for a worker's pull: it goes on at once only if the
+		// workers pull beside cp-3's upgrade, not after it.
+		o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+			if node == "cp-3" {
+				select {
+				case <-workerPull:
+				case <-time.After(10 * time.Second):
+					late = true
+				}
+			}
+
+			return false, nil
+		}
+
+		require.NoError(t, o.engine("v1.14.1", newMemo(), func(opts *Options) { opts.MaxUnavailable = 2 }).Run(context.Background()))
+		requireTalosFinished(t, o, "v1.14.1")
+
+		mu.Lock()
+		defer mu.Unlock()
+
+		assert.False(t, late, "the workers' installers were pulled while cp-3 was upgraded")
+		assert.Equal(t, map[string]int{"cp-1": 1, "cp-2": 1, "cp-3": 1, "worker-1": 1, "worker-2": 1}, pulls,
+			"each installer pulled once: a group's own pre-pull does not pull what was pulled ahead")
 	})
 
 	t.Run("a Talos that cannot pre-pull is said and upgraded: its Upgrade call checks the image", func(t *testing.T) {

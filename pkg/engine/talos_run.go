@@ -155,11 +155,21 @@ func (r *talosRun) run(ctx context.Context) error {
 		}
 	}
 
-	for _, group := range visit {
+	// While a group is upgraded, the next one's installers are pulled (pullAhead).
+	var ahead *pullingAhead
+	defer func() { ahead.stop() }()
+
+	for i, group := range visit {
 		r.warmEtcd(ctx, group)
+
+		ahead.wait()
 
 		if err := r.prePull(ctx, group); err != nil {
 			return err
+		}
+
+		if i+1 < len(visit) {
+			ahead = r.pullAhead(ctx, visit[i+1])
 		}
 
 		if err := r.runGroup(ctx, group); err != nil {
