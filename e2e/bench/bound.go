@@ -19,6 +19,7 @@ var benchLatencies = Latencies{
 	PodStart:         300 * time.Millisecond,
 	ImagePull:        200 * time.Millisecond,
 	Reboot:           3 * time.Second,
+	ManifestRender:   3 * time.Second,
 }
 
 const (
@@ -41,6 +42,9 @@ type Latencies struct {
 	PodStart         time.Duration
 	ImagePull        time.Duration
 	Reboot           time.Duration
+	// ManifestRender is how long after a config change a control plane re-renders
+	// its bootstrap manifests (Talos' controllers, asynchronously).
+	ManifestRender time.Duration
 }
 
 func (l Latencies) flags() []string {
@@ -48,6 +52,7 @@ func (l Latencies) flags() []string {
 		"--static-pod-restart", l.StaticPodRestart.String(), "--ready-latency", l.Ready.String(),
 		"--kubelet-restart", l.KubeletRestart.String(), "--pod-start", l.PodStart.String(),
 		"--image-pull", l.ImagePull.String(), "--reboot", l.Reboot.String(),
+		"--manifest-render", l.ManifestRender.String(),
 	}
 }
 
@@ -57,6 +62,7 @@ func (l Latencies) MarshalJSON() ([]byte, error) {
 		"staticPodRestartSeconds": l.StaticPodRestart.Seconds(), "readySeconds": l.Ready.Seconds(),
 		"kubeletRestartSeconds": l.KubeletRestart.Seconds(), "podStartSeconds": l.PodStart.Seconds(),
 		"imagePullSeconds": l.ImagePull.Seconds(), "rebootSeconds": l.Reboot.Seconds(),
+		"manifestRenderSeconds": l.ManifestRender.Seconds(),
 		"podTerminationSeconds": podTermination, "jobFailureBackoffSeconds": jobFailureBackoff.Seconds(),
 	})
 }
@@ -84,6 +90,8 @@ type BoundTerm struct {
 //	      + 4 x IP                              each stage's pre-pull, every node at once
 //	      + cps x (SPR + RL)                    APIServers: one control plane at a time, its apiserver restarts and gets Ready
 //	      + cps x (SPR + RL)                    ControlPlaneComponents: controller-manager and scheduler restart together
+//	      + MR                                  KubeProxy: Talos re-renders the bootstrap manifests after the first
+//	                                            control plane's apply; their sync starts the rollout
 //	      + N x max(T + PS + RL, DS)            KubeProxy: the DaemonSet rolls one pod at a time (maxUnavailable 1),
 //	                                            at the DaemonSet controller's pace DS when measured; the control
 //	                                            planes' applies restart no static pod and overlap it
@@ -92,8 +100,8 @@ type BoundTerm struct {
 //	      + ceil(W / mu) x (T + KR)             Kubelets: then mu workers at a time: drain, kubelet restart
 //
 // with SPR the static pod restart, RL the ready latency, KR the kubelet
-// restart, PS the pod start, IP the image pull, T the pod termination (0 in
-// the simulator), N the nodes and W the workers. DS is the cluster's own:
+// restart, PS the pod start, IP the image pull, MR the manifests' re-render, T the pod
+// termination (0 in the simulator), N the nodes and W the workers. DS is the cluster's own:
 // the median time between two kube-proxy pods starting on the target, from
 // the simulator's events (the DaemonSet controller sees the last pod Ready,
 // deletes the next, waits for it to go and creates its replacement); 0 when
@@ -103,6 +111,7 @@ type BoundTerm struct {
 func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration) Bound {
 	n := cps + workers
 	spr, rl, kr, ps, ip := l.StaticPodRestart.Seconds(), l.Ready.Seconds(), l.KubeletRestart.Seconds(), l.PodStart.Seconds(), l.ImagePull.Seconds()
+	mr := l.ManifestRender.Seconds()
 	t := float64(podTermination)
 	batches := (workers + maxUnavailable - 1) / maxUnavailable
 
@@ -118,6 +127,7 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration)
 		{Stage: "ControlPlaneComponents", What: "pre-pull (IP)", Count: 1, Each: ip},
 		{Stage: "ControlPlaneComponents", What: "its controller-manager and scheduler restart and get Ready (SPR + RL)", Count: cps, Each: spr + rl},
 		{Stage: "KubeProxy", What: "pre-pull (IP)", Count: 1, Each: ip},
+		{Stage: "KubeProxy", What: "Talos re-renders the bootstrap manifests after the first control plane's apply, then their sync starts the rollout (MR)", Count: 1, Each: mr},
 		rollout,
 		{Stage: "Kubelets", What: "pre-pull (IP)", Count: 1, Each: ip},
 		{Stage: "Kubelets", What: "a control plane: drain, kubelet restart, its static pods restarted by the new kubelet and Ready (T + KR + SPR + RL)", Count: cps, Each: t + kr + spr + rl},
@@ -143,7 +153,7 @@ func sumTerms(terms []BoundTerm) Bound {
 }
 
 // boundFormula is lowerBound's formula, for the summary.
-const boundFormula = `bound = PS + 4 x IP + cps x (SPR + RL) + cps x (SPR + RL) + N x max(T + PS + RL, DS)
+const boundFormula = `bound = PS + 4 x IP + cps x (SPR + RL) + cps x (SPR + RL) + MR + N x max(T + PS + RL, DS)
         + cps x (T + KR + SPR + RL) + ceil(W / mu) x (T + KR)`
 
 // talosBound is a Talos OS upgrade's critical path on a cluster of cps

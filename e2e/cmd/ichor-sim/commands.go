@@ -157,6 +157,7 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 	fs.DurationVar(&o.Latency.PodStart, "pod-start", o.Latency.PodStart, "how long a bound pod takes to start")
 	fs.DurationVar(&o.Latency.ImagePull, "image-pull", o.Latency.ImagePull, "how long a Talos image pull takes")
 	fs.DurationVar(&o.Latency.Reboot, "reboot", o.Latency.Reboot, "how long a Talos reboot keeps the machine down")
+	fs.DurationVar(&o.Latency.ManifestRender, "manifest-render", o.Latency.ManifestRender, "how long after a config change a control plane re-renders its bootstrap manifests")
 	wait := fs.Duration("wait", 3*time.Minute, "how long up waits for the cluster to be Ready")
 	return fs, o, wait
 }

@@ -116,6 +116,10 @@ type Latency struct {
 	ImagePull time.Duration
 	// Reboot is how long a Talos machine is down for a reboot.
 	Reboot time.Duration
+	// ManifestRender is how long after a config change a control plane re-renders its
+	// bootstrap manifests (Talos' controllers do it asynchronously); 0 is the
+	// machine's default, machine.DefaultManifestRenderDelay.
+	ManifestRender time.Duration
 }
 
 // DefaultLatency is what a local cluster uses unless told otherwise: short
@@ -128,6 +132,7 @@ func DefaultLatency() Latency {
 		PodStart:         300 * time.Millisecond,
 		ImagePull:        200 * time.Millisecond,
 		Reboot:           3 * time.Second,
+		ManifestRender:   simmachine.DefaultManifestRenderDelay,
 	}
 }
 
