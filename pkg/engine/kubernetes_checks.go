@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -108,24 +111,77 @@ func (r *kubeRun) refuse(ctx context.Context, stage string, nodes []string, reas
 // node's own PullTimeout (pullNodes). In the KubeProxy stage the new
 // kube-proxy image is also pulled on the workers, which run it once the
 // DaemonSet rolls. A node that cannot pre-pull is skipped; any other failure
-// pauses before the first apply, naming the node and the image.
+// pauses before the first apply, naming the node and the image. What the run
+// pulled already (an earlier stage, or this one's pull ahead) is not pulled again.
 func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *discovery.Snapshot, pending []*stageNode) error {
 	stage := s.Name()
-	index := map[string]int{}
-
-	var nodes []nodePulls
 
 	if r.pulled == nil {
 		r.pulled = map[string]bool{}
 	}
 
-	add := func(n discovery.Node, p pull) {
-		key := n.Name + " " + p.ref
-		if r.pulled[key] {
-			return
+	from := r.ahead.from()
+	ahead := r.ahead.wait()
+	r.ahead = nil
+
+	for key := range ahead {
+		r.pulled[key] = true
+	}
+
+	nodes := stagePulls(s, snap, pending, r.pulled)
+	for _, n := range nodes {
+		for _, p := range n.pulls {
+			r.pulled[n.name+" "+p.ref] = true
+		}
+	}
+
+	if len(nodes) == 0 {
+		if len(ahead) > 0 {
+			r.e.stepTime(stage, StepPrePull, StepTiming{})
+			r.e.stepTime(stage, StepPrePull, StepTiming{Done: true})
+			r.e.step(stage, StepPrePull, "pulled ahead: %d image(s), while %s ran", len(ahead), from)
 		}
 
-		r.pulled[key] = true
+		return nil
+	}
+
+	r.e.stepTime(stage, StepPrePull, StepTiming{})
+	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s), %d at a time, each within %s",
+		len(nodes), min(r.opts.PullConcurrency, len(nodes)), r.opts.PullTimeout)
+
+	pulled, unsupported, err := r.e.pullNodes(ctx, nodes, r.opts.PullConcurrency, r.opts.PullTimeout)
+	if err != nil {
+		return r.pause(ctx, stage, "", "pre-pull: "+stages.FirstLine(err), pullAction(err), err)
+	}
+
+	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(nodes))
+	if len(ahead) > 0 {
+		msg += fmt.Sprintf("; %d pulled ahead, while %s ran", len(ahead), from)
+	}
+
+	if unsupported > 0 {
+		msg += fmt.Sprintf("; %d node(s) cannot pre-pull: skipped", unsupported)
+	}
+
+	r.e.stepTime(stage, StepPrePull, StepTiming{Done: true})
+	r.e.step(stage, StepPrePull, "%s", msg)
+
+	return nil
+}
+
+// stagePulls are the images stage s pulls on each node: every image it changes on
+// the pending nodes, and in the KubeProxy stage the new kube-proxy image on every
+// worker of snap too; none that done ("node ref") holds.
+func stagePulls(s stages.KubernetesStage, snap *discovery.Snapshot, pending []*stageNode, done map[string]bool) []nodePulls {
+	index := map[string]int{}
+
+	var nodes []nodePulls
+
+	add := func(n discovery.Node, p pull) {
+		key := n.Name + " " + p.ref
+		if done[key] {
+			return
+		}
 
 		i, seen := index[n.Name]
 		if !seen {
@@ -134,7 +190,9 @@ func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *d
 			nodes = append(nodes, nodePulls{name: n.Name, ip: n.InternalIP})
 		}
 
-		nodes[i].pulls = append(nodes[i].pulls, p)
+		if !slices.Contains(nodes[i].pulls, p) {
+			nodes[i].pulls = append(nodes[i].pulls, p)
+		}
 	}
 
 	proxyImage := ""
@@ -162,28 +220,128 @@ func (r *kubeRun) prePull(ctx context.Context, s stages.KubernetesStage, snap *d
 		}
 	}
 
-	if len(nodes) == 0 {
+	return nodes
+}
+
+// pullAhead pulls, in the background, what stage s will pull at its start (see
+// prePull), while the stage before it runs: its nodes as snap has them, each one's
+// changes read from its active config now. On a real cluster the images of a large
+// cluster's stage take a while to pull and the stage before waits minutes on the
+// cluster (the kube-proxy rollout, a node at a time), so the next stage starts with
+// its images on its nodes. It changes nothing but the nodes' image caches and decides
+// nothing: the stage's own start reads every node again, and its prePull pulls what
+// this did not (a node that failed or was unreachable here, a change made since) and
+// pauses on a failure, as before. Pulls ahead are PullConcurrency nodes at a time
+// too, and never beside a stage's own pre-pull, which waits for them.
+func (r *kubeRun) pullAhead(ctx context.Context, during string, s stages.KubernetesStage, snap *discovery.Snapshot) {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &kubePullingAhead{done: make(chan struct{}), cancel: cancel, pulled: map[string]bool{}, during: during}
+	r.ahead = a
+
+	done := maps.Clone(r.pulled)
+
+	go func() {
+		defer close(a.done)
+
+		var (
+			mu      sync.Mutex
+			pending []*stageNode
+			byIP    = map[string]discovery.Node{}
+			ips     []string
+		)
+
+		for _, n := range snap.Nodes {
+			if (n.ControlPlane || s.VisitsWorkers()) && !n.Held && n.IsTalos() && n.InternalIP != "" {
+				byIP[n.InternalIP] = n
+				ips = append(ips, n.InternalIP)
+			}
+		}
+
+		_ = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
+			rctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
+			defer cancel()
+
+			cfg, err := r.e.Talos.MachineConfig(rctx, ip)
+			if err != nil {
+				return nil // the stage's own start reads it again
+			}
+
+			n := byIP[ip]
+
+			changes, err := stages.StageChanges(s, n, cfg, r.target)
+			if err != nil || len(changes) == 0 {
+				return nil
+			}
+
+			mu.Lock()
+			pending = append(pending, &stageNode{Node: n, changes: changes})
+			mu.Unlock()
+
+			return nil
+		})
+
+		nodes := stagePulls(s, snap, pending, done)
+		byName := make(map[string]nodePulls, len(nodes))
+		names := make([]string, 0, len(nodes))
+
+		for _, n := range nodes {
+			byName[n.name] = n
+			names = append(names, n.name)
+		}
+
+		_ = talos.ForEach(ctx, names, r.opts.PullConcurrency, func(ctx context.Context, name string) error {
+			n := byName[name]
+
+			if pulled, unsupported, err := r.e.pullOnNode(ctx, n, r.opts.PullTimeout); err == nil && !unsupported && pulled > 0 {
+				mu.Lock()
+				for _, p := range n.pulls {
+					a.pulled[n.name+" "+p.ref] = true
+				}
+				mu.Unlock()
+			}
+
+			return nil
+		})
+	}()
+}
+
+// kubePullingAhead is a pullAhead under way; nil is none.
+type kubePullingAhead struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	// pulled are the images pulled ahead, "node ref"; read once done is closed.
+	pulled map[string]bool
+	// during is the stage that ran while they were pulled.
+	during string
+}
+
+// from is the stage that ran while the pulls ahead were made; "" for none.
+func (a *kubePullingAhead) from() string {
+	if a == nil {
+		return ""
+	}
+
+	return a.during
+}
+
+// wait waits for the pulls ahead to end and returns what they pulled.
+func (a *kubePullingAhead) wait() map[string]bool {
+	if a == nil {
 		return nil
 	}
 
-	r.e.stepTime(stage, StepPrePull, StepTiming{})
-	r.e.step(stage, StepPrePull, "pulling the stage's images on %d node(s), %d at a time, each within %s",
-		len(nodes), min(r.opts.PullConcurrency, len(nodes)), r.opts.PullTimeout)
+	<-a.done
+	a.cancel()
 
-	pulled, unsupported, err := r.e.pullNodes(ctx, nodes, r.opts.PullConcurrency, r.opts.PullTimeout)
-	if err != nil {
-		return r.pause(ctx, stage, "", "pre-pull: "+stages.FirstLine(err), pullAction(err), err)
+	return a.pulled
+}
+
+// stop ends the pulls ahead (the run stops) and waits for them.
+func (a *kubePullingAhead) stop() {
+	if a != nil {
+		a.cancel()
+		<-a.done
 	}
-
-	msg := fmt.Sprintf("pulled %d image(s) on %d node(s)", pulled, len(nodes))
-	if unsupported > 0 {
-		msg += fmt.Sprintf("; %d node(s) cannot pre-pull: skipped", unsupported)
-	}
-
-	r.e.stepTime(stage, StepPrePull, StepTiming{Done: true})
-	r.e.step(stage, StepPrePull, "%s", msg)
-
-	return nil
 }
 
 // pullAction says what to do about a failed pre-pull: a pull cut by its bound

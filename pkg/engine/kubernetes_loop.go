@@ -44,6 +44,10 @@ type kubeRun struct {
 	// pulled are the images this run pulled, "node ref": a later stage does not pull
 	// them again (with PullOnly every stage's render holds the earlier stages' images).
 	pulled map[string]bool
+	// ahead is the next stage's pull under way while a stage runs (pullAhead), next
+	// that stage (nil in the last).
+	ahead *kubePullingAhead
+	next  stages.KubernetesStage
 }
 
 // stageNode is a node a stage visits, as read at the stage's start.
@@ -83,8 +87,16 @@ func (e *Engine) runKubernetes(ctx context.Context, opts Options) error {
 		observer: kube.NewObserver(ctx, e.Kube),
 	}
 
+	defer func() { r.ahead.stop() }()
+
 	all := stages.KubernetesStages()
 	for i, s := range all {
+		if i+1 < len(all) {
+			r.next = all[i+1]
+		} else {
+			r.next = nil
+		}
+
 		if err := r.runStage(ctx, i+1, len(all), s); err != nil {
 			return err
 		}
@@ -221,6 +233,11 @@ func (r *kubeRun) runNodes(ctx context.Context, s stages.KubernetesStage, only m
 		}
 	} else if err := r.checkInvariant(ctx, name, ""); err != nil {
 		return nil, err
+	}
+
+	// While this stage's nodes are visited, the next stage's images are pulled.
+	if r.next != nil && r.ahead == nil {
+		r.pullAhead(ctx, name, r.next, snap)
 	}
 
 	var synced bool

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -162,5 +163,101 @@ func TestPullOnNode(t *testing.T) {
 		var timeout *PullTimeoutError
 		assert.NotErrorAs(t, err, &timeout)
 		assert.ErrorIs(t, err, context.Canceled)
+	})
+}
+
+// TestKubernetesPullAhead: the next stage's images are pulled while a stage runs
+// (the kubelets' while KubeProxy applies and rolls out), each once; a pull ahead
+// that fails is the stage's own pre-pull's to retry, and it pauses as before.
+func TestKubernetesPullAhead(t *testing.T) {
+	t.Run("the kubelets' images pull while KubeProxy runs, each once", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 2, kubernetes: "v1.35.4"})
+
+		rec := &recorder{}
+		kubeletPull := make(chan struct{})
+
+		var (
+			once sync.Once
+			late bool
+		)
+
+		f.onPull = func(node, ref string) {
+			if strings.HasPrefix(node, "worker") && strings.Contains(ref, "kubelet") {
+				once.Do(func() { close(kubeletPull) })
+			}
+		}
+
+		// cp-3's KubeProxy apply waits for a worker's kubelet pull: it goes on at once
+		// only if that pull runs beside the KubeProxy stage, not after it.
+		f.beforeApply = func(_ context.Context, m *fakeMachine) {
+			if m.name != "cp-3" || len(rec.with("KubeProxy cp-3 Applying: applying")) == 0 {
+				return
+			}
+
+			select {
+			case <-kubeletPull:
+			case <-time.After(10 * time.Second):
+				late = true
+			}
+		}
+
+		e := f.engine("v1.36.3")
+		e.Progress = rec
+
+		require.NoError(t, e.Run(context.Background()))
+		requireFinished(t, f, "v1.36.3")
+		assert.False(t, late, "the kubelets' images were pulled while KubeProxy ran")
+
+		f.mu.Lock()
+		defer f.mu.Unlock()
+
+		seen := map[string]int{}
+		for _, p := range f.pulls {
+			seen[p]++
+		}
+
+		for p, n := range seen {
+			assert.Equal(t, 1, n, "%s pulled once: a stage does not pull again what was pulled ahead", p)
+		}
+
+		assert.Contains(t, f.pulls, "worker-1 system ghcr.io/siderolabs/kubelet:v1.36.3")
+		assert.NotEmpty(t, rec.with("Kubelets [pre-pull] pulled ahead: 5 image(s), while KubeProxy ran"))
+	})
+
+	t.Run("a pull ahead that fails is the stage's own pre-pull's to retry: it pauses before the stage applies", func(t *testing.T) {
+		f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+
+		var (
+			mu          sync.Mutex
+			proxyPulls  int
+			kubeletPull bool
+		)
+
+		f.onPull = func(node, ref string) {
+			mu.Lock()
+			defer mu.Unlock()
+
+			switch {
+			case node == "worker-2" && strings.Contains(ref, "kube-proxy"):
+				proxyPulls++
+			case strings.Contains(ref, "kubelet"):
+				kubeletPull = true
+			}
+		}
+
+		f.machine("worker-2").faults.pullFails = true
+
+		err := f.engine("v1.36.3").Run(context.Background())
+		pauseOf(t, err, "KubeProxy", "", "pre-pull: ", `node "worker-2": pull registry.k8s.io/kube-proxy:v1.36.3`)
+		assert.Len(t, f.realApplies(), 2, "the APIServers and ControlPlaneComponents applies on cp-1; none of KubeProxy")
+
+		mu.Lock()
+		assert.Equal(t, 2, proxyPulls, "worker-2's kube-proxy: pulled ahead while ControlPlaneComponents ran, then by KubeProxy's own pre-pull")
+		assert.False(t, kubeletPull, "nothing pulled ahead past the stage that paused")
+		mu.Unlock()
+
+		f.machine("worker-2").faults.pullFails = false
+		require.NoError(t, f.engine("v1.36.3").Run(context.Background()))
+		requireFinished(t, f, "v1.36.3")
 	})
 }
