@@ -87,7 +87,8 @@ type BoundTerm struct {
 // serial and the cluster does at its own pace, nothing the tool adds.
 //
 //	bound = PS                                  the first runner pod starts
-//	      + 4 x IP                              each stage's pre-pull, every node at once
+//	      + IP                                  the first stage's pre-pull, every node at once (each
+//	                                            later stage's images pull while the stage before runs)
 //	      + cps x (SPR + RL)                    APIServers: one control plane at a time, its apiserver restarts and gets Ready
 //	      + cps x (SPR + RL)                    ControlPlaneComponents: controller-manager and scheduler restart together
 //	      + MR                                  KubeProxy: Talos re-renders the bootstrap manifests after the first
@@ -124,12 +125,9 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration)
 		{Stage: "APIServers", What: "the first runner pod starts (PS)", Count: 1, Each: ps},
 		{Stage: "APIServers", What: "pre-pull (IP)", Count: 1, Each: ip},
 		{Stage: "APIServers", What: "a control plane's apiserver restarts and gets Ready (SPR + RL)", Count: cps, Each: spr + rl},
-		{Stage: "ControlPlaneComponents", What: "pre-pull (IP)", Count: 1, Each: ip},
 		{Stage: "ControlPlaneComponents", What: "its controller-manager and scheduler restart and get Ready (SPR + RL)", Count: cps, Each: spr + rl},
-		{Stage: "KubeProxy", What: "pre-pull (IP)", Count: 1, Each: ip},
 		{Stage: "KubeProxy", What: "Talos re-renders the bootstrap manifests after the first control plane's apply, then their sync starts the rollout (MR)", Count: 1, Each: mr},
 		rollout,
-		{Stage: "Kubelets", What: "pre-pull (IP)", Count: 1, Each: ip},
 		{Stage: "Kubelets", What: "a control plane: drain, kubelet restart, its static pods restarted by the new kubelet and Ready (T + KR + SPR + RL)", Count: cps, Each: t + kr + spr + rl},
 		{Stage: "Kubelets", What: fmt.Sprintf("then %d workers at a time: drain, kubelet restart (T + KR)", maxUnavailable), Count: batches, Each: t + kr},
 	}
@@ -153,7 +151,7 @@ func sumTerms(terms []BoundTerm) Bound {
 }
 
 // boundFormula is lowerBound's formula, for the summary.
-const boundFormula = `bound = PS + 4 x IP + cps x (SPR + RL) + cps x (SPR + RL) + MR + N x max(T + PS + RL, DS)
+const boundFormula = `bound = PS + IP + cps x (SPR + RL) + cps x (SPR + RL) + MR + N x max(T + PS + RL, DS)
         + cps x (T + KR + SPR + RL) + ceil(W / mu) x (T + KR)`
 
 // talosBound is a Talos OS upgrade's critical path on a cluster of cps

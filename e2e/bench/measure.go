@@ -394,7 +394,9 @@ func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, ma
 			case i > 0 && !prevVerified.IsZero():
 				rep.Gaps = append(rep.Gaps, newGap(s.Name, prev, g.String(), prevVerified, started, 0, takeovers))
 			case i == 0 && !prevEnd.IsZero():
-				rep.Gaps = append(rep.Gaps, newGap(s.Name, prevWho, g.String(), prevEnd, started, benchLatencies.ImagePull, takeovers))
+				// Nothing is required at a stage's start: its images were pulled while the
+				// stage before ran.
+				rep.Gaps = append(rep.Gaps, newGap(s.Name, prevWho, g.String(), prevEnd, started, 0, takeovers))
 			}
 
 			prevVerified, prev = verified, g.String()

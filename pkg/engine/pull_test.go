@@ -248,7 +248,8 @@ func TestKubernetesPullAhead(t *testing.T) {
 		f.machine("worker-2").faults.pullFails = true
 
 		err := f.engine("v1.36.3").Run(context.Background())
-		pauseOf(t, err, "KubeProxy", "", "pre-pull: ", `node "worker-2": pull registry.k8s.io/kube-proxy:v1.36.3`)
+		pause := pauseOf(t, err, "KubeProxy", "", "pre-pull: ", `node "worker-2": pull registry.k8s.io/kube-proxy:v1.36.3`)
+		assert.Contains(t, pause.Action, "make the images reachable from the nodes")
 		assert.Len(t, f.realApplies(), 2, "the APIServers and ControlPlaneComponents applies on cp-1; none of KubeProxy")
 
 		mu.Lock()
