@@ -234,15 +234,12 @@ func stagePulls(s stages.KubernetesStage, snap *discovery.Snapshot, pending []*s
 // pauses on a failure, as before. Pulls ahead are PullConcurrency nodes at a time
 // too, and never beside a stage's own pre-pull, which waits for them.
 func (r *kubeRun) pullAhead(ctx context.Context, during string, s stages.KubernetesStage, snap *discovery.Snapshot) {
-	ctx, cancel := context.WithCancel(ctx)
-	a := &kubePullingAhead{done: make(chan struct{}), cancel: cancel, pulled: map[string]bool{}, during: during}
+	a := &kubePullingAhead{pulled: map[string]bool{}, during: during}
 	r.ahead = a
 
 	done := maps.Clone(r.pulled)
 
-	go func() {
-		defer close(a.done)
-
+	a.pulling = startPullAhead(ctx, func(ctx context.Context) {
 		var (
 			mu      sync.Mutex
 			pending []*stageNode
@@ -302,13 +299,12 @@ func (r *kubeRun) pullAhead(ctx context.Context, during string, s stages.Kuberne
 
 			return nil
 		})
-	}()
+	})
 }
 
 // kubePullingAhead is a pullAhead under way; nil is none.
 type kubePullingAhead struct {
-	done   chan struct{}
-	cancel context.CancelFunc
+	pulling *pullingAhead
 	// pulled are the images pulled ahead, "node ref"; read once done is closed.
 	pulled map[string]bool
 	// during is the stage that ran while they were pulled.
@@ -330,8 +326,7 @@ func (a *kubePullingAhead) wait() map[string]bool {
 		return nil
 	}
 
-	<-a.done
-	a.cancel()
+	a.pulling.wait()
 
 	return a.pulled
 }
@@ -339,8 +334,7 @@ func (a *kubePullingAhead) wait() map[string]bool {
 // stop ends the pulls ahead (the run stops) and waits for them.
 func (a *kubePullingAhead) stop() {
 	if a != nil {
-		a.cancel()
-		<-a.done
+		a.pulling.stop()
 	}
 }
 

@@ -117,3 +117,40 @@ func (e *Engine) pullNodes(ctx context.Context, nodes []nodePulls, limit int, ti
 
 	return pulled, unsupported, err
 }
+
+// pullingAhead is a pull ahead under way (a Kubernetes stage's images or a Talos
+// group's installers, pulled while the work before them runs); nil is none.
+type pullingAhead struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+// startPullAhead runs pull in the background under a context of its own.
+func startPullAhead(ctx context.Context, pull func(ctx context.Context)) *pullingAhead {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &pullingAhead{done: make(chan struct{}), cancel: cancel}
+
+	go func() {
+		defer close(p.done)
+
+		pull(ctx)
+	}()
+
+	return p
+}
+
+// wait waits for the pulls to end.
+func (p *pullingAhead) wait() {
+	if p != nil {
+		<-p.done
+		p.cancel()
+	}
+}
+
+// stop ends the pulls (the run stops) and waits for them.
+func (p *pullingAhead) stop() {
+	if p != nil {
+		p.cancel()
+		<-p.done
+	}
+}

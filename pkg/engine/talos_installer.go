@@ -149,38 +149,7 @@ func (r *talosRun) pullGroup(ctx context.Context, group []*osNode) (todo []*osNo
 // what its node runs then, pulls what was not pulled (or failed here, or changed
 // since) and pauses on a failure, nothing of the group cordoned, as before.
 func (r *talosRun) pullAhead(ctx context.Context, group []*osNode) *pullingAhead {
-	ctx, cancel := context.WithCancel(ctx)
-	p := &pullingAhead{done: make(chan struct{}), cancel: cancel}
-
-	go func() {
-		defer close(p.done)
-
-		_, _, _, _ = r.pullGroup(ctx, group)
-	}()
-
-	return p
-}
-
-// pullingAhead is a pullAhead under way; nil is one that ended.
-type pullingAhead struct {
-	done   chan struct{}
-	cancel context.CancelFunc
-}
-
-// wait waits for the pulls to end.
-func (p *pullingAhead) wait() {
-	if p != nil {
-		<-p.done
-		p.cancel()
-	}
-}
-
-// stop ends the pulls (the run stops) and waits for them.
-func (p *pullingAhead) stop() {
-	if p != nil {
-		p.cancel()
-		<-p.done
-	}
+	return startPullAhead(ctx, func(ctx context.Context) { _, _, _, _ = r.pullGroup(ctx, group) })
 }
 
 // pullError is a pull of a node's installer that failed.
