@@ -66,8 +66,8 @@ func (r *talosRun) stillCordoned(name string) string {
 }
 
 // readEtcd reads etcd through the control planes, judged on two passes at
-// least EtcdProgressGap apart; a read soon after the one before takes that
-// one's last pass as its first (see stages.EtcdChain).
+// least EtcdProgressGap apart; a read soon after others takes one of their
+// passes, a gap to two gaps old, as its first (see stages.EtcdChain).
 func (r *talosRun) readEtcd(ctx context.Context) *stages.EtcdView {
 	return r.etcd.Read(ctx)
 }

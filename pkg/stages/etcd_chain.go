@@ -11,22 +11,29 @@ import (
 // EtcdChain reads etcd again and again through the same control planes, as
 // a Talos upgrade does (before a control plane's cordon, before its install,
 // before its reboot, while it rejoins), each read judged on two passes like
-// ReadEtcdProgress. A read that comes soon after the one before takes that
-// read's last pass as its first: it waits out what is left of the gap, if
-// anything, and reads one pass. So back-to-back reads cost one pass each, not
-// a gap and two passes, and judge raft progress exactly as strictly:
+// ReadEtcdProgress. A read that comes soon after others takes one of their
+// passes as its first: it waits out what is left of the gap after that pass,
+// if anything, and reads one pass. So back-to-back reads cost one pass each,
+// not a gap and two passes. The earlier pass:
 //
-//   - the earlier pass counts only when every control plane answered it, and
-//     only when it began at most two gaps before the new pass. A member is
-//     judged on what the leader had committed when the earlier pass was
-//     read, so the earlier that pass, the longer a stall it would let pass:
-//     two gaps bounds that, where a fresh two-pass read bounds it at one gap
-//     and its calls' time;
-//   - it ended at least a gap before the new pass, as ReadEtcdProgress's
-//     passes are apart.
+//   - counts only when every control plane answered it;
+//   - ended at least a gap before the new pass, as ReadEtcdProgress's passes
+//     are apart;
+//   - began at most two gaps before the new pass. A member is judged on what
+//     the leader had committed when the earlier pass was read, so a member
+//     that stalled after that pass passes this read (a fresh two-pass read
+//     lets a stall of up to a gap and its calls' time pass); two gaps bound
+//     that, and the next read, before the reboot or at the member's return,
+//     judges it on a later pass.
 //
-// Otherwise the read is a whole ReadEtcdProgress. Reads are one at a time:
-// a second caller waits for the first's read to end, then reads its own.
+// Of the passes kept (both passes of a two-pass read, the last of a chained
+// one), the read takes the one its new pass can start soonest after, the
+// latest of those. Between a control plane's look before its cordon, the gate
+// before its install and the one before its reboot, a cordon and drain or an
+// install shorter than a gap then cost no wait: the pass a gap before the
+// last one serves. Otherwise the read is a whole ReadEtcdProgress. Reads are
+// one at a time: a second caller waits for the first's read to end, then
+// reads its own.
 //
 // Recent gives a caller that only looks (before a node's cordon, at a
 // rebooted member's return) the last view itself when its second pass began
@@ -40,14 +47,25 @@ type EtcdChain struct {
 	Gap time.Duration
 
 	mu sync.Mutex
-	// last is the latest read's second pass when every control plane
-	// answered it, nil otherwise; begun and ended when it was read; view the
-	// read's view when its member list and alarms were read too.
-	last         map[string]talos.EtcdStatus
-	view         *EtcdView
+	// passes are the passes kept for a later read's first, oldest first:
+	// every control plane answered each, and each began recently enough to
+	// serve (pruned in keep).
+	passes []etcdPass
+	// view is the latest read's view when its second pass is the last of
+	// passes and its member list and alarms were read too; viewBegun when
+	// that pass began.
+	view      *EtcdView
+	viewBegun time.Time
+	now       func() time.Time
+	sleep     func(context.Context, time.Duration)
+}
+
+// etcdPass is one pass of status calls: what every control plane answered,
+// when the calls began and when the pass (for a read's second pass, the whole
+// read) ended.
+type etcdPass struct {
+	status       map[string]talos.EtcdStatus
 	begun, ended time.Time
-	now          func() time.Time
-	sleep        func(context.Context, time.Duration)
 }
 
 // Recent is the last view when every control plane answered its second
@@ -57,7 +75,7 @@ func (c *EtcdChain) Recent(ctx context.Context) *EtcdView {
 	c.mu.Lock()
 
 	now, _ := c.clock()
-	if c.view != nil && now().Sub(c.begun) <= c.gap() {
+	if c.view != nil && now().Sub(c.viewBegun) <= c.gap() {
 		defer c.mu.Unlock()
 
 		return c.view
@@ -84,62 +102,84 @@ func (c *EtcdChain) Read(ctx context.Context) *EtcdView {
 	gap := c.gap()
 	now, wait := c.clock()
 
-	var v *EtcdView
-
-	if c.chains(now(), gap) {
-		if rest := gap - now().Sub(c.ended); rest > 0 {
+	if first, start, ok := c.pick(now(), gap); ok {
+		if rest := start.Sub(now()); rest > 0 {
 			wait(ctx, rest)
 		}
 
 		begun := now()
-		v = readEtcdAfter(ctx, c.Reader, c.ControlPlanes, c.last, nil, begun.Sub(c.ended).Round(10*time.Millisecond))
-		c.keep(v, begun, now())
+		v := readEtcdAfter(ctx, c.Reader, c.ControlPlanes, first.status, nil, begun.Sub(first.ended).Round(10*time.Millisecond))
+		c.keep(v, etcdPass{status: v.Status, begun: begun, ended: now()}, gap)
 
 		return v
 	}
 
+	begun := now()
 	before, failed := readEtcdStatuses(ctx, c.Reader, c.ControlPlanes)
+	c.keep(nil, etcdPass{status: before, begun: begun, ended: now()}, gap)
 
 	wait(ctx, gap)
 
-	begun := now()
-	v = readEtcdAfter(ctx, c.Reader, c.ControlPlanes, before, failed, gap)
-	c.keep(v, begun, now())
+	begun = now()
+	v := readEtcdAfter(ctx, c.Reader, c.ControlPlanes, before, failed, gap)
+	c.keep(v, etcdPass{status: v.Status, begun: begun, ended: now()}, gap)
 
 	return v
 }
 
-// chains reports whether the last read's second pass, read at now, can be
-// the next read's first (see EtcdChain): every control plane answered it,
-// and once the rest of the gap is waited out it began at most two gaps
-// before.
-func (c *EtcdChain) chains(now time.Time, gap time.Duration) bool {
-	if c.last == nil || len(c.last) != len(c.ControlPlanes) {
-		return false
+// pick chooses the kept pass a read at now takes as its first (see
+// EtcdChain), and when its new pass starts: at now, or once a gap has passed
+// since the chosen pass ended. ok is false when no kept pass can serve.
+func (c *EtcdChain) pick(now time.Time, gap time.Duration) (first etcdPass, start time.Time, ok bool) {
+	for i := len(c.passes) - 1; i >= 0; i-- {
+		p := c.passes[i]
+
+		at := now
+		if ready := p.ended.Add(gap); ready.After(at) {
+			at = ready
+		}
+
+		if at.Sub(p.begun) > 2*gap {
+			continue
+		}
+
+		if !ok || at.Before(start) {
+			first, start, ok = p, at, true
+		}
 	}
 
-	start := now
-	if rest := gap - now.Sub(c.ended); rest > 0 {
-		start = now.Add(rest)
-	}
-
-	return start.Sub(c.begun) <= 2*gap
+	return first, start, ok
 }
 
-// keep records v's second pass, begun when its calls were made, for the
-// next read when every control plane answered it. ended is when the whole
-// read ended: the member list and the alarms came after the pass, so the
-// next pass's gap is counted from later than it need be, never earlier.
-func (c *EtcdChain) keep(v *EtcdView, begun, ended time.Time) {
-	if len(v.StatusErr) > 0 || len(v.Status) != len(c.ControlPlanes) {
-		c.last, c.view = nil, nil
+// keep records a pass for later reads when every control plane answered it,
+// and drops the passes no later read can take (begun more than two gaps
+// before it ended); a pass a member did not answer drops them all, as the
+// member may have left since. v is the read's view when p is its second pass
+// (nil for a first): Recent gives it when its member list and alarms were
+// read too.
+func (c *EtcdChain) keep(v *EtcdView, p etcdPass, gap time.Duration) {
+	if v != nil {
+		c.view = nil
+	}
+
+	if len(p.status) != len(c.ControlPlanes) || (v != nil && len(v.StatusErr) > 0) {
+		c.passes = nil
 
 		return
 	}
 
-	c.last, c.view, c.begun, c.ended = v.Status, nil, begun, ended
-	if v.ListErr == nil && v.AlarmsErr == nil {
-		c.view = v
+	kept := c.passes[:0]
+
+	for _, old := range c.passes {
+		if p.ended.Sub(old.begun) <= 2*gap {
+			kept = append(kept, old)
+		}
+	}
+
+	c.passes = append(kept, p)
+
+	if v != nil && v.ListErr == nil && v.AlarmsErr == nil {
+		c.view, c.viewBegun = v, p.begun
 	}
 }
 

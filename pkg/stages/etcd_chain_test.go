@@ -103,9 +103,11 @@ func chainOver(m *movingEtcd) *EtcdChain {
 }
 
 // TestEtcdChainReadsOnePassSoonAfter: a read soon after another (a control
-// plane's gate before its install, after the one before its cordon and a
-// short drain) takes the last pass as its first: one pass and what is left of
-// the gap; a read long after is two passes and the whole gap again.
+// plane's gate before its install, after the look before its cordon and a
+// short drain) takes a kept pass as its first and reads one pass: the first
+// read's first pass, a gap before its second, serves at once; later, the
+// latest pass a gap old; long after, the read is two passes and the whole gap
+// again.
 func TestEtcdChainReadsOnePassSoonAfter(t *testing.T) {
 	m := &movingEtcd{}
 	c := chainOver(m)
@@ -119,29 +121,60 @@ func TestEtcdChainReadsOnePassSoonAfter(t *testing.T) {
 
 	calls, waited, second := m.read(c)
 	assert.Equal(t, 3, calls, "soon after: one pass")
-	assert.Equal(t, 600*time.Millisecond, waited, "what was left of the gap")
-	assert.Equal(t, first.Status, second.Before, "the last pass is the first")
-	assert.Equal(t, time.Second, second.Gap)
+	assert.Zero(t, waited, "the first read's first pass ended 1.4s before")
+	assert.Equal(t, first.Before, second.Before, "the first read's first pass is the first")
+	assert.Equal(t, 1400*time.Millisecond, second.Gap)
 	assert.True(t, second.Judge("cp-2").Healthy(), second.Judge("cp-2").Describe())
 
-	m.advance(1500 * time.Millisecond) // the install: the last pass began 1.5s ago
+	m.advance(200 * time.Millisecond) // the install
 
 	calls, waited, third := m.read(c)
-	assert.Equal(t, 3, calls, "within two gaps of the last pass: one pass")
+	assert.Equal(t, 3, calls, "one pass")
 	assert.Zero(t, waited)
-	assert.Equal(t, 1500*time.Millisecond, third.Gap)
+	assert.Equal(t, first.Before, third.Before, "the first read's first pass, 1.6s before, still serves")
+	assert.Equal(t, 1600*time.Millisecond, third.Gap)
+
+	m.advance(700 * time.Millisecond) // 2.3s after the first pass, which no longer serves
+
+	calls, waited, fourth := m.read(c)
+	assert.Equal(t, 3, calls, "within two gaps of a later pass: one pass")
+	assert.Zero(t, waited)
+	assert.Equal(t, first.Status, fourth.Before, "the latest pass a gap old: the first read's second")
+	assert.Equal(t, 1300*time.Millisecond, fourth.Gap)
+
+	m.advance(100 * time.Millisecond)
+
+	calls, waited, fifth := m.read(c)
+	assert.Equal(t, 3, calls)
+	assert.Zero(t, waited)
+	assert.Equal(t, second.Status, fifth.Before, "the latest pass a gap old: the second read's, of 1s before")
 
 	m.advance(2100 * time.Millisecond) // the reboot: more than two gaps
 
 	calls, waited, _ = m.read(c)
 	assert.Equal(t, 6, calls, "long after: two passes")
 	assert.Equal(t, time.Second, waited)
+
+	m.advance(1900 * time.Millisecond)
+
+	calls, waited, _ = m.read(c)
+	assert.Equal(t, 3, calls, "the last read's second pass, 1.9s before")
+	assert.Zero(t, waited)
+
+	m.advance(300 * time.Millisecond)
+
+	calls, waited, _ = m.read(c)
+	assert.Equal(t, 3, calls, "one pass")
+	assert.Equal(t, 700*time.Millisecond, waited, "only the last pass can serve, 300ms old: what is left of the gap")
 }
 
 // TestEtcdChainCatchesAStall: a member that stopped applying is judged
-// behind by a chained read, as by a two-pass one. It stalled 200ms before the
-// first read's second pass: too short a stall for that read to see (the gap
-// is 1s), not for the next.
+// behind by a chained read whose first pass came after the stall, as by a
+// two-pass one. It stalled 200ms before the first read's second pass: the
+// read right after takes the first read's first pass, from before the stall,
+// and the stall passes (a fresh two-pass read lets one as young pass too);
+// the next read, a gap after the stall, takes a pass from after it and
+// catches it.
 func TestEtcdChainCatchesAStall(t *testing.T) {
 	m := &movingEtcd{stalled: "10.0.0.12", stalledAt: 800 * time.Millisecond}
 	c := chainOver(m)
@@ -151,12 +184,19 @@ func TestEtcdChainCatchesAStall(t *testing.T) {
 
 	m.advance(300 * time.Millisecond)
 
-	calls, _, second := m.read(c)
+	calls, waited, second := m.read(c)
+	require.Equal(t, 3, calls, "chained")
+	require.Zero(t, waited)
+	require.True(t, second.Judge("cp-3").Healthy(), "a stall 500ms old, after the read's first pass: %s", second.Judge("cp-3").Describe())
+
+	m.advance(time.Second)
+
+	calls, _, third := m.read(c)
 	require.Equal(t, 3, calls, "chained")
 
-	verdict := second.Judge("cp-3")
+	verdict := third.Judge("cp-3")
 	assert.False(t, verdict.Healthy())
-	assert.Contains(t, verdict.Describe(), "member cp-2 raft index 9080 is 20 behind the leader's 9100 of 1s before: it does not keep up")
+	assert.Contains(t, verdict.Describe(), "member cp-2 raft index 9080 is 50 behind the leader's 9130 of 1s before: it does not keep up")
 }
 
 // TestEtcdChainStartsAfreshAfterAMemberFailed: a pass a member did not
