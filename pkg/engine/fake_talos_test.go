@@ -135,6 +135,9 @@ type fakeOS struct {
 	// the node), else after (a runner stopped mid-call while the node went
 	// on).
 	onUpgrade func(ctx context.Context, node string) (skip bool, err error)
+	// installedBarrier, when set, holds every Installed call (see
+	// callBarrier).
+	installedBarrier *callBarrier
 }
 
 // newFakeOS returns a fake cluster with an OS side: every machine runs
@@ -269,6 +272,10 @@ func (o *fakeOS) BootID(ctx context.Context, ip string) (string, error) {
 }
 
 func (o *fakeOS) Installed(ctx context.Context, ip string) (talos.Installed, error) {
+	if o.installedBarrier != nil {
+		o.installedBarrier.arrive()
+	}
+
 	if err := o.refused(ip, "Installed"); err != nil {
 		return talos.Installed{}, fmt.Errorf("node %q: list extensions: %w", ip, err)
 	}
@@ -282,6 +289,48 @@ func (o *fakeOS) Installed(ctx context.Context, ip string) (talos.Installed, err
 	defer o.mu.Unlock()
 
 	return m.runs, nil
+}
+
+// callBarrier holds each call until want calls have come (then lets every
+// one go, and every later one at once), or until limit passes for it: then
+// it lets it go and counts that it gave up.
+type callBarrier struct {
+	want   int
+	limit  time.Duration
+	mu     sync.Mutex
+	in     int
+	met    chan struct{}
+	gaveUp int
+}
+
+func newCallBarrier(want int, limit time.Duration) *callBarrier {
+	return &callBarrier{want: want, limit: limit, met: make(chan struct{})}
+}
+
+func (b *callBarrier) arrive() {
+	b.mu.Lock()
+	b.in++
+
+	if b.in == b.want {
+		close(b.met)
+	}
+	b.mu.Unlock()
+
+	select {
+	case <-b.met:
+	case <-time.After(b.limit):
+		b.mu.Lock()
+		b.gaveUp++
+		b.mu.Unlock()
+	}
+}
+
+// gaveUpOn is how many calls the barrier let go after its limit.
+func (b *callBarrier) gaveUpOn() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return b.gaveUp
 }
 
 // setNode changes a Node's status.

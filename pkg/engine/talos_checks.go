@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
@@ -21,7 +24,7 @@ import (
 // target, the target's support of the Kubernetes the cluster runs, each
 // node's installer image, each node Ready. Nothing has changed yet when it
 // refuses.
-func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
+func (r *talosRun) checkStage(ctx context.Context, pending []*osNode, facts map[string]startFacts) error {
 	stage := r.stage.Name()
 
 	var (
@@ -31,18 +34,20 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 	)
 
 	for _, n := range pending {
-		switch where, err := r.stagedConfig(ctx, n); {
-		case err != nil:
-			return r.e.pause(ctx, stage, n.Name, "checks: "+err.Error(), actionTalosAccess, err)
-		case where != "":
-			staged = append(staged, fmt.Sprintf("%s (%s)", n.Name, where))
+		f := facts[n.Name]
+
+		switch {
+		case f.stagedErr != nil:
+			return r.e.pause(ctx, stage, n.Name, "checks: "+f.stagedErr.Error(), actionTalosAccess, f.stagedErr)
+		case f.staged != "":
+			staged = append(staged, fmt.Sprintf("%s (%s)", n.Name, f.staged))
 			stagedNodes = append(stagedNodes, n.Name)
 		}
 
 		visited = append(visited, compat.Node{Name: n.Name, Talos: n.version})
 
-		if _, err := r.installer(ctx, n.Node, n.cfg); err != nil {
-			installers = append(installers, err.Error())
+		if f.installerErr != nil {
+			installers = append(installers, f.installerErr.Error())
 			installerNodes = append(installerNodes, n.Name)
 		}
 
@@ -94,6 +99,57 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode) error {
 	}
 
 	return nil
+}
+
+// startFacts is what the stage's start reads of a node it upgrades, for its
+// line and its checks: the installer chosen from what it runs, and where a
+// machine config change is staged for its next boot ("" when none).
+type startFacts struct {
+	installer    stages.Installer
+	installerErr error
+	staged       string
+	stagedErr    error
+}
+
+// readStart reads, for each pending node, its installer (Talos' system
+// extensions) and, when staged, its persistent machine config, Concurrency
+// nodes at a time: each a Talos call or two, bounded; their errors are in the
+// facts, for checkStage. It fails only when ctx ends before every node was
+// read.
+func (r *talosRun) readStart(ctx context.Context, pending []*osNode, staged bool) (map[string]startFacts, error) {
+	facts := make(map[string]startFacts, len(pending))
+	byIP := make(map[string]*osNode, len(pending))
+	ips := make([]string, 0, len(pending))
+
+	for _, n := range pending {
+		byIP[n.InternalIP] = n
+		ips = append(ips, n.InternalIP)
+	}
+
+	var mu sync.Mutex
+
+	err := talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
+		n := byIP[ip]
+
+		var f startFacts
+
+		f.installer, f.installerErr = r.installer(ctx, n.Node, n.cfg)
+		if staged {
+			f.staged, f.stagedErr = r.stagedConfig(ctx, n)
+		}
+
+		mu.Lock()
+		defer mu.Unlock()
+
+		facts[n.Name] = f
+
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stage %s: read the nodes to upgrade: %w", r.stage.Name(), err)
+	}
+
+	return facts, nil
 }
 
 // pendingNode is the pending node named name, nil when none.

@@ -38,6 +38,20 @@ func TestTalosUpgradeKeepsTheSchematic(t *testing.T) {
 	assert.Contains(t, upgrades, "worker-2 "+installerOf(t, o, "worker-2", "v1.13.9"))
 }
 
+// The stage's start reads every node's installer at once, not one node
+// after another: the barrier lets the nodes' first Installed calls go only
+// when all five are in flight together (a read one after another waits out
+// its limit at every node).
+func TestTalosStartReadsTheNodesAtOnce(t *testing.T) {
+	o := newFakeOS(t, talosSpec())
+	o.installedBarrier = newCallBarrier(len(o.machines), 2*time.Second)
+
+	require.NoError(t, o.engine("v1.13.9", newMemo()).Run(context.Background()))
+	requireTalosFinished(t, o, "v1.13.9")
+
+	assert.Zero(t, o.installedBarrier.gaveUpOn(), "Installed calls that waited for the others in vain")
+}
+
 // A node with extensions but no schematic is refused before anything
 // changes, with the node, the reason and the flag to pass.
 func TestTalosUpgradeRefusesExtensionsWithoutSchematic(t *testing.T) {

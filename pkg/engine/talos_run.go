@@ -119,22 +119,37 @@ func (r *talosRun) run(ctx context.Context) error {
 
 	r.e.reportHeld(name, held, r.cache)
 
+	// The first group's look at etcd is read while the stage's checks run.
+	if len(visit) > 0 && !r.opts.PullOnly {
+		r.warmEtcd(ctx, visit[0])
+	}
+
 	var pending []*osNode
 
 	for _, group := range visit {
 		for _, n := range group {
+			if r.toUpgrade(n) {
+				pending = append(pending, n)
+			}
+		}
+	}
+
+	facts, err := r.readStart(ctx, pending, !r.opts.PullOnly)
+	if err != nil {
+		return err
+	}
+
+	for _, group := range visit {
+		for _, n := range group {
 			switch mark := r.mark(n.Name); {
+			case r.toUpgrade(n):
+				r.e.node(name, n.Name, PhasePending, "to upgrade: Talos %s -> %s with %s", n.version, r.target, orUnknown(facts[n.Name].installer.Image))
 			case n.unreachable == nil && n.version == r.target.String():
 				r.e.node(name, n.Name, PhasePending, "on Talos %s: to verify", n.version)
 			case mark.following() && (mark.step() != stepInstall || n.unreachable != nil):
 				r.e.node(name, n.Name, PhasePending, "upgrade to %s under way (boot ID %s recorded): to follow", r.target, shortID(mark.BootID))
 			case n.unreachable != nil:
 				r.e.node(name, n.Name, PhasePending, "Talos API unreachable (%s): read again at its turn", stages.FirstLine(n.unreachable))
-			default:
-				pending = append(pending, n)
-
-				installer, _ := r.installer(ctx, n.Node, n.cfg)
-				r.e.node(name, n.Name, PhasePending, "to upgrade: Talos %s -> %s with %s", n.version, r.target, orUnknown(installer.Image))
 			}
 		}
 	}
@@ -150,7 +165,7 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	if len(pending) > 0 {
-		if err := r.checkStage(ctx, pending); err != nil {
+		if err := r.checkStage(ctx, pending, facts); err != nil {
 			return err
 		}
 	}
@@ -178,6 +193,15 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	return r.e.leftBehind(ctx, name, r.target, r.talosBehind, "the next run upgrades it")
+}
+
+// toUpgrade reports whether the stage's start upgrades n: its Talos API
+// answered, it does not run the target, and no upgrade of it is under way
+// past its Install call (one announced but not installed is made again).
+func (r *talosRun) toUpgrade(n *osNode) bool {
+	mark := r.mark(n.Name)
+
+	return n.unreachable == nil && n.version != r.target.String() && !(mark.following() && mark.step() != stepInstall)
 }
 
 // warmEtcd starts reading etcd, when a control plane of group is to be
