@@ -26,6 +26,10 @@ func (r *talosRun) follow(ctx context.Context, n *osNode, mark upgradeMark, out 
 	start := time.Now()
 	deadline := start.Add(r.opts.RebootTimeout)
 
+	if n.ControlPlane {
+		defer r.etcdWhileDown(ctx, name)()
+	}
+
 	var (
 		lastErr  error
 		fellBack string // the boot ID the node came back in, not on the target
@@ -199,6 +203,43 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 	r.e.node(stage, name, PhaseDone, "%s", out.describe(r.target, osImage, etcd, uncordoned))
 
 	return nil
+}
+
+// etcdWhileDown reads, while control plane name reboots and until the
+// returned stop is called (its verify ended), a pass of the other members'
+// statuses every gap (stages.EtcdChain.Pass): the read at its return then
+// judges its member in one pass, on what the leader had committed a gap or
+// two before, not two passes a gap apart. Each pass's calls are bounded.
+func (r *talosRun) etcdWhileDown(ctx context.Context, name string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+
+	gap := r.e.etcdGap
+	if gap <= 0 {
+		gap = stages.EtcdProgressGap
+	}
+
+	go func() {
+		defer close(done)
+
+		tick := time.NewTicker(gap)
+		defer tick.Stop()
+
+		for {
+			r.etcd.Pass(ctx, name)
+
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // etcdRejoin is what etcdRejoined found.

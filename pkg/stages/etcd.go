@@ -125,23 +125,25 @@ func ReadEtcdProgress(ctx context.Context, r EtcdReader, controlPlanes []EtcdNod
 }
 
 // readEtcdAfter is the second half of a read: the statuses again of the
-// control planes that answered the first pass (before; failed says why the
-// others did not, and stands), gap after it, then the member list and the
-// alarms.
+// control planes but those that failed the first pass (before; failed says
+// why they did not answer, and stands), gap after it, then the member list
+// and the alarms. A control plane the first pass did not ask (a chained
+// read's first pass taken while it rebooted, see EtcdChain.Pass) is asked,
+// and judged against the leader's committed index of that pass.
 func readEtcdAfter(ctx context.Context, r EtcdReader, controlPlanes []EtcdNode,
 	before map[string]talos.EtcdStatus, failed map[string]error, gap time.Duration,
 ) *EtcdView {
 	v := &EtcdView{ControlPlanes: controlPlanes, Gap: gap, Before: before}
 
-	answered := make([]EtcdNode, 0, len(controlPlanes))
+	asked := make([]EtcdNode, 0, len(controlPlanes))
 
 	for _, n := range controlPlanes {
-		if _, ok := v.Before[n.Name]; ok {
-			answered = append(answered, n)
+		if _, ok := failed[n.Name]; !ok {
+			asked = append(asked, n)
 		}
 	}
 
-	v.Status, v.StatusErr = readEtcdStatuses(ctx, r, answered)
+	v.Status, v.StatusErr = readEtcdStatuses(ctx, r, asked)
 	maps.Copy(v.StatusErr, failed)
 
 	// Ask a member that answered and follows a leader, the leader first

@@ -16,7 +16,9 @@ import (
 // if anything, and reads one pass. So back-to-back reads cost one pass each,
 // not a gap and two passes. The earlier pass:
 //
-//   - counts only when every control plane answered it;
+//   - counts only when every control plane it asked answered it: every
+//     control plane, or (Pass) all but one rebooting, with the leader among
+//     them; a read asks every control plane again;
 //   - ended at least a gap before the new pass, as ReadEtcdProgress's passes
 //     are apart;
 //   - began at most two gaps before the new pass. A member is judged on what
@@ -27,7 +29,7 @@ import (
 //     judges it on a later pass.
 //
 // Of the passes kept (both passes of a two-pass read, the last of a chained
-// one), the read takes the one its new pass can start soonest after, the
+// one, Pass's), the read takes the one its new pass can start soonest after, the
 // latest of those. Between a control plane's look before its cordon, the gate
 // before its install and the one before its reboot, a cordon and drain or an
 // install shorter than a gap then cost no wait: the pass a gap before the
@@ -151,23 +153,71 @@ func (c *EtcdChain) pick(now time.Time, gap time.Duration) (first etcdPass, star
 	return first, start, ok
 }
 
-// keep records a pass for later reads when every control plane answered it,
-// and drops the passes no later read can take (begun more than two gaps
-// before it ended); a pass a member did not answer drops them all, as the
-// member may have left since. v is the read's view when p is its second pass
-// (nil for a first): Recent gives it when its member list and alarms were
-// read too.
+// Pass reads one pass of every control plane's member status but down's
+// (a control plane rebooting: its Talos API does not answer), and keeps it
+// for a later read's first when every control plane asked answered and the
+// leader is among them: a later read asks down again, and judges its member
+// on what the leader had committed at this pass. Read while a control plane
+// reboots, such passes let the read at its return, once its member answers,
+// judge it in one pass, without a gap's wait after it.
+func (c *EtcdChain) Pass(ctx context.Context, down string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	asked := make([]EtcdNode, 0, len(c.ControlPlanes))
+
+	for _, n := range c.ControlPlanes {
+		if n.Name != down {
+			asked = append(asked, n)
+		}
+	}
+
+	now, _ := c.clock()
+	begun := now()
+	status, failed := readEtcdStatuses(ctx, c.Reader, asked)
+
+	if len(failed) > 0 || len(status) != len(asked) || !hasLeader(status) {
+		return
+	}
+
+	c.add(etcdPass{status: status, begun: begun, ended: now()}, c.gap())
+}
+
+// hasLeader reports whether one of the statuses is the leader's own.
+func hasLeader(status map[string]talos.EtcdStatus) bool {
+	for _, s := range status {
+		if s.Leader != 0 && s.Leader == s.MemberID {
+			return true
+		}
+	}
+
+	return false
+}
+
+// keep records a pass of a read for later reads when every control plane
+// answered it (add); a pass a member did not answer is not kept, and the
+// passes before it stay: a later read asks that member again. v is the
+// read's view when p is its second pass (nil for a first): Recent gives it
+// when its member list and alarms were read too.
 func (c *EtcdChain) keep(v *EtcdView, p etcdPass, gap time.Duration) {
 	if v != nil {
 		c.view = nil
 	}
 
 	if len(p.status) != len(c.ControlPlanes) || (v != nil && len(v.StatusErr) > 0) {
-		c.passes = nil
-
 		return
 	}
 
+	c.add(p, gap)
+
+	if v != nil && v.ListErr == nil && v.AlarmsErr == nil {
+		c.view, c.viewBegun = v, p.begun
+	}
+}
+
+// add keeps p, and drops the passes no later read can take: those begun
+// more than two gaps before p ended.
+func (c *EtcdChain) add(p etcdPass, gap time.Duration) {
 	kept := c.passes[:0]
 
 	for _, old := range c.passes {
@@ -177,10 +227,6 @@ func (c *EtcdChain) keep(v *EtcdView, p etcdPass, gap time.Duration) {
 	}
 
 	c.passes = append(kept, p)
-
-	if v != nil && v.ListErr == nil && v.AlarmsErr == nil {
-		c.view, c.viewBegun = v, p.begun
-	}
 }
 
 // clock is the chain's time and its wait (a test's own, else the wall's).

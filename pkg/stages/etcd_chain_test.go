@@ -246,5 +246,67 @@ func TestEtcdChainRecent(t *testing.T) {
 	m.down = nil
 
 	calls, _, _ = m.look(c)
-	assert.Equal(t, 6, calls, "the last read missed a member: a read of two passes")
+	assert.Equal(t, 3, calls, "the last read missed a member: no view to give; a read, chained on the pass before it")
+}
+
+// TestEtcdChainPassWhileAControlPlaneReboots: passes read while cp-3
+// reboots, without it, let the read at its return judge it in one pass, on
+// what the leader had committed a gap or more before: a member back in step
+// passes at once, one still catching up does not. A pass without the leader
+// is not kept.
+func TestEtcdChainPassWhileAControlPlaneReboots(t *testing.T) {
+	t.Run("back in step", func(t *testing.T) {
+		m := &movingEtcd{down: map[string]bool{"10.0.0.13": true}}
+		c := chainOver(m)
+
+		c.Pass(context.Background(), "cp-3")
+		assert.Equal(t, 2, m.calls, "cp-3 is not asked")
+
+		m.advance(time.Second)
+		c.Pass(context.Background(), "cp-3")
+		m.advance(300 * time.Millisecond)
+
+		m.down = nil // back
+
+		calls, waited, v := m.read(c)
+		assert.Equal(t, 3, calls, "one pass, cp-3 asked")
+		assert.Zero(t, waited, "the pass of 1.3s before serves")
+		assert.Equal(t, 1300*time.Millisecond, v.Gap)
+		assert.NotContains(t, v.Before, "cp-3")
+
+		verdict := v.Judge("")
+		assert.True(t, verdict.Healthy(), verdict.Describe())
+		assert.Empty(t, verdict.Rejoined("cp-3"))
+	})
+
+	t.Run("catching up", func(t *testing.T) {
+		m := &movingEtcd{down: map[string]bool{"10.0.0.13": true}, stalled: "10.0.0.13", stalledAt: 0}
+		c := chainOver(m)
+
+		m.advance(500 * time.Millisecond)
+		c.Pass(context.Background(), "cp-3")
+		m.advance(1100 * time.Millisecond)
+
+		m.down = nil // back, its raft where it stopped
+
+		calls, waited, v := m.read(c)
+		assert.Equal(t, 3, calls)
+		assert.Zero(t, waited)
+		assert.Equal(t, "member cp-3 raft index 9000 is 50 behind the leader's 9050 of 1.1s before: it does not keep up",
+			v.Judge("").Rejoined("cp-3"))
+	})
+
+	t.Run("the leader down", func(t *testing.T) {
+		m := &movingEtcd{down: map[string]bool{"10.0.0.11": true}}
+		c := chainOver(m)
+
+		c.Pass(context.Background(), "cp-1")
+		m.advance(1200 * time.Millisecond)
+
+		m.down = nil
+
+		calls, waited, _ := m.read(c)
+		assert.Equal(t, 6, calls, "the pass without the leader was not kept: two passes")
+		assert.Equal(t, time.Second, waited)
+	})
 }
