@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
@@ -169,8 +171,15 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 	}
 
 	for {
+		// The Secret is watched from before it is read, so that Talos' write after the
+		// read wakes the wait at once; the poll stays for the refusal, and for an
+		// apiserver that refuses the watch.
+		changes, stop := c.watchCredentials(wctx)
+
 		s, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(wctx, TalosAccountName, metav1.GetOptions{})
 		if err == nil && len(s.Data[TalosconfigKey]) > 0 {
+			stop()
+
 			return nil
 		}
 
@@ -186,16 +195,45 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 			}
 		}
 
+		next := time.NewTimer(c.poll() / 2)
+
 		select {
 		case <-wctx.Done():
+		case _, open := <-changes:
+			if !open { // the watch ended: the poll then
+				select {
+				case <-wctx.Done():
+				case <-next.C:
+				}
+			}
+		case <-next.C:
+		}
+
+		next.Stop()
+		stop()
+
+		if wctx.Err() != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 
 			return refused(timeout, c.talosAccountFailure(ctx))
-		case <-time.After(c.poll() / 2):
 		}
 	}
+}
+
+// watchCredentials watches the Talos ServiceAccount's Secret: the channel has an event
+// for each change to it (a nil channel, which never delivers, when the watch cannot
+// start: the caller polls); stop ends the watch.
+func (c *Control) watchCredentials(ctx context.Context) (<-chan watch.Event, func()) {
+	w, err := c.Kube.CoreV1().Secrets(c.Namespace).Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", TalosAccountName).String(),
+	})
+	if err != nil {
+		return nil, func() {}
+	}
+
+	return w.ResultChan(), w.Stop
 }
 
 // accessAdvice says how to give the Job its Talos credentials.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -75,6 +76,33 @@ func TestLaunch(t *testing.T) {
 	var busy *BusyError
 	require.ErrorAs(t, err, &busy)
 	assert.Equal(t, "op-1", busy.Operation)
+}
+
+// TestLaunchWakesOnTheCredentials: Talos writes the Job's credentials a
+// moment after the launch applies its ServiceAccount; the launch goes on at
+// that write (a watch), not at its next poll, here an hour away.
+func TestLaunchWakesOnTheCredentials(t *testing.T) {
+	ctx := context.Background()
+	f := newControl(t, t0)
+	f.ctl.Poll, f.ctl.CredentialsTimeout = time.Hour, 5*time.Second
+
+	written := make(chan error, 1)
+
+	f.dyn.PrependReactor("patch", "serviceaccounts", func(k8stesting.Action) (bool, runtime.Object, error) {
+		go func() {
+			time.Sleep(50 * time.Millisecond) // Talos reconciles the account
+
+			_, err := f.kube.CoreV1().Secrets("ichor-system").Create(context.Background(), talosSecret(), metav1.CreateOptions{})
+			written <- err
+		}()
+
+		return false, nil, nil // the apply itself: the fixture's reactor
+	})
+
+	op, err := f.ctl.Launch(ctx, launchRequest("op-1", api.CredentialsServiceAccount))
+	require.NoError(t, err)
+	require.NoError(t, <-written)
+	assert.Equal(t, "ichor-op-1-1", op.Status.Job)
 }
 
 func TestLaunchLocalCredentials(t *testing.T) {
