@@ -201,7 +201,7 @@ func (r *talosRun) run(ctx context.Context) error {
 func (r *talosRun) toUpgrade(n *osNode) bool {
 	mark := r.mark(n.Name)
 
-	return n.unreachable == nil && n.version != r.target.String() && !(mark.following() && mark.step() != stepInstall)
+	return n.unreachable == nil && n.version != r.target.String() && (!mark.following() || mark.step() == stepInstall)
 }
 
 // warmEtcd starts reading etcd, when a control plane of group is to be
