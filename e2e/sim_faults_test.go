@@ -23,6 +23,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/config"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -177,6 +178,31 @@ func TestSimulatorFaults(t *testing.T) {
 		require.True(t, hasEvent(c.Events(t), "worker-1", "talos", "v1.13.9"))
 	})
 
+	t.Run("a rebooted node comes Ready a readiness latency after its kubelet starts", func(t *testing.T) {
+		nctx := client.WithNode(ctx, ip("worker-2"))
+		before := bootID(t, nctx, tc)
+		require.NoError(t, tc.Reboot(nctx))
+
+		// Seen on its new boot and NotReady (its runtime and network starting),
+		// then Ready: a real node is not Ready the moment its kubelet starts.
+		sawStarting := false
+		eventually(t, 60*time.Second, "worker-2 Ready on a new boot", func(ctx context.Context) error {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			newBoot := n.Status.NodeInfo.BootID != "" && n.Status.NodeInfo.BootID != before
+			if newBoot && !nodeReady(n) && strings.Contains(readyMessage(n), "the node is starting") {
+				sawStarting = true
+			}
+			if !newBoot || !nodeReady(n) {
+				return fmt.Errorf("boot %s ready=%v (%s)", n.Status.NodeInfo.BootID, nodeReady(n), readyMessage(n))
+			}
+			return nil
+		})
+		require.True(t, sawStarting, "NotReady on its new boot before Ready")
+	})
+
 	t.Run("abFallback: the upgrade boots back into the old version", func(t *testing.T) {
 		setFaults("nodes:\n  worker-2:\n    abFallback: true\n")
 		defer setFaults("")
@@ -260,6 +286,16 @@ func readBootID(nctx context.Context, tc *client.Client) (string, error) {
 		b.Write(msg.GetBytes())
 	}
 	return strings.TrimSpace(b.String()), nil
+}
+
+// readyMessage is the message of the Node's Ready condition.
+func readyMessage(n *corev1.Node) string {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Message
+		}
+	}
+	return ""
 }
 
 func bootID(t *testing.T, nctx context.Context, tc *client.Client) string {

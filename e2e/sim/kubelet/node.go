@@ -38,7 +38,14 @@ type node struct {
 	kubeletImage   string
 	kubeletOn      bool // the kubelet runs: the machine's kubelet service is up
 	ready          bool
-	staticPods     map[string]*staticPod
+	// booted: the machine (re)booted and its kubelet has not started in this
+	// boot yet. readyAt is when a kubelet that started in a fresh boot posts
+	// Ready (zero when none is due): a booted node comes Ready Options.Ready
+	// after its kubelet starts, as a real one once its runtime and network
+	// are up; a kubelet restarted within a boot is Ready at once.
+	booted     bool
+	readyAt    time.Time
+	staticPods map[string]*staticPod
 	// initialStaticPods are the specs first seen, kept across reboots.
 	initialStaticPods map[string]StaticPod
 	lastLease         time.Time
@@ -213,6 +220,14 @@ func (n *node) run(ctx context.Context) {
 	defer lease.Stop()
 	for {
 		n.sync(ctx)
+		var (
+			due   <-chan time.Time
+			timer *time.Timer
+		)
+		if !n.readyAt.IsZero() {
+			timer = time.NewTimer(time.Until(n.readyAt))
+			due = timer.C
+		}
 		select {
 		case <-ctx.Done():
 			for _, sp := range n.staticPods {
@@ -221,6 +236,10 @@ func (n *node) run(ctx context.Context) {
 			return
 		case <-changes:
 		case <-lease.C:
+		case <-due:
+		}
+		if timer != nil {
+			timer.Stop()
 		}
 	}
 }
@@ -241,7 +260,7 @@ func (n *node) sync(ctx context.Context) {
 			for _, r := range n.k.runnersOn(n.name) {
 				r.nodeDown()
 			}
-			n.ready = false
+			n.ready, n.readyAt = false, time.Time{}
 			if st.PowerLost {
 				logf("machine lost power: nothing posted, the Node goes Unknown when its lease and status stop")
 				return
@@ -263,7 +282,7 @@ func (n *node) sync(ctx context.Context) {
 	}
 	if !n.up || n.bootID != st.BootID {
 		// A (re)boot: pods may run again; the kubelet starts with its service.
-		n.up, n.bootID, n.kubeletOn = true, st.BootID, false
+		n.up, n.bootID, n.kubeletOn, n.booted = true, st.BootID, false, true
 		n.setUp(true)
 	}
 	if !st.KubeletRunning {
@@ -289,7 +308,16 @@ func (n *node) sync(ctx context.Context) {
 		n.kubeletImage = st.KubeletImage
 		n.kubeletVersion = VersionOf(st.KubeletImage)
 		n.k.opts.Events.Start(n.name, events.Kubelet, n.kubeletVersion)
-		n.becomeReady(ctx, st)
+		if n.booted && n.k.opts.Ready > 0 {
+			// The first start in a boot: Ready once the node is (runtime, network).
+			n.booted, n.readyAt = false, time.Now().Add(n.k.opts.Ready)
+			if err := n.writeStatus(ctx, st, false, "KubeletNotReady", "container runtime network not ready: the node is starting"); err != nil {
+				logf("write status", "err", err)
+			}
+		} else {
+			n.booted = false
+			n.becomeReady(ctx, st)
+		}
 		if newVersion {
 			for _, sp := range n.staticPods {
 				sp.remirror()
@@ -299,6 +327,12 @@ func (n *node) sync(ctx context.Context) {
 					r.definitionChanged()
 				}
 			}
+		}
+	} else if !n.ready && !n.readyAt.IsZero() {
+		// Starting in a fresh boot: Ready at readyAt (run wakes then).
+		if !time.Now().Before(n.readyAt) {
+			n.readyAt = time.Time{}
+			n.becomeReady(ctx, st)
 		}
 	} else if !n.ready && !n.k.opts.Faults.For(n.name).StayNotReady {
 		n.becomeReady(ctx, st)
