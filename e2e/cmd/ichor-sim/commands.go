@@ -152,7 +152,7 @@ func clusterFlags(name string) (*flag.FlagSet, *cluster.Options, *time.Duration)
 		return nil
 	})
 	fs.DurationVar(&o.Latency.StaticPodRestart, "static-pod-restart", o.Latency.StaticPodRestart, "how long a static pod takes to restart on a new image")
-	fs.DurationVar(&o.Latency.Ready, "ready-latency", o.Latency.Ready, "how long a started container takes to become Ready")
+	fs.DurationVar(&o.Latency.Ready, "ready-latency", o.Latency.Ready, "how long a started container takes to become Ready, and a booted node after its kubelet starts")
 	fs.DurationVar(&o.Latency.KubeletRestart, "kubelet-restart", o.Latency.KubeletRestart, "how long a node is NotReady while its kubelet restarts")
 	fs.DurationVar(&o.Latency.PodStart, "pod-start", o.Latency.PodStart, "how long a bound pod takes to start")
 	fs.DurationVar(&o.Latency.ImagePull, "image-pull", o.Latency.ImagePull, "how long a Talos image pull takes")

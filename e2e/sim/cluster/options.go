@@ -105,7 +105,8 @@ type Latency struct {
 	// StaticPodRestart is how long a control-plane static pod takes from an
 	// applied config to running on its new image.
 	StaticPodRestart time.Duration
-	// Ready is how long a started container takes to pass readiness.
+	// Ready is how long a started container takes to pass readiness, and a
+	// booted node to turn Ready after its kubelet starts.
 	Ready time.Duration
 	// KubeletRestart is how long the node stays NotReady when its kubelet
 	// restarts on a new image.
