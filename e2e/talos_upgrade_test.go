@@ -311,6 +311,19 @@ func TestTalosEngineFaults(t *testing.T) {
 
 		assert.Equal(t, []string{"cp-1"}, eventNodes(talosStarts(c.Events(t), talosTo)))
 		assert.False(t, hasEvent(c.Events(t), "worker-2", events.Talos, talosTo), "nothing after the fallback")
+
+		// The operator looks at the node before resuming: by then its fallback boot is
+		// Ready (a resume at once would find it NotReady, still starting, and refuse).
+		eventually(t, 30*time.Second, "worker-1 Ready in its fallback boot", func(ctx context.Context) error {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !nodeReady(n) {
+				return fmt.Errorf("worker-1 NotReady: %s", readyMessage(n))
+			}
+			return nil
+		})
 	})
 
 	t.Run("a node that never comes back pauses after the bound", func(t *testing.T) {
