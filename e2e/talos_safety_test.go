@@ -199,7 +199,9 @@ func TestTalosStagedInstallNotBooted(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, mc.Rollback(client.WithNode(ctx, cp1)))
 
-	eventually(t, 2*time.Minute, "cp-1 back on v1.13.9 in a new boot", func(ctx context.Context) error {
+	// The operator resumes once the node is back: on v1.13.9 in a new boot, its Node
+	// Ready (a resume while it still starts finds it NotReady and refuses).
+	eventually(t, 2*time.Minute, "cp-1 back on v1.13.9 in a new boot, Ready", func(ctx context.Context) error {
 		boot, err := tc.BootID(ctx, cp1)
 		if err != nil || boot == before {
 			return fmt.Errorf("boot %q (%v)", boot, err)
@@ -207,6 +209,11 @@ func TestTalosStagedInstallNotBooted(t *testing.T) {
 
 		if v, err := tc.Version(ctx, cp1); err != nil || v != talos113 {
 			return fmt.Errorf("version %q (%v)", v, err)
+		}
+
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{})
+		if err != nil || !nodeReady(n) {
+			return fmt.Errorf("node cp-1 not Ready yet (%v)", err)
 		}
 
 		return nil
