@@ -155,9 +155,7 @@ func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 		limit = DefaultConcurrency
 	}
 
-	byIP := map[string]*Node{}
-
-	var ips []string
+	var talosNodes []*Node
 
 	for i := range snap.Nodes {
 		n := &snap.Nodes[i]
@@ -171,12 +169,11 @@ func (d *Discoverer) readTalos(ctx context.Context, snap *Snapshot) error {
 			return fmt.Errorf("node %q: no InternalIP address to reach its Talos API: check the Node's status.addresses", n.Name)
 		}
 
-		byIP[n.InternalIP] = n
-		ips = append(ips, n.InternalIP)
+		talosNodes = append(talosNodes, n)
 	}
 
-	err := talos.ForEach(ctx, ips, limit, func(ctx context.Context, ip string) error {
-		n := byIP[ip]
+	err := talos.ForEach(ctx, talosNodes, (*Node).Address, limit, func(ctx context.Context, n *Node) error {
+		ip := n.InternalIP
 
 		version, err := d.Talos.Version(ctx, ip)
 		if err != nil {

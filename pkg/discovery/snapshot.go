@@ -100,6 +100,9 @@ func (n Node) IsTalos() bool {
 	return strings.HasPrefix(n.OSImage, "Talos")
 }
 
+// Address is where the node's Talos API is reached: its InternalIP.
+func (n Node) Address() string { return n.InternalIP }
+
 // Role is "control-plane" or "worker".
 func (n Node) Role() string {
 	if n.ControlPlane {

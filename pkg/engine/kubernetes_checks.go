@@ -243,27 +243,23 @@ func (r *kubeRun) pullAhead(ctx context.Context, during string, s stages.Kuberne
 		var (
 			mu      sync.Mutex
 			pending []*stageNode
-			byIP    = map[string]discovery.Node{}
-			ips     []string
+			visits  []discovery.Node
 		)
 
 		for _, n := range snap.Nodes {
 			if (n.ControlPlane || s.VisitsWorkers()) && !n.Held && n.IsTalos() && n.InternalIP != "" {
-				byIP[n.InternalIP] = n
-				ips = append(ips, n.InternalIP)
+				visits = append(visits, n)
 			}
 		}
 
-		_ = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
+		_ = talos.ForEach(ctx, visits, discovery.Node.Address, r.opts.Concurrency, func(ctx context.Context, n discovery.Node) error {
 			rctx, cancel := context.WithTimeout(ctx, talosReadTimeout)
 			defer cancel()
 
-			cfg, err := r.e.Talos.MachineConfig(rctx, ip)
+			cfg, err := r.e.Talos.MachineConfig(rctx, n.InternalIP)
 			if err != nil {
 				return nil // the stage's own start reads it again
 			}
-
-			n := byIP[ip]
 
 			changes, err := stages.StageChanges(s, n, cfg, r.target)
 			if err != nil || len(changes) == 0 {
@@ -277,18 +273,7 @@ func (r *kubeRun) pullAhead(ctx context.Context, during string, s stages.Kuberne
 			return nil
 		})
 
-		nodes := stagePulls(s, snap, pending, done)
-		byName := make(map[string]nodePulls, len(nodes))
-		names := make([]string, 0, len(nodes))
-
-		for _, n := range nodes {
-			byName[n.name] = n
-			names = append(names, n.name)
-		}
-
-		_ = talos.ForEach(ctx, names, r.opts.PullConcurrency, func(ctx context.Context, name string) error {
-			n := byName[name]
-
+		_ = talos.ForEach(ctx, stagePulls(s, snap, pending, done), nodePulls.node, r.opts.PullConcurrency, func(ctx context.Context, n nodePulls) error {
 			if pulled, unsupported, err := r.e.pullOnNode(ctx, n, r.opts.PullTimeout); err == nil && !unsupported && pulled > 0 {
 				mu.Lock()
 				for _, p := range n.pulls {

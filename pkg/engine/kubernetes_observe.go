@@ -39,11 +39,7 @@ func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*disco
 		return nil, nil, nil, r.pause(ctx, name, "", "read the cluster: "+err.Error(), actionResume, err)
 	}
 
-	var (
-		candidates, held []discovery.Node
-		ips              []string
-		byIP             = map[string]*discovery.Node{}
-	)
+	var candidates, held []discovery.Node
 
 	r.known = map[string]bool{}
 
@@ -76,15 +72,13 @@ func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*disco
 		candidates = append(candidates, n)
 	}
 
+	reads := make([]*discovery.Node, len(candidates))
 	for i := range candidates {
-		byIP[candidates[i].InternalIP] = &candidates[i]
-		ips = append(ips, candidates[i].InternalIP)
+		reads[i] = &candidates[i]
 	}
 
-	err = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
-		n := byIP[ip]
-
-		version, cfg, err := r.readTalos(ctx, n.Name, ip)
+	err = talos.ForEach(ctx, reads, (*discovery.Node).Address, r.opts.Concurrency, func(ctx context.Context, n *discovery.Node) error {
+		version, cfg, err := r.readTalos(ctx, n.Name, n.InternalIP)
 		if err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}

@@ -28,6 +28,9 @@ type nodePulls struct {
 	pulls    []pull
 }
 
+// node names the node, for talos.Each.
+func (n nodePulls) node() string { return n.name }
+
 // PullTimeoutError is the cause of a node's pull that did not finish within
 // its bound (inside a *talos.NodeError naming the node and the image).
 type PullTimeoutError struct {
@@ -92,18 +95,10 @@ func (e *Engine) pullOnNode(ctx context.Context, n nodePulls, timeout time.Durat
 // their errors are joined in the order of nodes. It returns how many images
 // were pulled and how many nodes could not pre-pull.
 func (e *Engine) pullNodes(ctx context.Context, nodes []nodePulls, limit int, timeout time.Duration) (pulled, unsupported int, err error) {
-	byName := make(map[string]nodePulls, len(nodes))
-	names := make([]string, 0, len(nodes))
-
-	for _, n := range nodes {
-		byName[n.name] = n
-		names = append(names, n.name)
-	}
-
 	var mu sync.Mutex
 
-	err = talos.ForEach(ctx, names, limit, func(ctx context.Context, name string) error {
-		n, skipped, err := e.pullOnNode(ctx, byName[name], timeout)
+	err = talos.ForEach(ctx, nodes, nodePulls.node, limit, func(ctx context.Context, node nodePulls) error {
+		n, skipped, err := e.pullOnNode(ctx, node, timeout)
 
 		mu.Lock()
 		pulled += n

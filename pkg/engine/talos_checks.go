@@ -118,19 +118,10 @@ type startFacts struct {
 // read.
 func (r *talosRun) readStart(ctx context.Context, pending []*osNode, staged bool) (map[string]startFacts, error) {
 	facts := make(map[string]startFacts, len(pending))
-	byIP := make(map[string]*osNode, len(pending))
-	ips := make([]string, 0, len(pending))
-
-	for _, n := range pending {
-		byIP[n.InternalIP] = n
-		ips = append(ips, n.InternalIP)
-	}
 
 	var mu sync.Mutex
 
-	err := talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
-		n := byIP[ip]
-
+	err := talos.ForEach(ctx, pending, (*osNode).Address, r.opts.Concurrency, func(ctx context.Context, n *osNode) error {
 		var f startFacts
 
 		f.installer, f.installerErr = r.installer(ctx, n.Node, n.cfg)

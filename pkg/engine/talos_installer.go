@@ -113,15 +113,16 @@ func (r *talosRun) pullGroup(ctx context.Context, group []*osNode) (todo []*osNo
 
 	errs = make([]error, len(todo))
 	images = make([]string, len(todo))
-	names := make([]string, len(todo))
-	index := make(map[string]int, len(todo))
-
-	for i, n := range todo {
-		names[i], index[n.Name] = n.Name, i
+	// Each node's outcome goes to its place in todo.
+	places := make([]int, len(todo))
+	for i := range places {
+		places[i] = i
 	}
 
-	stopped = talos.ForEach(ctx, names, r.opts.PullConcurrency, func(ctx context.Context, name string) error {
-		i, n := index[name], todo[index[name]]
+	nameOf := func(i int) string { return todo[i].Name }
+
+	stopped = talos.ForEach(ctx, places, nameOf, r.opts.PullConcurrency, func(ctx context.Context, i int) error {
+		n := todo[i]
 
 		choice, err := r.installer(ctx, n.Node, n.cfg)
 		if err != nil {

@@ -74,21 +74,16 @@ func (r *talosRun) observe(ctx context.Context) ([][]*osNode, []discovery.Node, 
 		candidates = append(candidates, n)
 	}
 
-	byIP := map[string]*osNode{}
-	byName := map[string]*osNode{}
-
-	var ips []string
+	nodes := make([]*osNode, 0, len(candidates))
+	byName := make(map[string]*osNode, len(candidates))
 
 	for _, n := range candidates {
 		on := &osNode{Node: n}
-		byIP[n.InternalIP], byName[n.Name] = on, on
-		ips = append(ips, n.InternalIP)
+		nodes, byName[n.Name] = append(nodes, on), on
 	}
 
-	err = talos.ForEach(ctx, ips, r.opts.Concurrency, func(ctx context.Context, ip string) error {
-		n := byIP[ip]
-
-		version, cfg, err := r.read(ctx, n.Name, ip)
+	err = talos.ForEach(ctx, nodes, (*osNode).Address, r.opts.Concurrency, func(ctx context.Context, n *osNode) error {
+		version, cfg, err := r.read(ctx, n.Name, n.InternalIP)
 
 		switch {
 		case talos.IsUnreachable(err):

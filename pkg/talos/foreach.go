@@ -7,18 +7,18 @@ import (
 	"sync"
 )
 
-// ForEach calls fn for every node, at most limit at a time (limit < 1 means
-// one at a time), and waits for all of them. A failing node does not stop the
-// others; the errors are joined in the order of nodes, each naming its node
-// (an error that already is a *NodeError for that node is kept as it is).
-// Once ctx is done no further node is started, and the nodes left out are
-// counted in the error.
-func ForEach(ctx context.Context, nodes []string, limit int, fn func(ctx context.Context, node string) error) error {
+// ForEach calls fn for every item, at most limit at a time (limit < 1 means
+// one at a time), and waits for all of them; node(item) names the item's node
+// (its address or its name). A failing node does not stop the others; the
+// errors are joined in the order of items, each naming its node (an error that
+// already is a *NodeError for that node is kept as it is). Once ctx is done no
+// further node is started, and the nodes left out are counted in the error.
+func ForEach[T any](ctx context.Context, items []T, node func(T) string, limit int, fn func(ctx context.Context, item T) error) error {
 	if limit < 1 {
 		limit = 1
 	}
 
-	errs := make([]error, len(nodes))
+	errs := make([]error, len(items))
 	slots := make(chan struct{}, limit)
 
 	var (
@@ -26,7 +26,7 @@ func ForEach(ctx context.Context, nodes []string, limit int, fn func(ctx context
 		notStarted int
 	)
 
-	for i, node := range nodes {
+	for i, item := range items {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -34,7 +34,7 @@ func ForEach(ctx context.Context, nodes []string, limit int, fn func(ctx context
 
 		// Checked after the wait too: a select picks at random among ready cases.
 		if ctx.Err() != nil {
-			notStarted = len(nodes) - i
+			notStarted = len(items) - i
 
 			break
 		}
@@ -42,14 +42,14 @@ func ForEach(ctx context.Context, nodes []string, limit int, fn func(ctx context
 		wg.Go(func() {
 			defer func() { <-slots }()
 
-			errs[i] = nameNode(node, fn(ctx, node))
+			errs[i] = nameNode(node(item), fn(ctx, item))
 		})
 	}
 
 	wg.Wait()
 
 	if notStarted > 0 {
-		errs = append(errs, fmt.Errorf("%d of %d node(s) not started: %w", notStarted, len(nodes), ctx.Err()))
+		errs = append(errs, fmt.Errorf("%d of %d node(s) not started: %w", notStarted, len(items), ctx.Err()))
 	}
 
 	return errors.Join(errs...)

@@ -13,6 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// byName names a node given by its name.
+func byName(name string) string { return name }
+
 func TestForEachBound(t *testing.T) {
 	for _, tc := range []struct {
 		limit, nodes, wantMax int
@@ -34,7 +37,7 @@ func TestForEachBound(t *testing.T) {
 				seen          []string
 			)
 
-			err := ForEach(t.Context(), nodes, tc.limit, func(_ context.Context, node string) error {
+			err := ForEach(t.Context(), nodes, byName, tc.limit, func(_ context.Context, node string) error {
 				n := running.Add(1)
 				defer running.Add(-1)
 
@@ -64,7 +67,7 @@ func TestForEachJoinsErrors(t *testing.T) {
 	nodes := []string{"cp-1", "cp-2", "cp-3", "w-1"}
 	boom := errors.New("boom")
 
-	err := ForEach(t.Context(), nodes, 4, func(_ context.Context, node string) error {
+	err := ForEach(t.Context(), nodes, byName, 4, func(_ context.Context, node string) error {
 		switch node {
 		case "cp-3":
 			// Finishes first, reported in node order all the same.
@@ -92,7 +95,7 @@ func TestForEachStopsStartingOnCancel(t *testing.T) {
 
 	var started atomic.Int32
 
-	err := ForEach(ctx, []string{"a", "b", "c", "d"}, 1, func(ctx context.Context, node string) error {
+	err := ForEach(ctx, []string{"a", "b", "c", "d"}, byName, 1, func(ctx context.Context, node string) error {
 		started.Add(1)
 
 		if node == "b" {
@@ -110,7 +113,7 @@ func TestForEachStopsStartingOnCancel(t *testing.T) {
 }
 
 func TestForEachNoNodes(t *testing.T) {
-	require.NoError(t, ForEach(t.Context(), nil, 2, func(context.Context, string) error {
+	require.NoError(t, ForEach(t.Context(), nil, byName, 2, func(context.Context, string) error {
 		t.Fatal("called with no nodes")
 
 		return nil
