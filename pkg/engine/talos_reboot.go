@@ -207,33 +207,17 @@ func (r *talosRun) verify(ctx context.Context, n *osNode, deadline time.Time, bo
 
 // etcdWhileDown reads, while control plane name reboots and until the
 // returned stop is called (its verify ended), a pass of the other members'
-// statuses every gap (stages.EtcdChain.Pass): the read at its return then
+// statuses every gap (stages.EtcdChain.PassEvery): the read at its return then
 // judges its member in one pass, on what the leader had committed a gap or
 // two before, not two passes a gap apart. Each pass's calls are bounded.
 func (r *talosRun) etcdWhileDown(ctx context.Context, name string) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 
-	gap := r.e.etcdGap
-	if gap <= 0 {
-		gap = stages.EtcdProgressGap
-	}
-
 	go func() {
 		defer close(done)
 
-		tick := time.NewTicker(gap)
-		defer tick.Stop()
-
-		for {
-			r.etcd.Pass(ctx, name)
-
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-		}
+		r.etcd.PassEvery(ctx, name)
 	}()
 
 	return func() {

@@ -183,6 +183,19 @@ func (c *EtcdChain) Pass(ctx context.Context, down string) {
 	c.add(etcdPass{status: status, begun: begun, ended: now()}, c.gap())
 }
 
+// PassEvery reads a Pass without down every gap, each begun a gap after the
+// one before (at once when a pass took longer), until ctx ends. Each pass's
+// calls are bounded (etcdCallTimeout).
+func (c *EtcdChain) PassEvery(ctx context.Context, down string) {
+	now, wait := c.clock()
+
+	for ctx.Err() == nil {
+		begun := now()
+		c.Pass(ctx, down)
+		wait(ctx, begun.Add(c.gap()).Sub(now()))
+	}
+}
+
 // hasLeader reports whether one of the statuses is the leader's own.
 func hasLeader(status map[string]talos.EtcdStatus) bool {
 	for _, s := range status {

@@ -296,6 +296,30 @@ func TestEtcdChainPassWhileAControlPlaneReboots(t *testing.T) {
 			v.Judge("").Rejoined("cp-3"))
 	})
 
+	t.Run("a pass every gap", func(t *testing.T) {
+		m := &movingEtcd{down: map[string]bool{"10.0.0.13": true}}
+		c := chainOver(m)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		c.sleep = func(_ context.Context, d time.Duration) {
+			m.advance(d)
+
+			if m.calls >= 6 { // three passes of two calls
+				cancel()
+			}
+		}
+
+		c.PassEvery(ctx, "cp-3")
+		assert.Equal(t, 6, m.calls, "cp-3 is not asked")
+		assert.Equal(t, 3*time.Second, m.t, "a pass a gap after the one before")
+
+		m.down = nil
+
+		calls, waited, _ := m.read(c)
+		assert.Equal(t, 3, calls, "the read at the return: one pass")
+		assert.Zero(t, waited)
+	})
+
 	t.Run("the leader down", func(t *testing.T) {
 		m := &movingEtcd{down: map[string]bool{"10.0.0.11": true}}
 		c := chainOver(m)
