@@ -170,16 +170,16 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 			c.Namespace, TalosAccountName, waited, why, accessAdvice(c.Namespace))
 	}
 
-	for {
-		// The Secret is watched from before it is read, so that Talos' write after the
-		// read wakes the wait at once; the poll stays for the refusal, and for an
-		// apiserver that refuses the watch.
-		changes, stop := c.watchCredentials(wctx)
+	// The Secret is watched from before it is first read, so that Talos' write after
+	// a read wakes the wait at once; a watch that ends is opened again before the
+	// next read. The poll stays for the refusal, and for an apiserver that refuses
+	// the watch.
+	changes, stop := c.watchCredentials(wctx)
+	defer func() { stop() }()
 
+	for {
 		s, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(wctx, TalosAccountName, metav1.GetOptions{})
 		if err == nil && len(s.Data[TalosconfigKey]) > 0 {
-			stop()
-
 			return nil
 		}
 
@@ -200,7 +200,10 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 		select {
 		case <-wctx.Done():
 		case _, open := <-changes:
-			if !open { // the watch ended: the poll then
+			if !open { // the watch ended: a new one, and the poll's turn
+				stop()
+				changes, stop = c.watchCredentials(wctx)
+
 				select {
 				case <-wctx.Done():
 				case <-next.C:
@@ -210,7 +213,6 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 		}
 
 		next.Stop()
-		stop()
 
 		if wctx.Err() != nil {
 			if ctx.Err() != nil {

@@ -105,6 +105,49 @@ func TestLaunchWakesOnTheCredentials(t *testing.T) {
 	assert.Equal(t, "ichor-op-1-1", op.Status.Job)
 }
 
+// TestLaunchWatchesTheCredentialsOnce: while the launch waits for Talos' write,
+// polling as it does, it keeps one watch open on the Secret, not one a poll.
+func TestLaunchWatchesTheCredentialsOnce(t *testing.T) {
+	ctx := context.Background()
+	f := newControl(t, t0)
+	f.ctl.Poll, f.ctl.CredentialsTimeout = 20*time.Millisecond, 5*time.Second
+
+	written := make(chan error, 1)
+
+	f.dyn.PrependReactor("patch", "serviceaccounts", func(k8stesting.Action) (bool, runtime.Object, error) {
+		go func() {
+			time.Sleep(300 * time.Millisecond) // a slow Talos: about 30 polls
+
+			_, err := f.kube.CoreV1().Secrets("ichor-system").Create(context.Background(), talosSecret(), metav1.CreateOptions{})
+			written <- err
+		}()
+
+		return false, nil, nil
+	})
+
+	_, err := f.ctl.Launch(ctx, launchRequest("op-1", api.CredentialsServiceAccount))
+	require.NoError(t, err)
+	require.NoError(t, <-written)
+
+	gets, watches := 0, 0
+
+	for _, a := range f.kube.Actions() {
+		if a.GetResource().Resource != "secrets" {
+			continue
+		}
+
+		switch a.GetVerb() {
+		case "get":
+			gets++
+		case "watch":
+			watches++
+		}
+	}
+
+	assert.Greater(t, gets, 5, "the poll read the Secret")
+	assert.Equal(t, 1, watches, "one watch for the whole wait")
+}
+
 func TestLaunchLocalCredentials(t *testing.T) {
 	ctx := context.Background()
 	f := newControl(t, t0)
