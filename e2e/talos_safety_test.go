@@ -21,6 +21,7 @@ import (
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -151,11 +152,15 @@ func TestTalosEtcdGateAtTheReboot(t *testing.T) {
 // the Job pauses on cp-1 saying what is staged and how to replace it, and
 // neither reboots into it nor installs over it. After `talosctl rollback`
 // (MachineService.Rollback: cp-1 reboots into the v1.13.9 it runs, the
-// staged install dropped) resume installs the chosen installer and finishes.
+// staged install dropped) the operator resumes as soon as cp-1 answers in its
+// new boot, its Node still starting (NotReady, fault stayNotReady): the Job's
+// checks wait for it, saying so on its line, and once it is Ready it installs
+// the chosen installer and finishes.
 func TestTalosStagedInstallNotBooted(t *testing.T) {
 	t.Parallel()
 
-	c := startJobCluster(t, append([]string{"--control-planes", "1", "--workers", "1", "--kubernetes", kube136, "--talos", talos113},
+	faults, setFaults := faultsFile(t)
+	c := startJobCluster(t, append([]string{"--control-planes", "1", "--workers", "1", "--kubernetes", kube136, "--talos", talos113, "--faults", faults},
 		withEmptySchematic("cp-1", "worker-1")...)...)
 
 	ctx := context.Background()
@@ -197,11 +202,13 @@ func TestTalosStagedInstallNotBooted(t *testing.T) {
 
 	before, err := tc.BootID(ctx, cp1)
 	require.NoError(t, err)
+
+	setFaults("nodes:\n  cp-1:\n    stayNotReady: true\n") // its runtime and network slow to come up
 	require.NoError(t, mc.Rollback(client.WithNode(ctx, cp1)))
 
-	// The operator resumes once the node is back: on v1.13.9 in a new boot, its Node
-	// Ready (a resume while it still starts finds it NotReady and refuses).
-	eventually(t, 2*time.Minute, "cp-1 back on v1.13.9 in a new boot, Ready", func(ctx context.Context) error {
+	// The operator resumes as soon as the node answers: on v1.13.9 in a new boot,
+	// its Node NotReady, starting.
+	eventually(t, 2*time.Minute, "cp-1 back on v1.13.9 in a new boot, its kubelet posting NotReady", func(ctx context.Context) error {
 		boot, err := tc.BootID(ctx, cp1)
 		if err != nil || boot == before {
 			return fmt.Errorf("boot %q (%v)", boot, err)
@@ -212,14 +219,31 @@ func TestTalosStagedInstallNotBooted(t *testing.T) {
 		}
 
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{})
-		if err != nil || !nodeReady(n) {
-			return fmt.Errorf("node cp-1 not Ready yet (%v)", err)
+		if err != nil {
+			return err
+		}
+
+		if _, starting := kube.NodeStarting(n); !starting {
+			return fmt.Errorf("node cp-1 not posting NotReady yet: %v", n.Status.Conditions)
 		}
 
 		return nil
 	})
 
 	c.ichor(t, 3*time.Minute, "resume", "--detach").requireExit(t, 0)
+
+	eventually(t, 2*time.Minute, "the Job's checks waiting for cp-1 to start", func(context.Context) error {
+		for _, n := range c.operation(t).Status.Nodes {
+			if n.Name == "cp-1" && strings.Contains(n.Message, "starting: NotReady") {
+				return nil
+			}
+		}
+
+		return errors.New("cp-1's line says no wait")
+	})
+
+	setFaults("nodes: {}\n") // the node comes Ready
+
 	c.ichor(t, 10*time.Minute, "status", "--watch").requireExit(t, 0)
 
 	requireTalosAt(t, c, tc, talos114)

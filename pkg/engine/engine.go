@@ -287,6 +287,11 @@ type Options struct {
 	// missing kube-apiserver mirror pod before it pauses: a kubelet that restarted
 	// on a new version deletes and recreates its mirror pods.
 	MirrorPodTimeout time.Duration
+	// StartingTimeout is how long after a node turned NotReady, its kubelet up, a
+	// stage's checks wait for it to come Ready before they refuse it: a node back
+	// from a boot (a resume right after a rollback or a repair) is NotReady until
+	// its runtime and network are up (waitStarting).
+	StartingTimeout time.Duration
 	// StaticPodSettle is how long, after a control plane's kubelet moved to a new
 	// version, its static pods must stay Ready before the next node, unless that
 	// kubelet already restarted them (it may: see settleStaticPods).
@@ -321,6 +326,7 @@ func (o Options) withDefaults() Options {
 	def(&o.RenderTimeout, DefaultRenderTimeout)
 	def(&o.RolloutStuckAfter, DefaultRolloutStuckAfter)
 	def(&o.MirrorPodTimeout, DefaultMirrorPodTimeout)
+	def(&o.StartingTimeout, DefaultStartingTimeout)
 	def(&o.StaticPodSettle, DefaultStaticPodSettle)
 	def(&o.UnreachableGrace, DefaultUnreachableGrace)
 
@@ -349,6 +355,7 @@ const (
 	DefaultPullTimeout      = 5 * time.Minute
 	DefaultRenderTimeout    = 2 * time.Minute
 	DefaultMirrorPodTimeout = 2 * time.Minute
+	DefaultStartingTimeout  = 5 * time.Minute
 	DefaultStaticPodSettle  = 30 * time.Second
 	DefaultUnreachableGrace = 30 * time.Second
 	DefaultConcurrency      = 32

@@ -55,8 +55,15 @@ func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pend
 	}
 
 	if len(notReady) > 0 {
-		return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", "),
-			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+		notReady, waited, err := r.e.waitStarting(ctx, r.cache, stage, notReady, r.opts.StartingTimeout)
+		if err != nil {
+			return err
+		}
+
+		if len(notReady) > 0 {
+			return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", ")+startingFor(waited),
+				fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+		}
 	}
 
 	// An apiserver whose version cannot be read is said as the invariant's (with

@@ -93,12 +93,25 @@ func (r *talosRun) checkStage(ctx context.Context, pending []*osNode, facts map[
 
 		return r.refuse(ctx, stagedNodes, "a machine config change is staged for the next reboot, which the upgrade's would activate: "+text.Summarize(staged),
 			render.StagedAction(ip))
-	case len(notReady) > 0:
-		return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", "),
-			fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
 	}
 
-	return nil
+	return r.checkReady(ctx, notReady)
+}
+
+// checkReady refuses the nodes not Ready, once those still starting had their
+// bounded wait (waitStarting).
+func (r *talosRun) checkReady(ctx context.Context, notReady []string) error {
+	if len(notReady) == 0 {
+		return nil
+	}
+
+	notReady, waited, err := r.e.waitStarting(ctx, r.cache, r.stage.Name(), notReady, r.opts.StartingTimeout)
+	if err != nil || len(notReady) == 0 {
+		return err
+	}
+
+	return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", ")+startingFor(waited),
+		fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
 }
 
 // startFacts is what the stage's start reads of a node it upgrades, for its

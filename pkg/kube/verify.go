@@ -3,6 +3,7 @@ package kube
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -161,6 +162,20 @@ func NodeReady(n *corev1.Node) (bool, string) {
 	}
 
 	return false, " (no Ready condition)"
+}
+
+// NodeStarting reports whether the Node's kubelet says it is NotReady (its
+// Ready condition False, not Unknown: the kubelet is up and posts its status),
+// and since when: a node back from a boot is so until its container runtime
+// and network are up.
+func NodeStarting(n *corev1.Node) (since time.Time, starting bool) {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.LastTransitionTime.Time, c.Status == corev1.ConditionFalse
+		}
+	}
+
+	return time.Time{}, false
 }
 
 // PodReady reports the pod's Ready condition.
