@@ -100,7 +100,7 @@ func (e *Engine) waitStarting(ctx context.Context, cache *kube.Cache, stage stri
 		}
 	}
 
-	return still, time.Since(start).Round(100*time.Millisecond).String(), nil
+	return still, time.Since(start).Round(100 * time.Millisecond).String(), nil
 }
 
 // readyIn reports whether the cache's Node name is Ready.
