@@ -224,13 +224,23 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 	}
 }
 
-// watchCredentials watches the Talos ServiceAccount's Secret: the channel has an event
-// for each change to it (a nil channel, which never delivers, when the watch cannot
-// start: the caller polls); stop ends the watch.
+// watchCredentials watches the Talos ServiceAccount's Secret (watchNamed).
 func (c *Control) watchCredentials(ctx context.Context) (<-chan watch.Event, func()) {
-	w, err := c.Kube.CoreV1().Secrets(c.Namespace).Watch(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", TalosAccountName).String(),
-	})
+	return watchNamed(ctx, c.Kube.CoreV1().Secrets(c.Namespace).Watch, TalosAccountName)
+}
+
+// WatchState watches the state ConfigMap (watchNamed), for a follower that would
+// otherwise only poll it.
+func (c *Control) WatchState(ctx context.Context) (<-chan watch.Event, func()) {
+	return watchNamed(ctx, c.Kube.CoreV1().ConfigMaps(c.Namespace).Watch, StateName)
+}
+
+// watchNamed watches the object called name with open: the channel has an event
+// for each change to it and closes when the watch ends (a nil channel, which never
+// delivers, when the watch cannot start, RBAC refusing it say: the caller polls);
+// stop ends the watch.
+func watchNamed(ctx context.Context, open func(context.Context, metav1.ListOptions) (watch.Interface, error), name string) (<-chan watch.Event, func()) {
+	w, err := open(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
 		return nil, func() {}
 	}

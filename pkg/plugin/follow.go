@@ -396,9 +396,9 @@ type follower struct {
 // (an error with the exit code to use), or ctx ends (detached).
 func (f *follower) run(ctx context.Context) error {
 	var (
-		prev  view
-		shown int
-		tick  int
+		prev      view
+		shown     int
+		diagnosed time.Time
 	)
 
 	stored, err := storedPlan(ctx, f.ctl)
@@ -406,7 +406,13 @@ func (f *follower) run(ctx context.Context) error {
 		return err
 	}
 
-	for ; ; tick++ {
+	// The state is watched from before it is first read, so that a change wakes
+	// the follower at once (an ended operation is said when it ends); the poll
+	// stays for a watch refused or ended, and to diagnose the Job's pods.
+	changes, stopWatch := f.ctl.WatchState(ctx)
+	defer func() { stopWatch() }()
+
+	for {
 		op, err := f.ctl.Get(ctx)
 
 		if ctx.Err() != nil {
@@ -425,7 +431,9 @@ func (f *follower) run(ctx context.Context) error {
 			cur = prev
 			cur.now = f.now()
 			cur.problem = "cannot read the state: " + err.Error() + " (trying again)"
-		} else if tick%3 == 0 || prev.problem != "" {
+		} else if time.Since(diagnosed) >= 3*f.poll || prev.problem != "" {
+			diagnosed = time.Now()
+
 			if p, derr := f.ctl.Diagnose(ctx, op); derr == nil && p != nil {
 				cur.problem = p.Message
 				if p.Final {
@@ -452,6 +460,16 @@ func (f *follower) run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return f.detach(prev.op)
+		case _, open := <-changes:
+			if !open { // the watch ended: a new one, and the poll's turn
+				stopWatch()
+				changes, stopWatch = f.ctl.WatchState(ctx)
+
+				select {
+				case <-ctx.Done():
+				case <-time.After(f.poll):
+				}
+			}
 		case <-time.After(f.poll):
 		}
 	}

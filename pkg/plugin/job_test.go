@@ -325,6 +325,36 @@ func TestWatchJSONLines(t *testing.T) {
 	assert.Nil(t, doc.Progress.RemainingSeconds)
 }
 
+// TestWatchWakesOnTheState: the follower hears the runner's write of the state as
+// it lands (a watch), not at its next poll, here an hour away: an operation that
+// succeeds is said at once.
+func TestWatchWakesOnTheState(t *testing.T) {
+	_, raw := goldenPlan(t)
+	op := kubeletsStage(operation(api.PhaseRunning))
+	c := newJobCluster(stateOf(t, op, raw), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace}})
+
+	d := c.with(deps{})
+	d.job.poll = time.Hour
+
+	written := make(chan error, 1)
+
+	go func() {
+		time.Sleep(200 * time.Millisecond) // the runner's last node, verified
+
+		done := kubeletsStage(operation(api.PhaseRunning))
+		done.Status.Phase = api.PhaseSucceeded
+		done.Status.FinishedAt = &metav1.Time{Time: now0.Add(5 * time.Minute)}
+
+		_, err := c.kube.CoreV1().ConfigMaps(job.DefaultNamespace).Update(context.Background(), stateOf(t, done, raw), metav1.UpdateOptions{})
+		written <- err
+	}()
+
+	stdout, stderr, code := runWith(t, d, "status", "--watch")
+	require.NoError(t, <-written)
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Contains(t, stdout, "Succeeded")
+}
+
 func TestOneLineErrors(t *testing.T) {
 	corrupt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job.StateName, Namespace: job.DefaultNamespace}, BinaryData: map[string][]byte{job.OperationKey: []byte("{")}}
 	corruptPlan := stateOf(t, operation(api.PhaseSucceeded), []byte(`{"kind":"Plan"}`))
