@@ -299,7 +299,7 @@ func TestEngineOptions(t *testing.T) {
 	assert.Equal(t, Options{
 		ApplyTimeout: DefaultApplyTimeout, VerifyTimeout: DefaultVerifyTimeout, DrainTimeout: DefaultDrainTimeout,
 		UpgradeTimeout: DefaultUpgradeTimeout, RebootTimeout: DefaultRebootTimeout, PullTimeout: DefaultPullTimeout, RenderTimeout: DefaultRenderTimeout,
-		MirrorPodTimeout: DefaultMirrorPodTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
+		MirrorPodTimeout: DefaultMirrorPodTimeout, StartingTimeout: DefaultStartingTimeout, StaticPodSettle: DefaultStaticPodSettle, RolloutStuckAfter: DefaultRolloutStuckAfter,
 		UnreachableGrace: DefaultUnreachableGrace,
 		Concurrency:      DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
 	}, Options{}.withDefaults())
