@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
@@ -143,6 +144,22 @@ func TestChecks(t *testing.T) {
 		{
 			name: "not ready", check: checks.NodesReady{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-1").NotReady = true },
 			result: api.ResultRefused, detail: []string{"4/5 Ready; not Ready: worker-1"}, action: "kubectl annotate node worker-1 ichor.dev/hold=",
+		},
+		{
+			name: "starting", check: checks.NodesReady{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("worker-1").NotReady, c.Node("worker-1").NotReadySince = true, time.Now().Add(-10*time.Second)
+			},
+			result: api.ResultWarn, detail: []string{"4/5 Ready; starting: worker-1 (NotReady since ", "the upgrade waits for each to come Ready, up to 5m0s after it turned NotReady"},
+			action: "kubectl annotate node worker-1 ichor.dev/hold=",
+		},
+		{
+			name: "starting and not ready", check: checks.NodesReady{},
+			cluster: func(c *discoverytest.Cluster) {
+				c.Node("worker-1").NotReady, c.Node("worker-1").NotReadySince = true, time.Now().Add(-10*time.Second)
+				c.Node("worker-2").NotReady = true
+			},
+			result: api.ResultRefused, detail: []string{"3/5 Ready; not Ready: worker-1, worker-2"},
 		},
 		{
 			name: "cordoned", check: checks.NodesReady{}, cluster: func(c *discoverytest.Cluster) { c.Node("worker-1").Cordoned = true },

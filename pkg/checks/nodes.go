@@ -3,14 +3,19 @@ package checks
 import (
 	"context"
 	"fmt"
+	"time"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/text"
 )
 
 // NodesReady refuses when a node the upgrade visits is not Ready, and warns about cordoned
-// ones (the upgrade uncordons the nodes it drains).
+// ones (the upgrade uncordons the nodes it drains). Nodes still starting (their kubelet
+// posts NotReady, for less than kube.StartingWindow: a node back from a boot) are a
+// warning when they are all the NotReady ones: the upgrade waits for them at its stage's
+// checks, and refuses them only if they are not Ready by then.
 type NodesReady struct{}
 
 // Name implements Check.
@@ -20,11 +25,15 @@ func (NodesReady) Name() string { return "nodes ready" }
 func (NodesReady) Run(_ context.Context, in *Input) api.Check {
 	nodes := active(in.Snapshot)
 
-	var notReady, cordoned []discovery.Node
+	var notReady, starting, cordoned []discovery.Node
 
 	for _, n := range nodes {
 		if !n.Ready {
 			notReady = append(notReady, n)
+
+			if !n.NotReadySince.IsZero() && time.Since(n.NotReadySince) < kube.StartingWindow {
+				starting = append(starting, n)
+			}
 		}
 
 		if n.Unschedulable {
@@ -35,6 +44,10 @@ func (NodesReady) Run(_ context.Context, in *Input) api.Check {
 	ready := fmt.Sprintf("%d/%d", len(nodes)-len(notReady), len(nodes))
 
 	switch {
+	case len(notReady) > 0 && len(starting) == len(notReady):
+		return warn(fmt.Sprintf("%s Ready; starting: %s (NotReady since %s); the upgrade waits for each to come Ready, up to %s after it turned NotReady",
+			ready, names(starting), starting[0].NotReadySince.UTC().Format(time.TimeOnly+" UTC"), kube.StartingWindow),
+			fmt.Sprintf("none if it comes Ready; if not, fix it or hold it: kubectl annotate node %s %s=<reason>", starting[0].Name, discovery.HoldAnnotation))
 	case len(notReady) > 0:
 		return refused(fmt.Sprintf("%s Ready; not Ready: %s", ready, names(notReady)),
 			fmt.Sprintf("fix them, or hold them: kubectl annotate node %s %s=<reason>", notReady[0].Name, discovery.HoldAnnotation))

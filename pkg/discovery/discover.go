@@ -293,6 +293,10 @@ func NodeFrom(node *corev1.Node) Node {
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			n.Ready = c.Status == corev1.ConditionTrue
+
+			if c.Status == corev1.ConditionFalse {
+				n.NotReadySince = c.LastTransitionTime.Time
+			}
 		}
 	}
 

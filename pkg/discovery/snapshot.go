@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"strings"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	corev1 "k8s.io/api/core/v1"
@@ -77,6 +78,10 @@ type Node struct {
 	OSImage string
 	// Ready is the Node's Ready condition.
 	Ready bool
+	// NotReadySince is, when the Node's kubelet reports it NotReady (its Ready
+	// condition False, not Unknown: a node back from a boot, its runtime and
+	// network not up yet), when it turned so; zero otherwise.
+	NotReadySince time.Time
 	// Unschedulable is spec.unschedulable (cordoned).
 	Unschedulable bool
 	// Held is true when the Node has HoldAnnotation.

@@ -355,7 +355,7 @@ const (
 	DefaultPullTimeout      = 5 * time.Minute
 	DefaultRenderTimeout    = 2 * time.Minute
 	DefaultMirrorPodTimeout = 2 * time.Minute
-	DefaultStartingTimeout  = 5 * time.Minute
+	DefaultStartingTimeout  = kube.StartingWindow
 	DefaultStaticPodSettle  = 30 * time.Second
 	DefaultUnreachableGrace = 30 * time.Second
 	DefaultConcurrency      = 32

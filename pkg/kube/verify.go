@@ -164,6 +164,11 @@ func NodeReady(n *corev1.Node) (bool, string) {
 	return false, " (no Ready condition)"
 }
 
+// StartingWindow is how long after a node turned NotReady, its kubelet up and
+// posting it (NodeStarting), the upgrade takes it for a node still starting and
+// waits for it to come Ready before refusing it.
+const StartingWindow = 5 * time.Minute
+
 // NodeStarting reports whether the Node's kubelet says it is NotReady (its
 // Ready condition False, not Unknown: the kubelet is up and posts its status),
 // and since when: a node back from a boot is so until its container runtime

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
@@ -60,6 +61,9 @@ type NodeSpec struct {
 	OSImage string
 	// NotReady marks the Node NotReady.
 	NotReady bool
+	// NotReadySince, with NotReady, is when its Ready condition turned False (a
+	// node still starting, when recent); zero: long ago.
+	NotReadySince time.Time
 	// Cordoned sets spec.unschedulable.
 	Cordoned bool
 	// Hold, when not nil, sets the hold annotation to its value.
@@ -259,6 +263,7 @@ func (n *NodeSpec) node() *corev1.Node {
 
 	if n.NotReady {
 		node.Status.Conditions[0].Status = corev1.ConditionFalse
+		node.Status.Conditions[0].LastTransitionTime = metav1.NewTime(n.NotReadySince)
 	}
 
 	if n.OSImage != "" {
