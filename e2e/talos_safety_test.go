@@ -336,3 +336,70 @@ func linesWith(l *lines, words ...string) []string {
 
 	return out
 }
+
+// TestTalosUpgradeWaitsForAStartingNode: worker-1 was rebooted a moment ago and
+// its Node is still starting (its kubelet posts NotReady: fault stayNotReady)
+// when the operator upgrades Talos. The plan warns, naming it, rather than
+// refuse; the Job's checks wait for it, saying so on its line, and once it is
+// Ready the upgrade goes on and finishes.
+func TestTalosUpgradeWaitsForAStartingNode(t *testing.T) {
+	t.Parallel()
+
+	faults, setFaults := faultsFile(t)
+	c := startJobCluster(t, append([]string{"--control-planes", "1", "--workers", "1", "--kubernetes", kube136, "--talos", talos113, "--faults", faults},
+		withEmptySchematic("cp-1", "worker-1")...)...)
+
+	ctx := context.Background()
+	tc := openTalos(t, c)
+	w1 := c.Machine(t, "worker-1").IP
+
+	mc, err := client.New(ctx, client.WithConfigFromFile(c.Talosconfig))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mc.Close() })
+
+	before, err := tc.BootID(ctx, w1)
+	require.NoError(t, err)
+
+	setFaults("nodes:\n  worker-1:\n    stayNotReady: true\n") // its runtime and network slow to come up
+	require.NoError(t, mc.Reboot(client.WithNode(ctx, w1)))
+
+	eventually(t, 2*time.Minute, "worker-1 back in a new boot, its kubelet posting NotReady", func(ctx context.Context) error {
+		if boot, err := tc.BootID(ctx, w1); err != nil || boot == before {
+			return fmt.Errorf("boot %q (%v)", boot, err)
+		}
+
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+
+		if _, starting := kube.NodeStarting(n); !starting {
+			return fmt.Errorf("node worker-1 not posting NotReady: %v", n.Status.Conditions)
+		}
+
+		return nil
+	})
+
+	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talos114, "--allow-etcd-outage", "--yes", "--detach")
+	r.requireExit(t, 0)
+	assert.Contains(t, r.stdout, "starting: worker-1 (NotReady since ", "the plan warns")
+
+	eventually(t, 2*time.Minute, "the Job's checks waiting for worker-1 to start", func(context.Context) error {
+		for _, n := range c.operation(t).Status.Nodes {
+			if n.Name == "worker-1" && strings.Contains(n.Message, "starting: NotReady") {
+				return nil
+			}
+		}
+
+		return errors.New("worker-1's line says no wait")
+	})
+
+	assert.Empty(t, talosStarts(c.Events(t), talos114), "nothing upgraded while it starts")
+
+	setFaults("nodes: {}\n") // the node comes Ready
+
+	c.ichor(t, 10*time.Minute, "status", "--watch").requireExit(t, 0)
+
+	requireTalosAt(t, c, tc, talos114)
+	requireNothingCordoned(t, c)
+}
