@@ -199,6 +199,36 @@ func (c *Control) Busy(ctx context.Context, op *api.Operation) error {
 	return nil
 }
 
+// WaitJobEnded waits, up to timeout, for the Job called name to end (Complete or
+// Failed, or gone), and reports whether it did: a runner that wrote its operation's end
+// in the state still releases the lock and removes its credentials before its pod, and
+// so its Job, ends. The Job is watched; the poll stays for a watch refused or ended.
+func (c *Control) WaitJobEnded(ctx context.Context, name string, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	changes, stop := watchNamed(ctx, c.Kube.BatchV1().Jobs(c.Namespace).Watch, name)
+	defer func() { stop() }()
+
+	for {
+		active, err := c.jobActive(ctx, name)
+		if err == nil && !active {
+			return true, nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return false, err
+		case _, open := <-changes:
+			if !open {
+				stop()
+				changes, stop = watchNamed(ctx, c.Kube.BatchV1().Jobs(c.Namespace).Watch, name)
+			}
+		case <-time.After(c.poll()):
+		}
+	}
+}
+
 // jobActive reports whether the Job exists and has not finished.
 func (c *Control) jobActive(ctx context.Context, name string) (bool, error) {
 	if name == "" {

@@ -33,6 +33,10 @@ const barWidth = 18
 // removeTimeout bounds the follower's removal of a copied talosconfig.
 const removeTimeout = 15 * time.Second
 
+// jobEndTimeout bounds the follower's wait, once the operation succeeded, for its Job
+// to end (awaitJobEnd).
+const jobEndTimeout = 30 * time.Second
+
 // frame is the view as lines.
 func (v view) frame() []string {
 	op := v.op
@@ -451,6 +455,10 @@ func (f *follower) run(ctx context.Context) error {
 
 		if op != nil && err == nil {
 			if done, result := outcome(op, f.ctl.Namespace); done {
+				if result == nil {
+					f.awaitJobEnd(ctx, op)
+				}
+
 				f.removeCopiedTalosconfig(ctx, op)
 
 				return result
@@ -572,6 +580,25 @@ func outcome(op *api.Operation, namespace string) (bool, error) {
 	}
 
 	return false, nil
+}
+
+// awaitJobEnd waits, bounded, for the Job of op, which succeeded, to end: its runner
+// wrote Succeeded, then releases the lock and removes its credentials as it ends, so
+// the follower returns once the operation is wholly over (another upgrade can start
+// at once). A Job that does not end in time is a warning, not a failure.
+func (f *follower) awaitJobEnd(ctx context.Context, op *api.Operation) {
+	ended, err := f.ctl.WaitJobEnded(ctx, op.Status.Job, jobEndTimeout)
+	if ended || ctx.Err() != nil {
+		return
+	}
+
+	why := ""
+	if err != nil {
+		why = " (" + err.Error() + ")"
+	}
+
+	writef(f.ErrOut, "warning: operation %s succeeded, but its job %s has not ended after %s%s: its runner releases the lock and removes its credentials as it ends; kubectl ichor status%s shows it\n",
+		op.Spec.ID, op.Status.Job, jobEndTimeout, why, nsFlag(f.ctl.Namespace))
 }
 
 // removeCopiedTalosconfig deletes, once op succeeded, the copy of the operator's

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,7 +328,8 @@ func TestWatchJSONLines(t *testing.T) {
 
 // TestWatchWakesOnTheState: the follower hears the runner's write of the state as
 // it lands (a watch), not at its next poll, here an hour away: an operation that
-// succeeds is said at once.
+// succeeds is said at once, once its Job ended (its runner releases the lock and
+// removes its credentials after it wrote Succeeded).
 func TestWatchWakesOnTheState(t *testing.T) {
 	_, raw := goldenPlan(t)
 	op := kubeletsStage(operation(api.PhaseRunning))
@@ -335,6 +337,8 @@ func TestWatchWakesOnTheState(t *testing.T) {
 
 	d := c.with(deps{})
 	d.job.poll = time.Hour
+
+	var ended atomic.Bool
 
 	written := make(chan error, 1)
 
@@ -346,13 +350,30 @@ func TestWatchWakesOnTheState(t *testing.T) {
 		done.Status.FinishedAt = &metav1.Time{Time: now0.Add(5 * time.Minute)}
 
 		_, err := c.kube.CoreV1().ConfigMaps(job.DefaultNamespace).Update(context.Background(), stateOf(t, done, raw), metav1.UpdateOptions{})
+		if err != nil {
+			written <- err
+
+			return
+		}
+
+		time.Sleep(200 * time.Millisecond) // the runner ends
+
+		ended.Store(true)
+
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace},
+			Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}}}
+		_, err = c.kube.BatchV1().Jobs(job.DefaultNamespace).UpdateStatus(context.Background(), j, metav1.UpdateOptions{})
 		written <- err
 	}()
 
 	stdout, stderr, code := runWith(t, d, "status", "--watch")
+	endedFirst := ended.Load()
+
 	require.NoError(t, <-written)
 	require.Equal(t, ExitOK, code, stderr)
 	assert.Contains(t, stdout, "Succeeded")
+	assert.True(t, endedFirst, "returned once the Job ended")
+	assert.NotContains(t, stderr, "warning")
 }
 
 func TestOneLineErrors(t *testing.T) {
