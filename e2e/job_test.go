@@ -860,14 +860,24 @@ func TestJobOneOperationPerCluster(t *testing.T) {
 }
 
 // waitSettled waits until every node is Ready and each control plane's static pods show
-// Ready under mirror pods created since the node last became Ready: after an abort that
-// caught a kubelet restarting on a new version, which deletes its mirror pods once Ready
-// and creates them again (a plan refuses a NotReady node and an apiserver without a
-// mirror pod; a count of Ready mirror pods passed in the moment before the deletion).
+// Ready under mirror pods created since its kubelet last started (events.jsonl): after an
+// abort that caught a kubelet restarting on a new version, which deletes its mirror pods
+// once Ready and creates them again (a plan refuses a NotReady node and an apiserver
+// without a mirror pod; a count of Ready mirror pods passed in the moment before the
+// deletion). A kubelet's first start in a boot creates its mirror pods before its node is
+// Ready (its runtime and network still coming up), so the Ready transition is no mark.
 func waitSettled(t *testing.T, c *Cluster) {
 	t.Helper()
 
-	eventually(t, 2*time.Minute, "every node Ready, every control plane's static pods Ready since", func(ctx context.Context) error {
+	eventually(t, 2*time.Minute, "every node Ready, every control plane's static pods Ready since its kubelet started", func(ctx context.Context) error {
+		started := map[string]time.Time{}
+
+		for _, e := range c.Events(t) {
+			if e.Component == events.Kubelet && e.Time.After(started[e.Node]) {
+				started[e.Node] = e.Time
+			}
+		}
+
 		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
@@ -900,8 +910,8 @@ func waitSettled(t *testing.T, c *Cluster) {
 				switch {
 				case !found:
 					return fmt.Errorf("no mirror pod %s", name)
-				case p.CreationTimestamp.Before(&ready.LastTransitionTime):
-					return fmt.Errorf("mirror pod %s is older than %s's kubelet (Ready since %s)", name, n.Name, ready.LastTransitionTime.Format(time.RFC3339))
+				case p.CreationTimestamp.Time.Before(started[n.Name].Truncate(time.Second)): // the timestamp is in seconds
+					return fmt.Errorf("mirror pod %s is older than %s's kubelet (started %s)", name, n.Name, started[n.Name].Format(time.RFC3339Nano))
 				case !kube.PodReady(p):
 					return fmt.Errorf("mirror pod %s not Ready", name)
 				}
