@@ -207,8 +207,8 @@ func (c *Control) WaitJobEnded(ctx context.Context, name string, timeout time.Du
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	changes, stop := watchNamed(ctx, c.Kube.BatchV1().Jobs(c.Namespace).Watch, name)
-	defer func() { stop() }()
+	wake := newWake(ctx, c.Kube.BatchV1().Jobs(c.Namespace).Watch, name)
+	defer wake.Stop()
 
 	for {
 		active, err := c.jobActive(ctx, name)
@@ -216,15 +216,10 @@ func (c *Control) WaitJobEnded(ctx context.Context, name string, timeout time.Du
 			return true, nil
 		}
 
-		select {
-		case <-ctx.Done():
+		wake.Next(ctx, c.poll())
+
+		if ctx.Err() != nil {
 			return false, err
-		case _, open := <-changes:
-			if !open {
-				stop()
-				changes, stop = watchNamed(ctx, c.Kube.BatchV1().Jobs(c.Namespace).Watch, name)
-			}
-		case <-time.After(c.poll()):
 		}
 	}
 }

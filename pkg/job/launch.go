@@ -10,8 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/watch"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
@@ -170,12 +168,10 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 			c.Namespace, TalosAccountName, waited, why, accessAdvice(c.Namespace))
 	}
 
-	// The Secret is watched from before it is first read, so that Talos' write after
-	// a read wakes the wait at once; a watch that ends is opened again before the
-	// next read. The poll stays for the refusal, and for an apiserver that refuses
-	// the watch.
-	changes, stop := c.watchCredentials(wctx)
-	defer func() { stop() }()
+	// Talos' write of the Secret wakes the wait at once; the poll stays for the
+	// refusal, and for an apiserver that refuses the watch.
+	wake := newWake(wctx, c.Kube.CoreV1().Secrets(c.Namespace).Watch, TalosAccountName)
+	defer wake.Stop()
 
 	for {
 		s, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(wctx, TalosAccountName, metav1.GetOptions{})
@@ -195,24 +191,7 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 			}
 		}
 
-		next := time.NewTimer(c.poll() / 2)
-
-		select {
-		case <-wctx.Done():
-		case _, open := <-changes:
-			if !open { // the watch ended: a new one, and the poll's turn
-				stop()
-				changes, stop = c.watchCredentials(wctx)
-
-				select {
-				case <-wctx.Done():
-				case <-next.C:
-				}
-			}
-		case <-next.C:
-		}
-
-		next.Stop()
+		wake.Next(wctx, c.poll()/2)
 
 		if wctx.Err() != nil {
 			if ctx.Err() != nil {
@@ -224,28 +203,9 @@ func (c *Control) waitCredentials(ctx context.Context) error {
 	}
 }
 
-// watchCredentials watches the Talos ServiceAccount's Secret (watchNamed).
-func (c *Control) watchCredentials(ctx context.Context) (<-chan watch.Event, func()) {
-	return watchNamed(ctx, c.Kube.CoreV1().Secrets(c.Namespace).Watch, TalosAccountName)
-}
-
-// WatchState watches the state ConfigMap (watchNamed), for a follower that would
-// otherwise only poll it.
-func (c *Control) WatchState(ctx context.Context) (<-chan watch.Event, func()) {
-	return watchNamed(ctx, c.Kube.CoreV1().ConfigMaps(c.Namespace).Watch, StateName)
-}
-
-// watchNamed watches the object called name with open: the channel has an event
-// for each change to it and closes when the watch ends (a nil channel, which never
-// delivers, when the watch cannot start, RBAC refusing it say: the caller polls);
-// stop ends the watch.
-func watchNamed(ctx context.Context, open func(context.Context, metav1.ListOptions) (watch.Interface, error), name string) (<-chan watch.Event, func()) {
-	w, err := open(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-	if err != nil {
-		return nil, func() {}
-	}
-
-	return w.ResultChan(), w.Stop
+// WatchState wakes a follower of the state ConfigMap at each of its writes (Wake).
+func (c *Control) WatchState(ctx context.Context) *Wake {
+	return newWake(ctx, c.Kube.CoreV1().ConfigMaps(c.Namespace).Watch, StateName)
 }
 
 // accessAdvice says how to give the Job its Talos credentials.

@@ -413,8 +413,8 @@ func (f *follower) run(ctx context.Context) error {
 	// The state is watched from before it is first read, so that a change wakes
 	// the follower at once (an ended operation is said when it ends); the poll
 	// stays for a watch refused or ended, and to diagnose the Job's pods.
-	changes, stopWatch := f.ctl.WatchState(ctx)
-	defer func() { stopWatch() }()
+	wake := f.ctl.WatchState(ctx)
+	defer wake.Stop()
 
 	for {
 		op, err := f.ctl.Get(ctx)
@@ -465,20 +465,8 @@ func (f *follower) run(ctx context.Context) error {
 			}
 		}
 
-		select {
-		case <-ctx.Done():
+		if wake.Next(ctx, f.poll); ctx.Err() != nil {
 			return f.detach(prev.op)
-		case _, open := <-changes:
-			if !open { // the watch ended: a new one, and the poll's turn
-				stopWatch()
-				changes, stopWatch = f.ctl.WatchState(ctx)
-
-				select {
-				case <-ctx.Done():
-				case <-time.After(f.poll):
-				}
-			}
-		case <-time.After(f.poll):
 		}
 	}
 }
