@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"google.golang.org/grpc/codes"
@@ -293,14 +294,26 @@ func NodeFrom(node *corev1.Node) Node {
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			n.Ready = c.Status == corev1.ConditionTrue
-
-			if c.Status == corev1.ConditionFalse {
-				n.NotReadySince = c.LastTransitionTime.Time
-			}
 		}
 	}
 
+	n.NotReadySince = NotReadySince(node)
+
 	return n
+}
+
+// NotReadySince is when the Node's kubelet reported it NotReady (its Ready
+// condition False, not Unknown: the kubelet is up and posts its status, as on
+// a node back from a boot whose runtime and network are not up yet); zero when
+// it does not.
+func NotReadySince(node *corev1.Node) time.Time {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionFalse {
+			return c.LastTransitionTime.Time
+		}
+	}
+
+	return time.Time{}
 }
 
 func staticPodsByNode(pods []corev1.Pod) map[string]map[Component]StaticPod {

@@ -78,9 +78,8 @@ type Node struct {
 	OSImage string
 	// Ready is the Node's Ready condition.
 	Ready bool
-	// NotReadySince is, when the Node's kubelet reports it NotReady (its Ready
-	// condition False, not Unknown: a node back from a boot, its runtime and
-	// network not up yet), when it turned so; zero otherwise.
+	// NotReadySince is when its kubelet reported it NotReady (NotReadySince);
+	// zero when it does not.
 	NotReadySince time.Time
 	// Unschedulable is spec.unschedulable (cordoned).
 	Unschedulable bool

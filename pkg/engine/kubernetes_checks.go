@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
@@ -61,8 +60,9 @@ func (r *kubeRun) checkStage(ctx context.Context, s stages.KubernetesStage, pend
 		}
 
 		if len(notReady) > 0 {
-			return r.refuse(ctx, stage, notReady, "not Ready: "+strings.Join(notReady, ", ")+startingFor(waited),
-				fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+			reason, action := notReadyRefusal(notReady, waited)
+
+			return r.refuse(ctx, stage, notReady, reason, action)
 		}
 	}
 

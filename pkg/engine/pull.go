@@ -28,7 +28,7 @@ type nodePulls struct {
 	pulls    []pull
 }
 
-// node names the node, for talos.Each.
+// node names the node, for talos.ForEach.
 func (n nodePulls) node() string { return n.name }
 
 // PullTimeoutError is the cause of a node's pull that did not finish within

@@ -3,21 +3,24 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 )
 
 // waitStarting gives the nodes a stage's checks found not Ready a bounded wait
 // when they are starting, and returns those still not Ready, with what it
 // waited ("" when it did not). A node is starting when its kubelet says it is
-// NotReady (kube.NodeStarting) and it turned so less than StartingTimeout ago:
+// NotReady (discovery.NotReadySince) and it turned so less than StartingTimeout ago:
 // a node back from a boot is NotReady until its runtime and network are up, as
 // after `talosctl rollback` and a resume at once. The wait ends when every
 // starting node is Ready or no longer starting, or at the latest at its
 // turn's StartingTimeout; each waiting node's line says what it waits for.
-// When a node is NotReady for longer, or its kubelet posts nothing (Unknown),
-// nothing is waited for: the checks refuse it at once, nothing changed.
+// When a node is NotReady for longer, its kubelet posts nothing (Unknown) or it
+// is gone, nothing is waited for: the checks refuse it at once, nothing
+// changed. A node Ready again since the stage read it is not waited for.
 func (e *Engine) waitStarting(ctx context.Context, cache *kube.Cache, stage string, notReady []string, timeout time.Duration) ([]string, string, error) {
 	now := time.Now()
 	deadline := now
@@ -26,12 +29,16 @@ func (e *Engine) waitStarting(ctx context.Context, cache *kube.Cache, stage stri
 
 	for _, name := range notReady {
 		n, ok := cache.Node(name)
-		if !ok {
+
+		switch {
+		case !ok:
+			return notReady, "", nil
+		case nodeReady(n):
 			continue
 		}
 
-		since, ok := kube.NodeStarting(n)
-		if !ok || now.Sub(since) >= timeout {
+		since := discovery.NotReadySince(n)
+		if since.IsZero() || now.Sub(since) >= timeout {
 			return notReady, "", nil
 		}
 
@@ -39,6 +46,23 @@ func (e *Engine) waitStarting(ctx context.Context, cache *kube.Cache, stage stri
 		if end := since.Add(timeout); end.After(deadline) {
 			deadline = end
 		}
+	}
+
+	// still are the nodes of notReady not Ready now.
+	still := func() []string {
+		var out []string
+
+		for _, name := range notReady {
+			if !readyIn(cache, name) {
+				out = append(out, name)
+			}
+		}
+
+		return out
+	}
+
+	if len(starting) == 0 {
+		return still(), "", nil
 	}
 
 	start := time.Now()
@@ -53,7 +77,7 @@ func (e *Engine) waitStarting(ctx context.Context, cache *kube.Cache, stage stri
 				continue
 			}
 
-			if _, ok := kube.NodeStarting(n); ok {
+			if !discovery.NotReadySince(n).IsZero() {
 				_, why := kube.NodeReady(n)
 				left[name] = why
 			}
@@ -92,15 +116,7 @@ func (e *Engine) waitStarting(ctx context.Context, cache *kube.Cache, stage stri
 
 	report("")
 
-	var still []string
-
-	for _, name := range notReady {
-		if !readyIn(cache, name) {
-			still = append(still, name)
-		}
-	}
-
-	return still, time.Since(start).Round(100 * time.Millisecond).String(), nil
+	return still(), time.Since(start).Round(100 * time.Millisecond).String(), nil
 }
 
 // readyIn reports whether the cache's Node name is Ready.
@@ -110,12 +126,14 @@ func readyIn(cache *kube.Cache, name string) bool {
 	return ok && nodeReady(n)
 }
 
-// startingFor says, after a refusal's "not Ready: <nodes>", how long they were
-// waited for as starting; "" when they were not.
-func startingFor(waited string) string {
-	if waited == "" {
-		return ""
+// notReadyRefusal is a stage's refusal of the nodes not Ready, saying how long
+// they were waited for as starting (waited, "" when they were not): its reason
+// and what to do.
+func notReadyRefusal(notReady []string, waited string) (reason, action string) {
+	reason = "not Ready: " + strings.Join(notReady, ", ")
+	if waited != "" {
+		reason += " (still starting after a wait of " + waited + ")"
 	}
 
-	return " (still starting after a wait of " + waited + ")"
+	return reason, fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation)
 }

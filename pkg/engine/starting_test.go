@@ -110,3 +110,41 @@ func TestKubernetesChecksWaitForAStartingNode(t *testing.T) {
 	assert.NotEmpty(t, rec.with("worker-2 Pending: starting: NotReady"))
 	assert.NotEmpty(t, rec.with("worker-2 Pending: started: Ready after"))
 }
+
+// TestWaitStartingWaitsForNothingElse: a node Ready again since the stage read it
+// is neither waited for nor refused; with a node gone from the cluster among
+// them, nothing is waited for and every one is refused at once.
+func TestWaitStartingWaitsForNothingElse(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
+	setStatus := func(name string, fn func(*corev1.Node)) {
+		n, err := f.cs.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		require.NoError(t, err)
+
+		fn(n)
+		_, err = f.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+
+	setStatus("worker-2", starting(corev1.ConditionFalse, time.Now()))
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+
+	e := f.engine("v1.36.3")
+	cache, err := e.startCache(ctx)
+	require.NoError(t, err)
+
+	defer cache.Stop()
+
+	still, waited, err := e.waitStarting(ctx, cache, "Kubelets", []string{"worker-1"}, time.Hour)
+	require.NoError(t, err)
+	assert.Empty(t, still, "worker-1 is Ready")
+	assert.Empty(t, waited)
+
+	start := time.Now()
+	still, waited, err = e.waitStarting(ctx, cache, "Kubelets", []string{"worker-2", "worker-9"}, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"worker-2", "worker-9"}, still)
+	assert.Empty(t, waited, "no wait: worker-9 is gone")
+	assert.Less(t, time.Since(start), time.Minute)
+}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/compat"
-	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/render"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
@@ -110,8 +108,9 @@ func (r *talosRun) checkReady(ctx context.Context, notReady []string) error {
 		return err
 	}
 
-	return r.refuse(ctx, notReady, "not Ready: "+strings.Join(notReady, ", ")+startingFor(waited),
-		fmt.Sprintf("fix them, or hold them (kubectl annotate node %s %s=<reason>), then resume", notReady[0], discovery.HoldAnnotation))
+	reason, action := notReadyRefusal(notReady, waited)
+
+	return r.refuse(ctx, notReady, reason, action)
 }
 
 // startFacts is what the stage's start reads of a node it upgrades, for its

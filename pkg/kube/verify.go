@@ -165,23 +165,9 @@ func NodeReady(n *corev1.Node) (bool, string) {
 }
 
 // StartingWindow is how long after a node turned NotReady, its kubelet up and
-// posting it (NodeStarting), the upgrade takes it for a node still starting and
+// posting it (discovery.NotReadySince), the upgrade takes it for a node still starting and
 // waits for it to come Ready before refusing it.
 const StartingWindow = 5 * time.Minute
-
-// NodeStarting reports whether the Node's kubelet says it is NotReady (its
-// Ready condition False, not Unknown: the kubelet is up and posts its status),
-// and since when: a node back from a boot is so until its container runtime
-// and network are up.
-func NodeStarting(n *corev1.Node) (since time.Time, starting bool) {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.LastTransitionTime.Time, c.Status == corev1.ConditionFalse
-		}
-	}
-
-	return time.Time{}, false
-}
 
 // PodReady reports the pod's Ready condition.
 func PodReady(p *corev1.Pod) bool {
