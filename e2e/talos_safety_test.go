@@ -19,9 +19,9 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
-	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
 	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
@@ -208,39 +208,14 @@ func TestTalosStagedInstallNotBooted(t *testing.T) {
 
 	// The operator resumes as soon as the node answers: on v1.13.9 in a new boot,
 	// its Node NotReady, starting.
-	eventually(t, 2*time.Minute, "cp-1 back on v1.13.9 in a new boot, its kubelet posting NotReady", func(ctx context.Context) error {
-		boot, err := tc.BootID(ctx, cp1)
-		if err != nil || boot == before {
-			return fmt.Errorf("boot %q (%v)", boot, err)
-		}
+	awaitStartingBoot(t, c, tc, "cp-1", before)
 
-		if v, err := tc.Version(ctx, cp1); err != nil || v != talos113 {
-			return fmt.Errorf("version %q (%v)", v, err)
-		}
-
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-
-		if _, starting := kube.NodeStarting(n); !starting {
-			return fmt.Errorf("node cp-1 not posting NotReady yet: %v", n.Status.Conditions)
-		}
-
-		return nil
-	})
+	v, err := tc.Version(ctx, cp1)
+	require.NoError(t, err)
+	require.Equal(t, talos113, v, "the rollback's version")
 
 	c.ichor(t, 3*time.Minute, "resume", "--detach").requireExit(t, 0)
-
-	eventually(t, 2*time.Minute, "the Job's checks waiting for cp-1 to start", func(context.Context) error {
-		for _, n := range c.operation(t).Status.Nodes {
-			if n.Name == "cp-1" && strings.Contains(n.Message, "starting: NotReady") {
-				return nil
-			}
-		}
-
-		return errors.New("cp-1's line says no wait")
-	})
+	awaitJobWaitsFor(t, c, "cp-1")
 
 	setFaults("nodes: {}\n") // the node comes Ready
 
@@ -363,36 +338,13 @@ func TestTalosUpgradeWaitsForAStartingNode(t *testing.T) {
 	setFaults("nodes:\n  worker-1:\n    stayNotReady: true\n") // its runtime and network slow to come up
 	require.NoError(t, mc.Reboot(client.WithNode(ctx, w1)))
 
-	eventually(t, 2*time.Minute, "worker-1 back in a new boot, its kubelet posting NotReady", func(ctx context.Context) error {
-		if boot, err := tc.BootID(ctx, w1); err != nil || boot == before {
-			return fmt.Errorf("boot %q (%v)", boot, err)
-		}
-
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-
-		if _, starting := kube.NodeStarting(n); !starting {
-			return fmt.Errorf("node worker-1 not posting NotReady: %v", n.Status.Conditions)
-		}
-
-		return nil
-	})
+	awaitStartingBoot(t, c, tc, "worker-1", before)
 
 	r := c.ichor(t, 3*time.Minute, "upgrade", "talos", "--to", talos114, "--allow-etcd-outage", "--yes", "--detach")
 	r.requireExit(t, 0)
 	assert.Contains(t, r.stdout, "starting: worker-1 (NotReady since ", "the plan warns")
 
-	eventually(t, 2*time.Minute, "the Job's checks waiting for worker-1 to start", func(context.Context) error {
-		for _, n := range c.operation(t).Status.Nodes {
-			if n.Name == "worker-1" && strings.Contains(n.Message, "starting: NotReady") {
-				return nil
-			}
-		}
-
-		return errors.New("worker-1's line says no wait")
-	})
+	awaitJobWaitsFor(t, c, "worker-1")
 
 	assert.Empty(t, talosStarts(c.Events(t), talos114), "nothing upgraded while it starts")
 
@@ -402,4 +354,45 @@ func TestTalosUpgradeWaitsForAStartingNode(t *testing.T) {
 
 	requireTalosAt(t, c, tc, talos114)
 	requireNothingCordoned(t, c)
+}
+
+// awaitStartingBoot waits until machine name answers in a boot other than before,
+// its Node's kubelet posting NotReady: back from a reboot, still starting.
+func awaitStartingBoot(t *testing.T, c *Cluster, tc *countingTalos, name, before string) {
+	t.Helper()
+
+	ip := c.Machine(t, name).IP
+
+	eventually(t, 2*time.Minute, name+" back in a new boot, its kubelet posting NotReady", func(ctx context.Context) error {
+		if boot, err := tc.BootID(ctx, ip); err != nil || boot == before {
+			return fmt.Errorf("boot %q (%v)", boot, err)
+		}
+
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+
+		if discovery.NotReadySince(n).IsZero() {
+			return fmt.Errorf("node %s not posting NotReady: %v", name, n.Status.Conditions)
+		}
+
+		return nil
+	})
+}
+
+// awaitJobWaitsFor waits until the Job's line for node says its checks wait for it
+// to start.
+func awaitJobWaitsFor(t *testing.T, c *Cluster, node string) {
+	t.Helper()
+
+	eventually(t, 2*time.Minute, "the Job's checks waiting for "+node+" to start", func(context.Context) error {
+		for _, n := range c.operation(t).Status.Nodes {
+			if n.Name == node && strings.Contains(n.Message, "starting: NotReady") {
+				return nil
+			}
+		}
+
+		return errors.New(node + "'s line says no wait")
+	})
 }
