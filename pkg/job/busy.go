@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -199,19 +200,28 @@ func (c *Control) Busy(ctx context.Context, op *api.Operation) error {
 	return nil
 }
 
-// WaitJobEnded waits, up to timeout, for the Job called name to end (Complete or
-// Failed, or gone), and reports whether it did: a runner that wrote its operation's end
-// in the state still releases the lock and removes its credentials before its pod, and
-// so its Job, ends. The Job is watched; the poll stays for a watch refused or ended.
+// WaitJobEnded waits, up to timeout, for the Job called name to end, and reports
+// whether it did: a runner that wrote its operation's end in the state still releases
+// the lock and removes its credentials before its pod, and so its Job, ends.
+//
+// The Job has ended when it is Complete or Failed, or gone, or, sooner, when its pods
+// say so (jobPodsEnded): the Job controller sets Complete only at its next sync of the
+// Job, up to its batch period (kube-controller-manager's SyncJobBatchPeriod, 1 s) after
+// the runner's pod ended. The Job's pods are watched; the poll stays for a watch
+// refused or ended.
 func (c *Control) WaitJobEnded(ctx context.Context, name string, timeout time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	wake := newWake(ctx, c.Kube.BatchV1().Jobs(c.Namespace).Watch, name)
+	wake := newWakeOn(ctx, c.Kube.CoreV1().Pods(c.Namespace).Watch, metav1.ListOptions{LabelSelector: jobPods(name)})
 	defer wake.Stop()
 
 	for {
 		active, err := c.jobActive(ctx, name)
+		if err == nil && active {
+			active, err = c.jobPodsActive(ctx, name)
+		}
+
 		if err == nil && !active {
 			return true, nil
 		}
@@ -222,6 +232,38 @@ func (c *Control) WaitJobEnded(ctx context.Context, name string, timeout time.Du
 			return false, err
 		}
 	}
+}
+
+// jobPods selects the pods of the Job called name.
+func jobPods(name string) string {
+	return labels.Set{"job-name": name}.String()
+}
+
+// jobPodsActive reports whether the Job called name may still run a pod, by its pods:
+// false once one of them succeeded and none is still pending or running. The runner's Job leaves completions unset, and such a Job is complete once
+// a pod succeeded and every pod ended: it starts no other. A Job none of whose pods
+// succeeded may start another (a runner that crashed), so it is active.
+func (c *Control) jobPodsActive(ctx context.Context, name string) (bool, error) {
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: jobPods(name)})
+	if err != nil {
+		return true, fmt.Errorf("list the pods of %s: %w", describe("job", c.Namespace, name), err)
+	}
+
+	succeeded := false
+
+	for i := range pods.Items {
+		p := &pods.Items[i]
+
+		switch {
+		case p.Status.Phase == corev1.PodSucceeded:
+			succeeded = true
+		case p.Status.Phase == corev1.PodFailed:
+		default:
+			return true, nil
+		}
+	}
+
+	return !succeeded, nil
 }
 
 // jobActive reports whether the Job exists and has not finished.

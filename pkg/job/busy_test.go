@@ -168,3 +168,36 @@ func TestCheckFreeFailsWhenTheOperationsCannotBeListed(t *testing.T) {
 	assert.Contains(t, err.Error(), "list the operations of every namespace (configmaps named ichor-state): ")
 	assert.Contains(t, err.Error(), "run it with credentials that may list configmaps in all namespaces")
 }
+
+// TestWaitJobEndedByItsPods: the Job's runner pods tell its end before the Job
+// controller's Complete: a pod that succeeded and none left running. A Job whose pods
+// all failed may run another (a crashed runner), and one with a pod still running has
+// not ended.
+func TestWaitJobEndedByItsPods(t *testing.T) {
+	pod := func(name string, phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ichor-system", Labels: map[string]string{"job-name": "ichor-op-1"}},
+			Status: corev1.PodStatus{Phase: phase}}
+	}
+	running := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "ichor-op-1", Namespace: "ichor-system"}}
+
+	tests := []struct {
+		name  string
+		pods  []runtime.Object
+		ended bool
+	}{
+		{"succeeded after a hand-over", []runtime.Object{pod("a", corev1.PodFailed), pod("b", corev1.PodSucceeded)}, true},
+		{"succeeded, another pod still running", []runtime.Object{pod("a", corev1.PodSucceeded), pod("b", corev1.PodRunning)}, false},
+		{"every pod failed", []runtime.Object{pod("a", corev1.PodFailed)}, false},
+		{"the runner still running", []runtime.Object{pod("a", corev1.PodRunning)}, false},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newControl(t, time.Now(), append(tt.pods, running)...)
+
+			ended, err := f.ctl.WaitJobEnded(t.Context(), "ichor-op-1", 200*time.Millisecond)
+			require.NoError(t, err)
+			assert.Equal(t, tt.ended, ended)
+		})
+	}
+}

@@ -9,21 +9,26 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 )
 
-// Wake paces a loop that reads one object: Next returns at the object's next
-// change (a watch on it by name), or once the loop's poll passed. A watch that
+// Wake paces a loop that reads one object, or the objects of one selector: Next
+// returns at their next change (a watch), or once the loop's poll passed. A watch that
 // ends is opened again, and that turn waits the poll; a watch that cannot start
 // (RBAC refusing it, say) leaves the poll alone. Opened before the loop's first
 // read, it misses no change after that read.
 type Wake struct {
 	open   func(context.Context, metav1.ListOptions) (watch.Interface, error)
-	name   string
+	opts   metav1.ListOptions
 	events <-chan watch.Event
 	stop   func()
 }
 
 // newWake starts watching the object called name with open.
 func newWake(ctx context.Context, open func(context.Context, metav1.ListOptions) (watch.Interface, error), name string) *Wake {
-	w := &Wake{open: open, name: name}
+	return newWakeOn(ctx, open, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+}
+
+// newWakeOn starts watching the objects opts selects with open.
+func newWakeOn(ctx context.Context, open func(context.Context, metav1.ListOptions) (watch.Interface, error), opts metav1.ListOptions) *Wake {
+	w := &Wake{open: open, opts: opts}
 	w.start(ctx)
 
 	return w
@@ -32,7 +37,7 @@ func newWake(ctx context.Context, open func(context.Context, metav1.ListOptions)
 func (w *Wake) start(ctx context.Context) {
 	w.events, w.stop = nil, func() {}
 
-	iw, err := w.open(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", w.name).String()})
+	iw, err := w.open(ctx, w.opts)
 	if err == nil {
 		w.events, w.stop = iw.ResultChan(), iw.Stop
 	}

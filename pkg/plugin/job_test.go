@@ -328,12 +328,21 @@ func TestWatchJSONLines(t *testing.T) {
 
 // TestWatchWakesOnTheState: the follower hears the runner's write of the state as
 // it lands (a watch), not at its next poll, here an hour away: an operation that
-// succeeds is said at once, once its Job ended (its runner releases the lock and
-// removes its credentials after it wrote Succeeded).
+// succeeds is said at once, once its Job's runner pod ended (its runner releases the
+// lock and removes its credentials after it wrote Succeeded). The Job controller's
+// Complete, which comes up to its batch period later, is not waited for: the Job here
+// never gets it.
 func TestWatchWakesOnTheState(t *testing.T) {
 	_, raw := goldenPlan(t)
 	op := kubeletsStage(operation(api.PhaseRunning))
-	c := newJobCluster(stateOf(t, op, raw), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace}})
+	runner := func(phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "runner-pod", Namespace: job.DefaultNamespace, Labels: map[string]string{"job-name": op.Status.Job}},
+			Status: corev1.PodStatus{Phase: phase}}
+	}
+	handedOver := runner(corev1.PodFailed) // a predecessor that handed over (exit 5)
+	handedOver.Name = "runner-pod-before"
+	c := newJobCluster(stateOf(t, op, raw), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace}},
+		handedOver, runner(corev1.PodRunning))
 
 	d := c.with(deps{})
 	d.job.poll = time.Hour
@@ -360,9 +369,7 @@ func TestWatchWakesOnTheState(t *testing.T) {
 
 		ended.Store(true)
 
-		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: op.Status.Job, Namespace: job.DefaultNamespace},
-			Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}}}
-		_, err = c.kube.BatchV1().Jobs(job.DefaultNamespace).UpdateStatus(context.Background(), j, metav1.UpdateOptions{})
+		_, err = c.kube.CoreV1().Pods(job.DefaultNamespace).UpdateStatus(context.Background(), runner(corev1.PodSucceeded), metav1.UpdateOptions{})
 		written <- err
 	}()
 
@@ -372,7 +379,7 @@ func TestWatchWakesOnTheState(t *testing.T) {
 	require.NoError(t, <-written)
 	require.Equal(t, ExitOK, code, stderr)
 	assert.Contains(t, stdout, "Succeeded")
-	assert.True(t, endedFirst, "returned once the Job ended")
+	assert.True(t, endedFirst, "returned once the runner's pod ended")
 	assert.NotContains(t, stderr, "warning")
 }
 
