@@ -99,6 +99,9 @@ func (e *Engine) runTalos(ctx context.Context, opts Options) error {
 	}
 
 	r := &talosRun{e: e, opts: opts, target: target, stage: stages.TalosOS{Target: target, Installers: opts.Installers}, cache: c, poll: poll}
+	if opts.HandOver != nil {
+		r.opts.HandOver = etcdHandOver{HandOver: opts.HandOver, r: r}
+	}
 
 	return r.run(ctx)
 }
@@ -116,6 +119,7 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	r.etcd = &stages.EtcdChain{Reader: r.e.Talos, ControlPlanes: r.etcdNodes, Gap: r.e.etcdGap}
+	r.takeEtcdPass()
 
 	r.e.reportHeld(name, held, r.cache)
 

@@ -260,3 +260,66 @@ func (c *EtcdChain) clock() (func() time.Time, func(context.Context, time.Durati
 
 	return now, wait
 }
+
+// EtcdPass is one pass of a chain as another process can take it up: every
+// control plane's member status by Node name, and when the pass's calls began
+// and ended (wall-clock times, which cross processes; see Seed).
+type EtcdPass struct {
+	Status map[string]talos.EtcdStatus `json:"status"`
+	Begun  time.Time                   `json:"begun"`
+	Ended  time.Time                   `json:"ended"`
+}
+
+// Latest reads a pass of every control plane and returns the latest pass kept
+// that every control plane answered; ok is false when there is none (a member
+// did not answer, or no leader answered).
+func (c *EtcdChain) Latest(ctx context.Context) (EtcdPass, bool) {
+	c.Pass(ctx, "")
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	for i := len(c.passes) - 1; i >= 0; i-- {
+		if p := c.passes[i]; len(p.status) == len(c.ControlPlanes) {
+			return EtcdPass{Status: p.status, Begun: p.begun, Ended: p.ended}, true
+		}
+	}
+
+	return EtcdPass{}, false
+}
+
+// Seed keeps p, a pass another process read (a runner handing over to this
+// one), as a kept pass of the chain's own, when it can serve a read: it holds
+// a status of every control plane of the chain and the leader's among them,
+// it ended before now, and it began at most two gaps before now. Its times are
+// the other process's clock, so Seed rests on the nodes' clocks agreeing (as
+// Talos keeps them, by NTP): a pass from a clock behind looks older than it is
+// and serves less; from a clock ahead by more than its age it looks to end in
+// the future and is refused; a clock ahead by less lets it serve up to that
+// much older than two gaps. It reports whether p was kept.
+func (c *EtcdChain) Seed(p EtcdPass) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	now, _ := c.clock()
+	at := now()
+	gap := c.gap()
+
+	if p.Begun.IsZero() || p.Ended.Before(p.Begun) || p.Ended.After(at) || at.Sub(p.Begun) > 2*gap || !hasLeader(p.Status) {
+		return false
+	}
+
+	for _, n := range c.ControlPlanes {
+		if _, ok := p.Status[n.Name]; !ok {
+			return false
+		}
+	}
+
+	if len(p.Status) != len(c.ControlPlanes) {
+		return false
+	}
+
+	c.add(etcdPass{status: p.Status, begun: p.Begun, ended: p.Ended}, gap)
+
+	return true
+}

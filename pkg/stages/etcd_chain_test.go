@@ -334,3 +334,77 @@ func TestEtcdChainPassWhileAControlPlaneReboots(t *testing.T) {
 		assert.Equal(t, time.Second, waited)
 	})
 }
+
+// TestEtcdChainSeededByAnother: a pass one chain read (a runner handing over)
+// serves another chain's first read (its successor's) as its own would: one
+// pass, after what is left of the gap. A pass too old, one from the future (a
+// clock ahead), one without every control plane or without the leader, is not
+// kept, and the read is two passes. A member stalled before the handed pass is
+// caught.
+func TestEtcdChainSeededByAnother(t *testing.T) {
+	m := &movingEtcd{}
+	before := chainOver(m)
+
+	handed, ok := before.Latest(context.Background())
+	require.True(t, ok)
+	assert.Len(t, handed.Status, 3)
+
+	m.advance(600 * time.Millisecond) // the successor starts
+
+	after := chainOver(m)
+	require.True(t, after.Seed(handed))
+
+	calls, waited, v := m.read(after)
+	assert.Equal(t, 3, calls, "one pass")
+	assert.Equal(t, 400*time.Millisecond, waited, "what is left of the gap after the handed pass")
+	assert.Equal(t, handed.Status, v.Before)
+	assert.True(t, v.Judge("cp-2").Healthy(), v.Judge("cp-2").Describe())
+
+	without := func(name string) EtcdPass {
+		p := EtcdPass{Status: map[string]talos.EtcdStatus{}, Begun: handed.Begun, Ended: handed.Ended}
+		for k, s := range handed.Status {
+			if k != name {
+				p.Status[k] = s
+			}
+		}
+
+		return p
+	}
+	shifted := func(d time.Duration) EtcdPass {
+		return EtcdPass{Status: handed.Status, Begun: handed.Begun.Add(d), Ended: handed.Ended.Add(d)}
+	}
+
+	refused := map[string]EtcdPass{
+		"too old":            shifted(-1500 * time.Millisecond),
+		"from the future":    shifted(time.Second),
+		"a member missing":   without("cp-3"),
+		"the leader missing": without("cp-1"),
+		"never read":         {},
+	}
+	for name, p := range refused {
+		t.Run(name, func(t *testing.T) {
+			m := &movingEtcd{t: 600 * time.Millisecond}
+			c := chainOver(m)
+			assert.False(t, c.Seed(p))
+
+			calls, waited, _ := m.read(c)
+			assert.Equal(t, 6, calls, "two passes")
+			assert.Equal(t, time.Second, waited)
+		})
+	}
+
+	t.Run("a stall before the handed pass", func(t *testing.T) {
+		m := &movingEtcd{stalled: "10.0.0.12", stalledAt: 0, t: 500 * time.Millisecond}
+		before := chainOver(m)
+		handed, ok := before.Latest(context.Background())
+		require.True(t, ok)
+
+		m.advance(time.Second)
+
+		after := chainOver(m)
+		require.True(t, after.Seed(handed))
+
+		_, _, v := m.read(after)
+		assert.False(t, v.Judge("cp-1").Healthy(), "cp-2 does not keep up")
+	})
+}
