@@ -7,15 +7,33 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
-// This file carries the runner's last look at etcd over a hand-over. The successor
-// starts from the state, and before it goes on it verifies the control planes already
-// done, which wants a read of etcd: two passes a gap (a second) apart in a process that
-// has read nothing before. The runner handing over reads one pass right before it asks
-// for its successor and leaves it in Memo; the successor takes it as its own first pass
-// (stages.EtcdChain.Seed), and its first read waits out only what is left of the gap.
+// This file carries a look at etcd into a runner that has read nothing yet. Its first
+// read of etcd (the look before the first control plane's cordon; for a successor, the
+// verification of the control planes already done) wants two passes a gap (a second)
+// apart. Passes read a moment before elsewhere serve as its first (stages.EtcdChain.Seed),
+// and the read waits out only what is left of the gap:
+//
+//   - the plan's two passes, which the launch puts in the state (EtcdPassMemo);
+//   - a runner handing over reads one pass right before it asks for its successor, and
+//     leaves its passes in Memo (etcdHandOver).
 
-// etcdPassKey is the Memo key of the pass a runner handing over leaves.
-const etcdPassKey = "talos/etcd-pass"
+// etcdPassKey is the Memo key of the passes left for the next runner.
+const etcdPassKey = "talos/etcd-passes"
+
+// EtcdPassMemo is the Memo that hands passes (the plan's) to the first runner; nil
+// when there are none.
+func EtcdPassMemo(passes []stages.EtcdPass) map[string]string {
+	if len(passes) == 0 {
+		return nil
+	}
+
+	b, err := json.Marshal(passes)
+	if err != nil {
+		return nil
+	}
+
+	return map[string]string{etcdPassKey: string(b)}
+}
 
 // etcdHandOver is the Talos run's HandOver: it leaves a pass of etcd in Memo before
 // asking for a successor.
@@ -24,43 +42,37 @@ type etcdHandOver struct {
 	r *talosRun
 }
 
-// Prepare leaves the pass, then asks for the successor.
+// Prepare leaves the passes, then asks for the successor.
 func (h etcdHandOver) Prepare(ctx context.Context) {
-	h.r.leaveEtcdPass(ctx)
+	h.r.leaveEtcdPasses(ctx)
 	h.HandOver.Prepare(ctx)
 }
 
-// leaveEtcdPass reads a pass of every control plane's member status and keeps it in
-// Memo. A pass not every control plane answered, or not written, is left out: the
-// successor then reads two passes, as any new runner.
-func (r *talosRun) leaveEtcdPass(ctx context.Context) {
+// leaveEtcdPasses reads a pass of every control plane's member status and keeps the
+// chain's passes in Memo. Passes not every control plane answered, or not written, are
+// left out: the successor then reads two passes, as any new runner.
+func (r *talosRun) leaveEtcdPasses(ctx context.Context) {
 	if r.etcd == nil || len(r.etcdNodes) == 0 {
 		return
 	}
 
-	p, ok := r.etcd.Latest(ctx)
-	if !ok {
-		return
-	}
+	r.etcd.Pass(ctx, "")
 
-	b, err := json.Marshal(p)
-	if err != nil {
-		return
+	for k, v := range EtcdPassMemo(r.etcd.Passes()) {
+		_ = r.e.Memo.Set(ctx, k, v)
 	}
-
-	_ = r.e.Memo.Set(ctx, etcdPassKey, string(b))
 }
 
-// takeEtcdPass seeds the run's chain with the pass a runner that handed over left, when
-// it can still serve (see stages.EtcdChain.Seed).
-func (r *talosRun) takeEtcdPass() {
+// takeEtcdPasses seeds the run's chain with the passes left for it, those that can
+// still serve (see stages.EtcdChain.Seed).
+func (r *talosRun) takeEtcdPasses() {
 	v, ok := r.e.Memo.Get(etcdPassKey)
 	if !ok || v == "" {
 		return
 	}
 
-	var p stages.EtcdPass
-	if json.Unmarshal([]byte(v), &p) == nil {
-		r.etcd.Seed(p)
+	var passes []stages.EtcdPass
+	if json.Unmarshal([]byte(v), &passes) == nil {
+		r.etcd.Seed(passes...)
 	}
 }

@@ -119,7 +119,7 @@ func (r *talosRun) run(ctx context.Context) error {
 	}
 
 	r.etcd = &stages.EtcdChain{Reader: r.e.Talos, ControlPlanes: r.etcdNodes, Gap: r.e.etcdGap}
-	r.takeEtcdPass()
+	r.takeEtcdPasses()
 
 	r.e.reportHeld(name, held, r.cache)
 

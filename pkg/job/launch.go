@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -22,6 +23,9 @@ type LaunchRequest struct {
 	Plan []byte
 	// Talosconfig is the operator's talosconfig, copied for CredentialsLocal.
 	Talosconfig []byte
+	// Memo is the engine's memory to start from (the plan's etcd passes: see
+	// engine.EtcdPassMemo).
+	Memo map[string]string
 }
 
 // Launch creates, in this order: the namespace; the state ConfigMap (claiming the
@@ -40,6 +44,7 @@ func (c *Control) Launch(ctx context.Context, req LaunchRequest) (*api.Operation
 
 	op := api.NewOperation(req.Spec)
 	op.Status.Attempt = 1
+	op.Status.Memo = maps.Clone(req.Memo)
 	launched := metav1.NewMicroTime(c.now().UTC())
 	op.Status.LaunchedAt = &launched
 	op.Status.Job = JobName(op.Spec.ID, 1)

@@ -46,6 +46,9 @@ type Cluster struct {
 	// Etcd is etcd as the control planes show it; nil when not read, or when the Talos
 	// client cannot read it (the check says so).
 	Etcd *stages.EtcdView
+	// EtcdPasses are the passes Etcd was read from, for the launch to hand to the
+	// runner's first read of etcd (see engine.EtcdPassMemo).
+	EtcdPasses []stages.EtcdPass
 	// Manifests are the first control plane's bootstrap manifests.
 	Manifests Manifests
 }
@@ -104,18 +107,19 @@ func Read(ctx context.Context, c Clients, r Reads) (*Cluster, error) {
 	}
 
 	if r.Etcd {
-		out.Etcd = readEtcd(ctx, c.Talos, snap)
+		out.Etcd, out.EtcdPasses = readEtcd(ctx, c.Talos, snap)
 	}
 
 	return out, nil
 }
 
-// readEtcd reads etcd through the control planes' Talos APIs; nil when the
-// Talos client cannot read etcd (the check then says so).
-func readEtcd(ctx context.Context, talos discovery.TalosReader, snap *discovery.Snapshot) *stages.EtcdView {
+// readEtcd reads etcd through the control planes' Talos APIs, in two passes a
+// gap apart, and returns the view and its passes; nil when the Talos client
+// cannot read etcd (the check then says so).
+func readEtcd(ctx context.Context, talos discovery.TalosReader, snap *discovery.Snapshot) (*stages.EtcdView, []stages.EtcdPass) {
 	r, ok := Capable[stages.EtcdReader](talos)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 
 	var nodes []stages.EtcdNode
@@ -126,7 +130,10 @@ func readEtcd(ctx context.Context, talos discovery.TalosReader, snap *discovery.
 		}
 	}
 
-	return stages.ReadEtcd(ctx, r, nodes)
+	chain := &stages.EtcdChain{Reader: r, ControlPlanes: nodes}
+	v := chain.Read(ctx)
+
+	return v, chain.Passes()
 }
 
 // Capable returns r as a T when r can make T's calls: a wrapper (one with

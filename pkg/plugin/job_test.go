@@ -28,10 +28,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/progress"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 	"github.com/ichor-dev/kubectl-ichor/pkg/version"
 )
 
@@ -732,6 +735,61 @@ func TestUpgradeTalosAllowEtcdOutage(t *testing.T) {
 		assert.Equal(t, allow, state.Spec.AllowEtcdOutage)
 	}
 }
+
+// TestUpgradeTalosHandsThePlansEtcdPasses: the plan's two passes over etcd go into
+// the state's Memo, for the runner's first read of etcd to take up (engine.EtcdPassMemo).
+func TestUpgradeTalosHandsThePlansEtcdPasses(t *testing.T) {
+	c := newJobCluster(talosSecret())
+	f := fixture()
+
+	for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+		f.Node(n).Talos = "v1.12.4"
+	}
+
+	d := fakeDeps(f, nil)
+	d.talos = func(context.Context, TalosFlags) (discovery.TalosReader, error) {
+		ids := map[string]uint64{}
+		for i, n := range []string{"cp-1", "cp-2", "cp-3"} {
+			ids[f.Node(n).IP] = uint64(i + 1)
+		}
+
+		return &etcdTalos{FakeTalos: f.Talos(), ids: ids}, nil
+	}
+
+	stdout, stderr, code := runWith(t, c.with(d), "upgrade", "talos", "--to", "v1.13.9", "--yes", "--detach")
+	require.Equal(t, ExitOK, code, stderr)
+	assert.Contains(t, stdout, "3 voter(s) healthy", "the plan read etcd")
+
+	state, err := (&job.Control{Kube: c.kube, Namespace: job.DefaultNamespace}).Get(context.Background())
+	require.NoError(t, err)
+
+	var passes []stages.EtcdPass
+	require.NoError(t, json.Unmarshal([]byte(state.Status.Memo["talos/etcd-passes"]), &passes), "memo: %v", state.Status.Memo)
+	require.Len(t, passes, 2)
+
+	for _, p := range passes {
+		assert.Len(t, p.Status, 3)
+		assert.False(t, p.Ended.Before(p.Begun))
+	}
+
+	assert.False(t, passes[1].Begun.Before(passes[0].Ended), "in order")
+}
+
+// etcdTalos is a Talos client that reads a healthy etcd of three members, by IP.
+type etcdTalos struct {
+	*discoverytest.FakeTalos
+	ids map[string]uint64
+}
+
+func (e *etcdTalos) EtcdStatus(_ context.Context, ip string) (talos.EtcdStatus, error) {
+	return talos.EtcdStatus{MemberID: e.ids[ip], Leader: 1, RaftIndex: 100, RaftAppliedIndex: 100, RaftTerm: 2}, nil
+}
+
+func (e *etcdTalos) EtcdMembers(context.Context, string) ([]talos.EtcdMember, error) {
+	return []talos.EtcdMember{{ID: 1, Hostname: "cp-1"}, {ID: 2, Hostname: "cp-2"}, {ID: 3, Hostname: "cp-3"}}, nil
+}
+
+func (e *etcdTalos) EtcdAlarms(context.Context, string) ([]talos.EtcdAlarm, error) { return nil, nil }
 
 // TestUpgradePullFlags: --pull-timeout and --pull-concurrency of both upgrade commands
 // reach the Job's spec (their defaults too); a bad value is refused in one line that

@@ -254,7 +254,14 @@ func (o *upgradeOptions) launch(ctx context.Context, ctl *job.Control, l launchi
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchTimeout)
 	defer cancel()
 
-	op, err := ctl.Launch(lctx, job.LaunchRequest{Spec: spec, Plan: planJSON, Talosconfig: talosconfig})
+	req := job.LaunchRequest{Spec: spec, Plan: planJSON, Talosconfig: talosconfig}
+	if o.cluster != nil {
+		// The plan's look at etcd serves as the first pass of the runner's first
+		// read, when the runner starts soon enough.
+		req.Memo = engine.EtcdPassMemo(o.cluster.EtcdPasses)
+	}
+
+	op, err := ctl.Launch(lctx, req)
 	if err != nil {
 		return err
 	}

@@ -270,42 +270,54 @@ type EtcdPass struct {
 	Ended  time.Time                   `json:"ended"`
 }
 
-// Latest reads a pass of every control plane and returns the latest pass kept
-// that every control plane answered; ok is false when there is none (a member
-// did not answer, or no leader answered).
-func (c *EtcdChain) Latest(ctx context.Context) (EtcdPass, bool) {
-	c.Pass(ctx, "")
-
+// Passes are the chain's kept passes that every control plane answered,
+// oldest first: what another process's chain can take up (Seed).
+func (c *EtcdChain) Passes() []EtcdPass {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	for i := len(c.passes) - 1; i >= 0; i-- {
-		if p := c.passes[i]; len(p.status) == len(c.ControlPlanes) {
-			return EtcdPass{Status: p.status, Begun: p.begun, Ended: p.ended}, true
+	var out []EtcdPass
+
+	for _, p := range c.passes {
+		if len(p.status) == len(c.ControlPlanes) {
+			out = append(out, EtcdPass{Status: p.status, Begun: p.begun, Ended: p.ended})
 		}
 	}
 
-	return EtcdPass{}, false
+	return out
 }
 
-// Seed keeps p, a pass another process read (a runner handing over to this
-// one), as a kept pass of the chain's own, when it can serve a read: it holds
+// Seed keeps each of passes that another process read (the plan before the
+// launch, a runner handing over to this one) as a kept pass of the chain's
+// own, when it can serve a read: it holds
 // a status of every control plane of the chain and the leader's among them,
 // it ended before now, and it began at most two gaps before now. Its times are
 // the other process's clock, so Seed rests on the nodes' clocks agreeing (as
 // Talos keeps them, by NTP): a pass from a clock behind looks older than it is
 // and serves less; from a clock ahead by more than its age it looks to end in
 // the future and is refused; a clock ahead by less lets it serve up to that
-// much older than two gaps. It reports whether p was kept.
-func (c *EtcdChain) Seed(p EtcdPass) bool {
+// much older than two gaps. It returns how many it kept.
+func (c *EtcdChain) Seed(passes ...EtcdPass) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
 	now, _ := c.clock()
-	at := now()
 	gap := c.gap()
+	kept := 0
 
-	if p.Begun.IsZero() || p.Ended.Before(p.Begun) || p.Ended.After(at) || at.Sub(p.Begun) > 2*gap || !hasLeader(p.Status) {
+	for _, p := range passes {
+		if c.serves(p, now(), gap) {
+			c.add(etcdPass{status: p.Status, begun: p.Begun, ended: p.Ended}, gap)
+			kept++
+		}
+	}
+
+	return kept
+}
+
+// serves reports whether p, read elsewhere, can serve a read of the chain at now.
+func (c *EtcdChain) serves(p EtcdPass, now time.Time, gap time.Duration) bool {
+	if p.Begun.IsZero() || p.Ended.Before(p.Begun) || p.Ended.After(now) || now.Sub(p.Begun) > 2*gap || !hasLeader(p.Status) {
 		return false
 	}
 
@@ -315,11 +327,5 @@ func (c *EtcdChain) Seed(p EtcdPass) bool {
 		}
 	}
 
-	if len(p.Status) != len(c.ControlPlanes) {
-		return false
-	}
-
-	c.add(etcdPass{status: p.Status, begun: p.Begun, ended: p.Ended}, gap)
-
-	return true
+	return len(p.Status) == len(c.ControlPlanes)
 }

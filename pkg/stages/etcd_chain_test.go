@@ -345,14 +345,16 @@ func TestEtcdChainSeededByAnother(t *testing.T) {
 	m := &movingEtcd{}
 	before := chainOver(m)
 
-	handed, ok := before.Latest(context.Background())
-	require.True(t, ok)
+	before.Pass(context.Background(), "")
+	passes := before.Passes()
+	require.Len(t, passes, 1)
+	handed := passes[0]
 	assert.Len(t, handed.Status, 3)
 
 	m.advance(600 * time.Millisecond) // the successor starts
 
 	after := chainOver(m)
-	require.True(t, after.Seed(handed))
+	require.Equal(t, 1, after.Seed(handed))
 
 	calls, waited, v := m.read(after)
 	assert.Equal(t, 3, calls, "one pass")
@@ -385,7 +387,7 @@ func TestEtcdChainSeededByAnother(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			m := &movingEtcd{t: 600 * time.Millisecond}
 			c := chainOver(m)
-			assert.False(t, c.Seed(p))
+			assert.Zero(t, c.Seed(p))
 
 			calls, waited, _ := m.read(c)
 			assert.Equal(t, 6, calls, "two passes")
@@ -393,16 +395,34 @@ func TestEtcdChainSeededByAnother(t *testing.T) {
 		})
 	}
 
+	t.Run("a read's two passes", func(t *testing.T) {
+		m := &movingEtcd{}
+		plan := chainOver(m)
+		plan.Read(context.Background())
+
+		passes := plan.Passes()
+		require.Len(t, passes, 2, "both passes of a two-pass read")
+
+		m.advance(700 * time.Millisecond) // the launch and the runner's start
+
+		runner := chainOver(m)
+		require.Equal(t, 2, runner.Seed(passes...))
+
+		calls, waited, v := m.read(runner)
+		assert.Equal(t, 3, calls, "one pass")
+		assert.Zero(t, waited, "the first pass, 1.7s old, serves at once")
+		assert.Equal(t, passes[0].Status, v.Before)
+	})
+
 	t.Run("a stall before the handed pass", func(t *testing.T) {
 		m := &movingEtcd{stalled: "10.0.0.12", stalledAt: 0, t: 500 * time.Millisecond}
 		before := chainOver(m)
-		handed, ok := before.Latest(context.Background())
-		require.True(t, ok)
+		before.Pass(context.Background(), "")
 
 		m.advance(time.Second)
 
 		after := chainOver(m)
-		require.True(t, after.Seed(handed))
+		require.Equal(t, 1, after.Seed(before.Passes()...))
 
 		_, _, v := m.read(after)
 		assert.False(t, v.Judge("cp-1").Healthy(), "cp-2 does not keep up")
