@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -70,6 +71,10 @@ type Discoverer struct {
 	Concurrency int
 	// Images extracts component images from a machine config; nil means render.Images.
 	Images func(config.Provider) map[Component]string
+	// Listed, when set, is called with the Nodes (a copy, without their Talos side) as
+	// soon as they are listed, before any Talos call: a caller starts there what needs
+	// only the Nodes, beside the Talos reads (the plan's look at etcd).
+	Listed func([]Node)
 }
 
 // Discover reads the cluster. It makes four Kubernetes requests whatever the node count:
@@ -99,6 +104,10 @@ func (d *Discoverer) Discover(ctx context.Context) (*Snapshot, error) {
 	}
 
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
+
+	if d.Listed != nil {
+		d.Listed(slices.Clone(snap.Nodes))
+	}
 
 	ds, err := d.Kube.AppsV1().DaemonSets(StaticPodNamespace).Get(ctx, KubeProxyDaemonSet, metav1.GetOptions{})
 

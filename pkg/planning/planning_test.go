@@ -3,7 +3,9 @@ package planning
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,6 +16,7 @@ import (
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery/discoverytest"
 	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // wrapper has every call of the fake, as the plugin's request counter does, and says
@@ -101,4 +104,52 @@ func TestEvaluateRunsTheChecks(t *testing.T) {
 	assert.Equal(t, api.ResultOK, plan.Checks[0].Result)
 	assert.True(t, plan.Runnable)
 	assert.NotEmpty(t, plan.Drains, "the drains previewed")
+}
+
+// etcdFirst is a Talos client whose nodes answer their version only once etcd has
+// been asked for its status: a Read that looks at etcd after the Talos side waits
+// for nothing (here, for its calls' bound).
+type etcdFirst struct {
+	*discoverytest.FakeTalos
+	asked chan struct{}
+	once  sync.Once
+}
+
+func (e *etcdFirst) Version(ctx context.Context, node string) (string, error) {
+	select {
+	case <-e.asked:
+		return e.FakeTalos.Version(ctx, node)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-time.After(3 * time.Second):
+		return "", errors.New("etcd was not asked beside the Talos reads")
+	}
+}
+
+func (e *etcdFirst) EtcdStatus(_ context.Context, ip string) (talos.EtcdStatus, error) {
+	e.once.Do(func() { close(e.asked) })
+
+	id := map[string]uint64{"10.0.0.11": 1, "10.0.0.12": 2, "10.0.0.13": 3}[ip]
+
+	return talos.EtcdStatus{MemberID: id, Leader: 1, RaftIndex: 100, RaftAppliedIndex: 100, RaftTerm: 2}, nil
+}
+
+func (e *etcdFirst) EtcdMembers(context.Context, string) ([]talos.EtcdMember, error) {
+	return []talos.EtcdMember{{ID: 1, Hostname: "cp-1"}, {ID: 2, Hostname: "cp-2"}, {ID: 3, Hostname: "cp-3"}}, nil
+}
+
+func (e *etcdFirst) EtcdAlarms(context.Context, string) ([]talos.EtcdAlarm, error) { return nil, nil }
+
+// TestReadLooksAtEtcdBesideTheNodes: a Talos plan's look at etcd starts once the Nodes
+// are listed, beside the reads of their Talos side, not after them: its passes are a
+// second apart whatever else is read. The view and both passes are the Cluster's.
+func TestReadLooksAtEtcdBesideTheNodes(t *testing.T) {
+	c := discoverytest.ThreePlusTwo()
+	fake := &etcdFirst{FakeTalos: c.Talos(), asked: make(chan struct{})}
+
+	cl, err := Read(context.Background(), Clients{Kube: c.Clientset(), Endpoint: discoverytest.Endpoint, Talos: fake}, Reads{Etcd: true})
+	require.NoError(t, err)
+	require.NotNil(t, cl.Etcd)
+	assert.True(t, cl.Etcd.Judge("").Healthy(), cl.Etcd.Judge("").Describe())
+	assert.Len(t, cl.EtcdPasses, 2)
 }

@@ -88,6 +88,21 @@ func Read(ctx context.Context, c Clients, r Reads) (*Cluster, error) {
 		}
 	}
 
+	// Etcd is read beside the nodes' Talos side, from the moment the Nodes are listed:
+	// its two passes are a second apart whatever else is read.
+	var etcd <-chan etcdRead
+
+	if er, ok := Capable[stages.EtcdReader](c.Talos); ok && r.Etcd {
+		ectx, cancel := context.WithCancel(ctx)
+		defer cancel()
+
+		ch := make(chan etcdRead, 1)
+		etcd = ch
+		d.Listed = func(nodes []discovery.Node) {
+			go func() { ch <- readEtcd(ectx, er, nodes) }()
+		}
+	}
+
 	snap, err := d.Discover(ctx)
 	if err != nil {
 		return nil, err
@@ -106,34 +121,35 @@ func Read(ctx context.Context, c Clients, r Reads) (*Cluster, error) {
 		}
 	}
 
-	if r.Etcd {
-		out.Etcd, out.EtcdPasses = readEtcd(ctx, c.Talos, snap)
+	if etcd != nil {
+		read := <-etcd
+		out.Etcd, out.EtcdPasses = read.view, read.passes
 	}
 
 	return out, nil
 }
 
+// etcdRead is a read of etcd: its view and its passes.
+type etcdRead struct {
+	view   *stages.EtcdView
+	passes []stages.EtcdPass
+}
+
 // readEtcd reads etcd through the control planes' Talos APIs, in two passes a
-// gap apart, and returns the view and its passes; nil when the Talos client
-// cannot read etcd (the check then says so).
-func readEtcd(ctx context.Context, talos discovery.TalosReader, snap *discovery.Snapshot) (*stages.EtcdView, []stages.EtcdPass) {
-	r, ok := Capable[stages.EtcdReader](talos)
-	if !ok {
-		return nil, nil
-	}
+// gap apart: the view and its passes.
+func readEtcd(ctx context.Context, r stages.EtcdReader, nodes []discovery.Node) etcdRead {
+	var controlPlanes []stages.EtcdNode
 
-	var nodes []stages.EtcdNode
-
-	for _, n := range snap.Nodes {
+	for _, n := range nodes {
 		if n.ControlPlane {
-			nodes = append(nodes, stages.EtcdNode{Name: n.Name, IP: n.InternalIP})
+			controlPlanes = append(controlPlanes, stages.EtcdNode{Name: n.Name, IP: n.InternalIP})
 		}
 	}
 
-	chain := &stages.EtcdChain{Reader: r, ControlPlanes: nodes}
+	chain := &stages.EtcdChain{Reader: r, ControlPlanes: controlPlanes}
 	v := chain.Read(ctx)
 
-	return v, chain.Passes()
+	return etcdRead{view: v, passes: chain.Passes()}
 }
 
 // Capable returns r as a T when r can make T's calls: a wrapper (one with
