@@ -577,7 +577,15 @@ func TestTalosJobUpgrade(t *testing.T) {
 	assert.Equal(t, "Succeeded", raw["status"].(map[string]any)["phase"])
 	assert.Equal(t, "talos", raw["spec"].(map[string]any)["upgrade"])
 	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the killed runner had a successor")
-	assert.Len(t, op.Status.Memo, 5, "a boot ID per node: %v", op.Status.Memo)
+	marks := 0
+
+	for k := range op.Status.Memo {
+		if strings.HasSuffix(k, "/"+talosTo) {
+			marks++
+		}
+	}
+
+	assert.Equal(t, 5, marks, "a boot ID per node: %v", op.Status.Memo)
 	assert.Equal(t, "", lockHolder(t, c), "the lock is released")
 
 	requireTalosAt(t, c, tc, talosTo)
