@@ -139,9 +139,12 @@ func TestTalosResumes(t *testing.T) {
 				})
 			}
 
-			// The Job's next pod runs on worker-1, with the state's Memo.
+			// The Job's next pod runs on worker-1, with the state's Memo. The killed
+			// run's reboot of worker-2 may still be going down (the fake's lag), and
+			// the new run verifies it once it is back: a bound that a loaded machine
+			// cannot miss.
 			next := &recorder{}
-			e := o.engine("v1.13.9", memo, func(opts *Options) { opts.Self = "worker-1" })
+			e := o.engine("v1.13.9", memo, func(opts *Options) { opts.Self, opts.VerifyTimeout = "worker-1", 30*time.Second })
 			e.Progress = next
 
 			require.NoError(t, e.Run(context.Background()))
