@@ -254,10 +254,10 @@ func (c *Control) jobPodsActive(ctx context.Context, name string) (bool, error) 
 	for i := range pods.Items {
 		p := &pods.Items[i]
 
-		switch {
-		case p.Status.Phase == corev1.PodSucceeded:
+		switch p.Status.Phase {
+		case corev1.PodSucceeded:
 			succeeded = true
-		case p.Status.Phase == corev1.PodFailed:
+		case corev1.PodFailed:
 		default:
 			return true, nil
 		}
