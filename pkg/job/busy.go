@@ -205,7 +205,7 @@ func (c *Control) Busy(ctx context.Context, op *api.Operation) error {
 // the lock and removes its credentials before its pod, and so its Job, ends.
 //
 // The Job has ended when it is Complete or Failed, or gone, or, sooner, when its pods
-// say so (jobPodsEnded): the Job controller sets Complete only at its next sync of the
+// say so (jobPodsActive): the Job controller sets Complete only at its next sync of the
 // Job, up to its batch period (kube-controller-manager's SyncJobBatchPeriod, 1 s) after
 // the runner's pod ended. The Job's pods are watched; the poll stays for a watch
 // refused or ended.
@@ -240,9 +240,10 @@ func jobPods(name string) string {
 }
 
 // jobPodsActive reports whether the Job called name may still run a pod, by its pods:
-// false once one of them succeeded and none is still pending or running. The runner's Job leaves completions unset, and such a Job is complete once
-// a pod succeeded and every pod ended: it starts no other. A Job none of whose pods
-// succeeded may start another (a runner that crashed), so it is active.
+// false once one of them succeeded and none is still pending or running. The runner's
+// Job leaves completions unset, and such a Job is complete once a pod succeeded and
+// every pod ended: it starts no other. A Job none of whose pods succeeded may start
+// another (a runner that crashed), so it is active.
 func (c *Control) jobPodsActive(ctx context.Context, name string) (bool, error) {
 	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: jobPods(name)})
 	if err != nil {

@@ -289,14 +289,17 @@ func (c *EtcdChain) Passes() []EtcdPass {
 
 // Seed keeps each of passes that another process read (the plan before the
 // launch, a runner handing over to this one) as a kept pass of the chain's
-// own, when it can serve a read: it holds
-// a status of every control plane of the chain and the leader's among them,
-// it ended before now, and it began at most two gaps before now. Its times are
-// the other process's clock, so Seed rests on the nodes' clocks agreeing (as
-// Talos keeps them, by NTP): a pass from a clock behind looks older than it is
-// and serves less; from a clock ahead by more than its age it looks to end in
-// the future and is refused; a clock ahead by less lets it serve up to that
-// much older than two gaps. It returns how many it kept.
+// own, when it can serve a read: it holds a status of every control plane of
+// the chain and the leader's among them, it ended before now, and it began at
+// most two gaps before now. It returns how many it kept.
+//
+// The passes' times are the other process's clock, so Seed rests on the
+// clocks agreeing (Talos keeps its nodes' by NTP; an operator's machine
+// usually is too). A pass from a clock behind looks older than it is: the read
+// that takes it has a shorter true gap, which can make a member look behind
+// (a refusal), never hide one. From a clock ahead by more than its age it
+// looks to end in the future and is not kept; ahead by less, it serves up to
+// that much older than two gaps.
 func (c *EtcdChain) Seed(passes ...EtcdPass) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
