@@ -54,7 +54,7 @@ func (c *Control) Diagnose(ctx context.Context, op *api.Operation) (*Problem, er
 			c.Namespace, j.Name, cond.Reason, text.OneLine(cond.Message), n, n)}, nil
 	}
 
-	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + j.Name})
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: jobPods(j.Name)})
 	if err != nil {
 		return nil, fmt.Errorf("list the pods of %s: %w", describe("job", c.Namespace, j.Name), err)
 	}

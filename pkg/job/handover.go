@@ -243,7 +243,7 @@ func (r *Runner) setParallelism(ctx context.Context, job string, n int) error {
 // successor is a pod of the Job other than the runner's that runs on another node; when
 // there is none, reason says why none will (the pod cannot be scheduled), or is "".
 func (r *Runner) successor(ctx context.Context, job string) (*corev1.Pod, string, error) {
-	pods, err := r.Kube.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
+	pods, err := r.Kube.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: jobPods(job)})
 	if err != nil {
 		return nil, "", fmt.Errorf("list the pods of %s: %w", describe("job", r.Namespace, job), err)
 	}
@@ -341,7 +341,7 @@ func (r *Runner) settleParallelism(ctx context.Context, h *handOver) {
 // onlyActive reports whether the runner's pod is the only active pod of job (none other
 // is neither finished nor being deleted).
 func (r *Runner) onlyActive(ctx context.Context, job string) (bool, error) {
-	pods, err := r.Kube.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
+	pods, err := r.Kube.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: jobPods(job)})
 	if err != nil {
 		return false, err
 	}

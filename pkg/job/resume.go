@@ -118,7 +118,7 @@ func (c *Control) jobRunning(ctx context.Context, name string) (string, error) {
 		return "", nil
 	}
 
-	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + name})
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: jobPods(name)})
 	if err != nil {
 		return "", fmt.Errorf("list the pods of %s: %w", describe("job", c.Namespace, name), err)
 	}
