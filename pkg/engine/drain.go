@@ -18,7 +18,7 @@ import (
 // drains it; a node found schedulable again once drained (uncordoned during
 // the drain) is cordoned and drained again, a bounded number of times. A
 // failed drain uncordons it again. It returns a summary ("drained 3 pods").
-func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string) (string, error) {
+func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string, own ownPod) (string, error) {
 	evicted := 0
 
 	for round := 1; ; round++ {
@@ -26,7 +26,7 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 			return "", err
 		}
 
-		n, err := e.drain(ctx, opts, stage, name)
+		n, err := e.drain(ctx, opts, stage, name, own)
 		if err != nil {
 			return "", err
 		}
@@ -79,9 +79,22 @@ func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
 	return nil
 }
 
+// ownPod is what a drain of Self does with the runner's own pod.
+type ownPod int
+
+const (
+	// ownPodByStage: before a kubelet restart, or with StayOnNode, it stays; before a
+	// reboot it leaves last, handed over to a successor or evicted.
+	ownPodByStage ownPod = iota
+	// ownPodUntilReboot: it stays through this drain, and a successor is asked for now,
+	// to run by the time the runner leaves, right before the node's reboot (see
+	// talosRun.drainLeft): the install between the two leaves the node's pods running.
+	ownPodUntilReboot
+)
+
 // drain drains the cordoned node and returns how many pods it evicted. A
 // failed drain uncordons it again.
-func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (int, error) {
+func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, own ownPod) (int, error) {
 	// The runner's own pod leaves its node last, and only before a reboot: a
 	// kubelet restart leaves its container running, so through a Kubernetes
 	// upgrade it stays, and no replacement waits out the Job's backoff. A runner
@@ -91,11 +104,20 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (i
 		last, keep = "", opts.SelfPod
 	}
 
+	handsOverLater := own == ownPodUntilReboot && name == opts.Self && last != "" && opts.HandOver != nil
+	if handsOverLater {
+		last, keep = "", opts.SelfPod
+	}
+
 	// Before a reboot of its node, the runner hands its work to a successor
 	// started elsewhere (the node is cordoned) rather than be evicted.
 	var beforeLast func(context.Context) bool
 
 	switch {
+	case handsOverLater:
+		e.node(stage, name, PhaseDraining, "draining (bound %s); the runner's own pod %s stays through the install and hands over to a successor pod, asked for now, before the reboot",
+			opts.DrainTimeout, keep)
+		opts.HandOver.Prepare(ctx)
 	case keep != "" && name == opts.Self:
 		e.node(stage, name, PhaseDraining, "draining (bound %s); the runner's own pod %s stays on it", opts.DrainTimeout, keep)
 	case last != "" && name == opts.Self && opts.HandOver != nil:
@@ -140,11 +162,17 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string) (i
 // replacement only after its pod failure backoff (10 s), on the critical path.
 // Instead a successor pod is started while the node's other pods are drained,
 // and the run stops once it is up; the successor takes the lock and continues
-// from the state, with this node's drain.
+// from the state. On a Talos with the lifecycle service the runner stays through
+// its node's drain and install, and hands over right before the reboot
+// (ownPodUntilReboot): the successor starts while the node installs, and goes
+// on with the reboot. On an older Talos, whose one Upgrade call installs and
+// reboots, it hands over at the drain, and the successor goes on with the
+// install.
 type HandOver interface {
 	// Prepare asks for a successor pod: called once the drain of Self, which
-	// is cordoned, starts. It returns at once; a failure is said, and
-	// Complete then returns false.
+	// is cordoned, starts, and again at the drain right before the reboot
+	// (a successor already asked for stays asked for). It returns once asked;
+	// a failure is said, and Complete then returns false.
 	Prepare(ctx context.Context)
 	// Complete waits, bounded, for the successor: true means it runs and the
 	// run stops here (ctx is cancelled before Complete returns); false means

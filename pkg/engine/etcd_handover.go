@@ -14,8 +14,8 @@ import (
 // and the read waits out only what is left of the gap:
 //
 //   - the plan's two passes, which the launch puts in the state (EtcdPassMemo);
-//   - a runner handing over reads one pass right before it asks for its successor, and
-//     leaves its passes in Memo (etcdHandOver).
+//   - a runner handing over reads one pass right before it waits for its successor to
+//     run, and leaves its passes in Memo (etcdHandOver).
 
 // etcdPassKey is the Memo key of the passes left for the next runner.
 const etcdPassKey = "talos/etcd-passes"
@@ -36,16 +36,19 @@ func EtcdPassMemo(passes []stages.EtcdPass) map[string]string {
 }
 
 // etcdHandOver is the Talos run's HandOver: it leaves a pass of etcd in Memo before
-// asking for a successor.
+// it hands over.
 type etcdHandOver struct {
 	HandOver
 	r *talosRun
 }
 
-// Prepare leaves the passes, then asks for the successor.
-func (h etcdHandOver) Prepare(ctx context.Context) {
+// Complete leaves the passes, then waits for the successor: they are read as
+// near to the hand-over as can be (Prepare may come long before, at the start of
+// the drain of a node whose install follows).
+func (h etcdHandOver) Complete(ctx context.Context) bool {
 	h.r.leaveEtcdPasses(ctx)
-	h.HandOver.Prepare(ctx)
+
+	return h.HandOver.Complete(ctx)
 }
 
 // leaveEtcdPasses reads a pass of every control plane's member status and keeps the

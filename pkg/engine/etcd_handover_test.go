@@ -15,7 +15,7 @@ import (
 )
 
 // passHandOver is a HandOver that never finds a successor and records, at each
-// Prepare, whether the run had left its etcd pass in memo by then.
+// Complete, whether the run had left its etcd pass in memo by then.
 type passHandOver struct {
 	memo *mapMemo
 
@@ -23,32 +23,35 @@ type passHandOver struct {
 	left []bool
 }
 
-func (h *passHandOver) Prepare(context.Context) {
+func (h *passHandOver) Prepare(context.Context) {}
+
+func (h *passHandOver) Complete(context.Context) bool {
 	_, ok := h.memo.Get(etcdPassKey)
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 
 	h.left = append(h.left, ok)
+
+	return false
 }
 
-func (h *passHandOver) Complete(context.Context) bool { return false }
-
-// TestTalosHandOverLeavesAnEtcdPass: before the runner asks for a successor, it
+// TestTalosHandOverLeavesAnEtcdPass: before the runner waits for its successor, it
 // leaves in Memo a pass of every control plane's etcd status.
 func TestTalosHandOverLeavesAnEtcdPass(t *testing.T) {
 	o := newFakeOS(t, talosSpec())
 	memo := newMemo()
 	h := &passHandOver{memo: memo}
+	runnerPod(t, o.f, "worker-1", "ichor-run-abcde")
 
 	e := o.engine("v1.13.9", memo, func(opts *Options) {
-		opts.Self, opts.SelfPod, opts.HandOver = "worker-1", "default/runner", h
+		opts.Self, opts.SelfPod, opts.HandOver = "worker-1", "ichor-system/ichor-run-abcde", h
 	})
 	require.NoError(t, e.Run(context.Background()))
 
 	h.mu.Lock()
-	assert.NotEmpty(t, h.left, "the hand-over was asked for")
-	assert.NotContains(t, h.left, false, "the pass was left before each ask")
+	assert.NotEmpty(t, h.left, "the hand-over was tried")
+	assert.NotContains(t, h.left, false, "the pass was left before each wait for the successor")
 	h.mu.Unlock()
 
 	v, ok := memo.Get(etcdPassKey)

@@ -142,7 +142,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 
 			continue
 		case actReboot:
-			if err := r.ensureDrained(ctx, n); err != nil {
+			if err := r.drainLeft(ctx, n); err != nil {
 				return err
 			}
 
@@ -225,7 +225,7 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionTalosAccess, err)
 			}
 
-			if err := r.ensureDrained(ctx, n); err != nil {
+			if err := r.ensureDrained(ctx, n, r.ownPod(name, orUnknown(mark.From))); err != nil {
 				return err
 			}
 
@@ -354,17 +354,91 @@ var errSameBoot = errors.New("the node answers in the boot its install was annou
 
 // ensureDrained cordons and drains a node whose upgrade is under way when
 // ichor's cordon is no longer on it, or its mark is but the node is
-// schedulable (uncordoned after a pause), before it is installed or
-// rebooted.
-func (r *talosRun) ensureDrained(ctx context.Context, n *osNode) error {
-	if node, ok := r.cache.Node(n.Name); ok && kube.CordonOf(node) == kube.CordonedByUs {
+// schedulable (uncordoned after a pause), before it is installed.
+func (r *talosRun) ensureDrained(ctx context.Context, n *osNode, own ownPod) error {
+	if r.cordonedByUs(ctx, n.Name) {
 		return nil
 	}
 
-	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name)
+	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name, own)
 
 	return err
 }
+
+// drainLeft makes sure, right before a node's reboot, that it is cordoned and
+// that no pod is left on it to evict: on the runner's own node, the runner's pod,
+// which stayed through the drain and the install (ownPodUntilReboot) and now
+// hands over to its successor, or is evicted; on another, a runner that handed
+// over there and has not gone yet, or a pod that came since the drain (one that
+// tolerates the cordon, or bound to the node by name). A node drained and left
+// alone costs one list of its pods.
+func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
+	stage, name := r.stage.Name(), n.Name
+
+	if !r.cordonedByUs(ctx, name) {
+		_, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage)
+
+		return err
+	}
+
+	keep := ""
+	if r.opts.StayOnNode {
+		keep = r.opts.SelfPod
+	}
+
+	left, err := kube.Drainer{Client: r.e.Kube, Keep: keep}.Left(ctx, name)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
+		}
+
+		return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionResume, err)
+	}
+
+	if left == 0 {
+		return nil
+	}
+
+	if name != r.opts.Self {
+		r.e.node(stage, name, PhaseDraining, "%d pod(s) on it since its drain: draining it again before its reboot", left)
+	}
+
+	_, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage)
+
+	return err
+}
+
+// cordonedByUs reports whether the node carries ichor's cordon and is
+// unschedulable, on the watch once it shows what the run last wrote to or read
+// of the Node (kube.Nodes.Get): a cordon the run made a moment ago counts.
+func (r *talosRun) cordonedByUs(ctx context.Context, name string) bool {
+	node, err := r.e.nodes.Get(ctx, name)
+
+	return err == nil && kube.CordonOf(node) == kube.CordonedByUs
+}
+
+// ownPod is what the drains of n, which runs version, do with the runner's own
+// pod when n is the runner's node: on a Talos with the lifecycle service (1.13 and
+// later), whose install leaves the node's pods running, the runner stays through
+// the drain and the install and hands over right before the reboot (drainLeft), its
+// successor asked for at the drain and started by then. On an older Talos the one
+// MachineService.Upgrade call installs and reboots: the runner leaves at the drain.
+// A version not known counts as older.
+func (r *talosRun) ownPod(name, version string) ownPod {
+	if name != r.opts.Self {
+		return ownPodByStage
+	}
+
+	v, err := stages.ParseVersion(version)
+	if err != nil || v.Compare(lifecycleSince) < 0 {
+		return ownPodByStage
+	}
+
+	return ownPodUntilReboot
+}
+
+// lifecycleSince is the first Talos with LifecycleService.Upgrade.
+var lifecycleSince = stages.MustParseVersion("v1.13.0")
 
 // sleep waits d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) error {

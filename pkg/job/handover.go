@@ -79,9 +79,16 @@ func (h *handOver) pace() (poll, start time.Duration) {
 	return poll, start
 }
 
-// Prepare raises the runner's Job's parallelism to 2.
+// Prepare raises the runner's Job's parallelism to 2, once: asked again (the drain
+// before the reboot, after the drain that asked), it keeps the successor asked for.
 func (h *handOver) Prepare(ctx context.Context) {
 	h.mu.Lock()
+	if h.job != "" {
+		h.mu.Unlock()
+
+		return
+	}
+
 	h.asked = time.Now()
 	h.mu.Unlock()
 
@@ -167,6 +174,10 @@ wait:
 	// unscheduled or pending pod goes first).
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), LockRequestTimeout)
 	defer rcancel()
+
+	h.mu.Lock()
+	h.job = ""
+	h.mu.Unlock()
 
 	if err := h.r.setParallelism(rctx, job, 1); err != nil {
 		why += fmt.Sprintf("; the Job's parallelism stays at 2 (%v), the lock's next holder sets it back", err)

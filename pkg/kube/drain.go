@@ -218,6 +218,27 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 
 var errDrainTimeout = errors.New("drain timeout")
 
+// Left is how many pods Drain would evict from node now (Keep aside): none on a
+// node drained since, unless a pod came (one that tolerates the cordon, or
+// bound to the node by name) or stayed (the runner's own, a runner that
+// handed over and has not gone yet).
+func (d Drainer) Left(ctx context.Context, node string) (int, error) {
+	list, errs := drainRules(ctx, d.Client).GetPodsForDeletion(node)
+	if len(errs) > 0 {
+		return 0, fmt.Errorf("node %q: drain: %s", node, joinErrors(errs))
+	}
+
+	n := 0
+
+	for _, p := range list.Pods() {
+		if d.Keep == "" || p.Namespace+"/"+p.Name != d.Keep {
+			n++
+		}
+	}
+
+	return n, nil
+}
+
 // drainRules is kubectl's drain helper as every drain of ichor's runs it,
 // and as PreviewDrain judges pods: `kubectl drain --ignore-daemonsets
 // --delete-emptydir-data`, each pod's own grace period.
