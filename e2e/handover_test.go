@@ -27,7 +27,8 @@ import (
 // the runner hands the operation to a successor pod the Job starts on another node
 // (parallelism 2), rather than be evicted and replaced after the Job's pod failure
 // backoff: each runner but the last ends with the hand-over's exit code, not an
-// eviction; its successor holds the lock before the runner's node is installed; the
+// eviction; it installs its own node (an install leaves the pods running) and its
+// successor holds the lock before the node reboots; the
 // Job created no pod that did not take the lock, counted no failure and succeeded,
 // its parallelism back at 1.
 func TestTalosJobHandOver(t *testing.T) {
@@ -128,13 +129,19 @@ func requireHandOvers(t *testing.T, c *Cluster, tc *countingTalos, pods *jobPods
 		assert.Equal(t, int32(job.ExitHandedOver), exitCode(p), "runner %s handed over, not evicted: %+v", run.Pod, p.Status)
 		assert.NotEqual(t, run.Node, next.Node, "the successor runs elsewhere")
 
+		// On Talos 1.13 and later the runner stays on its node through the node's
+		// install, which leaves its pods running, and hands over before the reboot.
 		cordoned, installed := cordonToInstall(evs, run.Node)
 		require.False(t, installed.IsZero(), "%s installed", run.Node)
-		assert.True(t, next.Started.Time.Before(installed), "successor %s took the lock (%s) before %s was installed (%s)",
-			next.Pod, next.Started.Format(time.StampMilli), run.Node, installed.Format(time.StampMilli))
-		t.Logf("hand-over %d: %s on %s -> %s on %s; the lock taken %s after %s's cordon, installed %s after it",
-			i+1, run.Pod, run.Node, next.Pod, next.Node, next.Started.Sub(cordoned).Round(time.Millisecond), run.Node,
-			installed.Sub(cordoned).Round(time.Millisecond))
+		booted := bootedOn(evs, run.Node, talos114)
+		require.False(t, booted.IsZero(), "%s booted %s", run.Node, talos114)
+		assert.True(t, installed.Before(next.Started.Time), "%s installed (%s) by runner %s, before its successor %s took the lock (%s)",
+			run.Node, installed.Format(time.StampMilli), run.Pod, next.Pod, next.Started.Format(time.StampMilli))
+		assert.True(t, next.Started.Time.Before(booted), "successor %s took the lock (%s) before %s booted %s (%s)",
+			next.Pod, next.Started.Format(time.StampMilli), run.Node, talos114, booted.Format(time.StampMilli))
+		t.Logf("hand-over %d: %s on %s -> %s on %s; %s's install %s after its cordon, the lock taken %s after the install, the boot %s after the lock",
+			i+1, run.Pod, run.Node, next.Pod, next.Node, run.Node, installed.Sub(cordoned).Round(time.Millisecond),
+			next.Started.Sub(installed).Round(time.Millisecond), booted.Sub(next.Started.Time).Round(time.Millisecond))
 	}
 
 	last := pods.last(op.Status.Runners[len(op.Status.Runners)-1].Pod)
@@ -202,6 +209,17 @@ func cordonToInstall(evs []events.Event, node string) (cordoned, installed time.
 	}
 
 	return cordoned, installed
+}
+
+// bootedOn is node's first boot on Talos version; zero when not found.
+func bootedOn(evs []events.Event, node, version string) time.Time {
+	for _, e := range evs {
+		if e.Node == node && e.Component == events.Talos && e.Version == version {
+			return e.Time
+		}
+	}
+
+	return time.Time{}
 }
 
 func exitCode(p *corev1.Pod) int32 {
