@@ -14,8 +14,9 @@ import (
 // and the read waits out only what is left of the gap:
 //
 //   - the plan's two passes, which the launch puts in the state (EtcdPassMemo);
-//   - a runner handing over reads one pass right before it waits for its successor to
-//     run, and leaves its passes in Memo (etcdHandOver).
+//   - a runner handing over reads one pass right before it asks for its successor (and
+//     again right before it hands over, when it stayed through its node's install),
+//     and leaves its passes in Memo (etcdHandOver).
 
 // etcdPassKey is the Memo key of the passes left for the next runner.
 const etcdPassKey = "talos/etcd-passes"
@@ -36,19 +37,19 @@ func EtcdPassMemo(passes []stages.EtcdPass) map[string]string {
 }
 
 // etcdHandOver is the Talos run's HandOver: it leaves a pass of etcd in Memo before
-// it hands over.
+// asking for a successor.
 type etcdHandOver struct {
 	HandOver
 	r *talosRun
 }
 
-// Complete leaves the passes, then waits for the successor: they are read as
-// near to the hand-over as can be (Prepare may come long before, at the start of
-// the drain of a node whose install follows).
-func (h etcdHandOver) Complete(ctx context.Context) bool {
+// Prepare leaves the passes, then asks for the successor. It is called at the drain
+// of the runner's node and again right before the hand-over when the runner stays
+// through the node's install: the successor's first read takes whichever pass lets
+// it read soonest (see stages.EtcdChain.Seed).
+func (h etcdHandOver) Prepare(ctx context.Context) {
 	h.r.leaveEtcdPasses(ctx)
-
-	return h.HandOver.Complete(ctx)
+	h.HandOver.Prepare(ctx)
 }
 
 // leaveEtcdPasses reads a pass of every control plane's member status and keeps the

@@ -15,7 +15,7 @@ import (
 )
 
 // passHandOver is a HandOver that never finds a successor and records, at each
-// Complete, whether the run had left its etcd pass in memo by then.
+// Prepare, whether the run had left its etcd pass in memo by then.
 type passHandOver struct {
 	memo *mapMemo
 
@@ -23,20 +23,18 @@ type passHandOver struct {
 	left []bool
 }
 
-func (h *passHandOver) Prepare(context.Context) {}
-
-func (h *passHandOver) Complete(context.Context) bool {
+func (h *passHandOver) Prepare(context.Context) {
 	_, ok := h.memo.Get(etcdPassKey)
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 
 	h.left = append(h.left, ok)
-
-	return false
 }
 
-// TestTalosHandOverLeavesAnEtcdPass: before the runner waits for its successor, it
+func (h *passHandOver) Complete(context.Context) bool { return false }
+
+// TestTalosHandOverLeavesAnEtcdPass: before the runner asks for a successor, it
 // leaves in Memo a pass of every control plane's etcd status.
 func TestTalosHandOverLeavesAnEtcdPass(t *testing.T) {
 	o := newFakeOS(t, talosSpec())
@@ -50,8 +48,8 @@ func TestTalosHandOverLeavesAnEtcdPass(t *testing.T) {
 	require.NoError(t, e.Run(context.Background()))
 
 	h.mu.Lock()
-	assert.NotEmpty(t, h.left, "the hand-over was tried")
-	assert.NotContains(t, h.left, false, "the pass was left before each wait for the successor")
+	assert.NotEmpty(t, h.left, "the hand-over was asked for")
+	assert.NotContains(t, h.left, false, "the pass was left before each ask")
 	h.mu.Unlock()
 
 	v, ok := memo.Get(etcdPassKey)
