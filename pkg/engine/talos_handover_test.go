@@ -12,6 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
+	"github.com/ichor-dev/kubectl-ichor/pkg/stages"
 )
 
 // runnerPod puts a pod of the Job ichor-run on node, as the runner's own.
@@ -180,4 +183,49 @@ func TestTalosRebootsNoNodeWithPods(t *testing.T) {
 
 	assert.Equal(t, []int{0}, rebootsAtEviction, "evicted before the reboot")
 	assert.NotEmpty(t, rec.with("worker-2", "since its drain: draining it again before its reboot"), strings.Join(rec.with("worker-2"), "\n"))
+}
+
+// TestTalosEtcdPassesBeforeHandOver: etcd is read a pass a gap while the runner's
+// own node's group runs, and while the worker batch before it does, so that the
+// passes left for the successor hold one a gap old; not while a control plane
+// reboots, nor when the runner does not hand over.
+func TestTalosEtcdPassesBeforeHandOver(t *testing.T) {
+	cp := func(name string) []*osNode { return []*osNode{{Node: discovery.Node{ControlPlane: true, Name: name}}} }
+	workers := func(names ...string) []*osNode {
+		var g []*osNode
+		for _, n := range names {
+			g = append(g, &osNode{Node: discovery.Node{Name: n}})
+		}
+
+		return g
+	}
+	visit := [][]*osNode{cp("cp-1"), cp("cp-2"), cp("cp-3"), workers("w-1", "w-2"), workers("w-3", "w-4"), workers("w-5", "w-6")}
+
+	for _, tt := range []struct {
+		name    string
+		self    string
+		handOff bool
+		stay    bool
+		want    []bool
+	}{
+		{"a worker in the middle batch", "w-3", true, false, []bool{false, false, false, true, true, false}},
+		{"a worker in the first batch: cp-3 reboots before", "w-1", true, false, []bool{false, false, false, true, false, false}},
+		{"a control plane", "cp-2", true, false, []bool{false, true, false, false, false, false}},
+		{"no hand-over", "w-3", false, false, make([]bool, 6)},
+		{"stays on its node", "w-3", true, true, make([]bool, 6)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &talosRun{opts: Options{Self: tt.self, StayOnNode: tt.stay}, etcdNodes: []stages.EtcdNode{{Name: "cp-1"}}, etcd: &stages.EtcdChain{}}
+			if tt.handOff {
+				r.opts.HandOver = &passHandOver{}
+			}
+
+			got := make([]bool, len(visit))
+			for i := range visit {
+				got[i] = r.passesBeforeHandOver(visit, i)
+			}
+
+			assert.Equal(t, tt.want, got)
+		})
+	}
 }

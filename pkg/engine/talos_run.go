@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -191,7 +192,12 @@ func (r *talosRun) run(ctx context.Context) error {
 			ahead = r.pullAhead(ctx, visit[i+1])
 		}
 
-		if err := r.runGroup(ctx, group); err != nil {
+		stopPassing := r.etcdBeforeHandOver(ctx, visit, i)
+		err := r.runGroup(ctx, group)
+
+		stopPassing()
+
+		if err != nil {
 			return err
 		}
 	}
@@ -220,6 +226,39 @@ func (r *talosRun) warmEtcd(ctx context.Context, group []*osNode) {
 			return
 		}
 	}
+}
+
+// etcdBeforeHandOver reads a pass of etcd every gap while group i holds the
+// runner's own node, or the group after it does and group i is a batch of
+// workers, when the runner may hand over: the
+// passes left for the successor (etcdHandOver) then hold one a gap or more old,
+// and its first read of etcd, verifying the control planes done, reads one pass
+// at once rather than wait out the gap after the pass read at the ask. The
+// passes stop, and the returned stop waits for them, when the group ends.
+func (r *talosRun) etcdBeforeHandOver(ctx context.Context, visit [][]*osNode, i int) (stop func()) {
+	if !r.passesBeforeHandOver(visit, i) {
+		return func() {}
+	}
+
+	return r.etcdWhileDown(ctx, "")
+}
+
+// passesBeforeHandOver reports whether etcdBeforeHandOver reads passes during group i.
+func (r *talosRun) passesBeforeHandOver(visit [][]*osNode, i int) bool {
+	if r.opts.HandOver == nil || r.opts.StayOnNode || len(r.etcdNodes) == 0 || r.etcd == nil {
+		return false
+	}
+
+	holdsSelf := func(j int) bool {
+		return j < len(visit) && slices.ContainsFunc(visit[j], func(n *osNode) bool { return n.Name == r.opts.Self })
+	}
+
+	// A control plane of the group before reboots: its member does not answer, and a
+	// pass without it serves no read (its verification reads without it meanwhile).
+	// The runner's own control plane is rebooted only after the hand-over.
+	rebootsMember := slices.ContainsFunc(visit[i], func(n *osNode) bool { return n.ControlPlane })
+
+	return holdsSelf(i) || (holdsSelf(i+1) && !rebootsMember)
 }
 
 // runGroup visits a group's nodes (several at once for a worker batch).
