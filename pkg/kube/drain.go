@@ -218,10 +218,11 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 
 var errDrainTimeout = errors.New("drain timeout")
 
-// Left is how many pods Drain would evict from node now (Keep aside): none on a
-// node drained since, unless a pod came (one that tolerates the cordon, or
-// bound to the node by name) or stayed (the runner's own, a runner that
-// handed over and has not gone yet).
+// Left is how many pods Drain would evict from node now that still run (Keep
+// aside): none on a node drained since, unless a pod came (one that tolerates
+// the cordon, or bound to the node by name) or stayed (the runner's own, a
+// runner that handed over and has not ended yet). A pod that ended (Succeeded,
+// Failed) runs nothing a reboot could cut, and is not counted.
 func (d Drainer) Left(ctx context.Context, node string) (int, error) {
 	list, errs := drainRules(ctx, d.Client).GetPodsForDeletion(node)
 	if len(errs) > 0 {
@@ -231,7 +232,8 @@ func (d Drainer) Left(ctx context.Context, node string) (int, error) {
 	n := 0
 
 	for _, p := range list.Pods() {
-		if d.Keep == "" || p.Namespace+"/"+p.Name != d.Keep {
+		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if !ended && (d.Keep == "" || p.Namespace+"/"+p.Name != d.Keep) {
 			n++
 		}
 	}

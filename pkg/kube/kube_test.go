@@ -716,3 +716,34 @@ func TestManifestSync(t *testing.T) {
 		}
 	})
 }
+
+// TestDrainerLeft counts the pods a drain would still evict that run: not
+// DaemonSet or mirror pods, not Keep, not a pod that ended (its containers
+// stopped: a runner that handed over and exited).
+func TestDrainerLeft(t *testing.T) {
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "owner"}}
+	ended := ownedPod("ichor-system", "runner-1", "worker-1", "Job")
+	ended.Status.Phase = corev1.PodFailed
+
+	cs := drainCluster(t, false,
+		node("worker-1", "v1.35.4", true), ds,
+		ownedPod("ichor-system", "runner-2", "worker-1", "Job"),
+		ownedPod("default", "came-late", "worker-1", "ReplicaSet"),
+		ownedPod("default", "web-3", "worker-2", "ReplicaSet"),
+		ownedPod("kube-system", "kube-proxy-x", "worker-1", "DaemonSet"),
+		staticPod("worker-1", discovery.APIServer, "v1.35.4", true),
+		ended,
+	)
+
+	n, err := Drainer{Client: cs}.Left(t.Context(), "worker-1")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "runner-2 and came-late")
+
+	n, err = Drainer{Client: cs, Keep: "ichor-system/runner-2"}.Left(t.Context(), "worker-1")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "came-late")
+
+	n, err = Drainer{Client: cs}.Left(t.Context(), "worker-2")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "web-3")
+}
