@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,46 @@ type Workloads struct {
 	// DaemonSets are every DaemonSet, by namespace/name: a drain leaves their
 	// pods, and refuses a pod whose DaemonSet is gone.
 	DaemonSets map[string]bool
+	// KubeProxyPodReady is the shortest time a pod of the kube-proxy DaemonSet took
+	// from its start to Ready (see startToReady); 0 when none shows it.
+	KubeProxyPodReady time.Duration
+}
+
+// maxStartToReady bounds the start-to-Ready a pod is taken to show: a pod whose Ready
+// last changed later than that after its start became Ready again after a restart or
+// its node's reboot, which says nothing of a start.
+const maxStartToReady = 2 * time.Minute
+
+// startToReady is how long p took from its start (status.startTime) to Ready (its
+// Ready condition's last transition), when it is Ready and that is under
+// maxStartToReady; 0 otherwise.
+func startToReady(p *corev1.Pod) time.Duration {
+	if p.Status.StartTime == nil {
+		return 0
+	}
+
+	for _, c := range p.Status.Conditions {
+		if c.Type != corev1.PodReady || c.Status != corev1.ConditionTrue {
+			continue
+		}
+
+		if d := c.LastTransitionTime.Sub(p.Status.StartTime.Time); d > 0 && d <= maxStartToReady {
+			return d
+		}
+	}
+
+	return 0
+}
+
+// isKubeProxyPod reports whether p is a pod of the kube-proxy DaemonSet.
+func isKubeProxyPod(p *corev1.Pod) bool {
+	if p.Namespace != StaticPodNamespace {
+		return false
+	}
+
+	owner := metav1.GetControllerOf(p)
+
+	return owner != nil && owner.Kind == "DaemonSet" && owner.Name == KubeProxyDaemonSet
 }
 
 // Workloads lists every pod (in pages of WorkloadsPageSize) and every
@@ -38,8 +79,13 @@ func (d *Discoverer) Workloads(ctx context.Context) (*Workloads, error) {
 		}
 
 		for i := range list.Items {
-			if list.Items[i].Spec.NodeName != "" {
-				w.Pods = append(w.Pods, reducedPod(&list.Items[i]))
+			p := &list.Items[i]
+			if p.Spec.NodeName != "" {
+				w.Pods = append(w.Pods, reducedPod(p))
+			}
+
+			if d := startToReady(p); d > 0 && isKubeProxyPod(p) && (w.KubeProxyPodReady == 0 || d < w.KubeProxyPodReady) {
+				w.KubeProxyPodReady = d
 			}
 		}
 

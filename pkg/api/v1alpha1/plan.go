@@ -127,6 +127,10 @@ type Rollout struct {
 	Pods int `json:"pods"`
 	// MaxUnavailable is how many it replaces at once.
 	MaxUnavailable int `json:"maxUnavailable"`
+	// PodReadySeconds is the shortest time one of its pods took from its start to
+	// Ready, as the pods showed it at the plan (0: not known): the estimate's price
+	// of a pod's replacement until the rollout shows its own pace.
+	PodReadySeconds float64 `json:"podReadySeconds,omitempty"`
 }
 
 // NodeStep is what a stage does to one node.
