@@ -38,11 +38,14 @@ type podRunner struct {
 	exits chan struct{}
 	// restarts counts the containers' restarts (the restartCount posted).
 	restarts int32
+	// admitted is when the kubelet took the pod, its status.startTime: a kubelet
+	// sets it before it pulls the images and starts the containers.
+	admitted metav1.Time
 }
 
 func newPodRunner(k *Kubelets, n *node, pod *corev1.Pod) *podRunner {
 	return &podRunner{
-		k: k, n: n, uid: string(pod.UID), ns: pod.Namespace, name: pod.Name,
+		k: k, n: n, uid: string(pod.UID), ns: pod.Namespace, name: pod.Name, admitted: metav1.Now(),
 		updates: make(chan *corev1.Pod, 1),
 		nodeCh:  make(chan bool, 4),
 		changed: make(chan struct{}, 1),
@@ -290,6 +293,9 @@ func transient(err error) bool {
 func (r *podRunner) writeRunning(ctx context.Context, ready bool) {
 	r.mutateStatus(ctx, func(pod *corev1.Pod) {
 		keep := preservedConditions(pod)
+		if pod.Status.StartTime == nil {
+			pod.Status.StartTime = r.admitted.DeepCopy()
+		}
 		pod.Status = runningStatus(pod, r.n.m.IP().String(), r.podIP(pod), true, ready)
 		pod.Status.Conditions = append(pod.Status.Conditions, keep...)
 		for i := range pod.Status.ContainerStatuses {

@@ -234,3 +234,32 @@ func TestDefinitionChangedRestartsTheContainersInThePod(t *testing.T) {
 	require.Eventually(t, readyWith(1), 5*time.Second, 10*time.Millisecond, "restarted in the same pod, Running and Ready again")
 	assert.Equal(t, pod.UID, status().UID)
 }
+
+// A pod's startTime is when the kubelet took it, before its containers start (a
+// kubelet sets it before it pulls the images): its start to Ready is the pod start
+// and the readiness, as on a real node, not the readiness alone.
+func TestPodStartTimeIsItsAdmission(t *testing.T) {
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-proxy-a", Namespace: "kube-system", UID: "8e0c1d2f-3a4b-4c5d-8e6f-7a8b9c0d1e2f"},
+		Spec:       corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{Name: "kube-proxy"}}},
+	}
+	client := fake.NewClientset(pod)
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
+	r := newPodRunner(k, n, pod)
+
+	time.Sleep(20 * time.Millisecond) // the pod start
+	r.writeRunning(ctx, true)
+
+	got, err := client.CoreV1().Pods("kube-system").Get(ctx, "kube-proxy-a", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, got.Status.StartTime)
+	assert.True(t, got.Status.StartTime.Equal(&r.admitted), "startTime %s, admitted %s", got.Status.StartTime, r.admitted)
+
+	for _, c := range got.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			assert.GreaterOrEqual(t, c.LastTransitionTime.Sub(got.Status.StartTime.Time), 20*time.Millisecond, "Ready after the start")
+		}
+	}
+}
