@@ -2,7 +2,6 @@ package discovery
 
 import (
 	"context"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,49 +21,6 @@ type Workloads struct {
 	// DaemonSets are every DaemonSet, by namespace/name: a drain leaves their
 	// pods, and refuses a pod whose DaemonSet is gone.
 	DaemonSets map[string]bool
-	// KubeProxyPodReady is the time a pod of the kube-proxy DaemonSet took from its
-	// start to Ready (see startToReady), the mean over those that show it: the API
-	// keeps both times to the second, and the mean of the pods' differences comes
-	// near the true time where the shortest would be a second under; 0 when none
-	// shows it.
-	KubeProxyPodReady time.Duration
-}
-
-// maxStartToReady bounds the start-to-Ready a pod is taken to show: a pod whose Ready
-// last changed later than that after its start became Ready again after a restart or
-// its node's reboot, which says nothing of a start.
-const maxStartToReady = 2 * time.Minute
-
-// startToReady is how long p took from its start (status.startTime) to Ready (its
-// Ready condition's last transition), when it is Ready and that is under
-// maxStartToReady; 0 otherwise.
-func startToReady(p *corev1.Pod) time.Duration {
-	if p.Status.StartTime == nil {
-		return 0
-	}
-
-	for _, c := range p.Status.Conditions {
-		if c.Type != corev1.PodReady || c.Status != corev1.ConditionTrue {
-			continue
-		}
-
-		if d := c.LastTransitionTime.Sub(p.Status.StartTime.Time); d > 0 && d <= maxStartToReady {
-			return d
-		}
-	}
-
-	return 0
-}
-
-// isKubeProxyPod reports whether p is a pod of the kube-proxy DaemonSet.
-func isKubeProxyPod(p *corev1.Pod) bool {
-	if p.Namespace != StaticPodNamespace {
-		return false
-	}
-
-	owner := metav1.GetControllerOf(p)
-
-	return owner != nil && owner.Kind == "DaemonSet" && owner.Name == KubeProxyDaemonSet
 }
 
 // Workloads lists every pod (in pages of WorkloadsPageSize) and every
@@ -72,8 +28,6 @@ func isKubeProxyPod(p *corev1.Pod) bool {
 // or so, whatever its node count.
 func (d *Discoverer) Workloads(ctx context.Context) (*Workloads, error) {
 	w := &Workloads{DaemonSets: map[string]bool{}}
-
-	var ready []time.Duration
 
 	opts := metav1.ListOptions{Limit: WorkloadsPageSize}
 
@@ -84,28 +38,14 @@ func (d *Discoverer) Workloads(ctx context.Context) (*Workloads, error) {
 		}
 
 		for i := range list.Items {
-			p := &list.Items[i]
-			if p.Spec.NodeName != "" {
-				w.Pods = append(w.Pods, reducedPod(p))
-			}
-
-			if d := startToReady(p); d > 0 && isKubeProxyPod(p) {
-				ready = append(ready, d)
+			if list.Items[i].Spec.NodeName != "" {
+				w.Pods = append(w.Pods, reducedPod(&list.Items[i]))
 			}
 		}
 
 		if opts.Continue = list.Continue; opts.Continue == "" {
 			break
 		}
-	}
-
-	if len(ready) > 0 {
-		var sum time.Duration
-		for _, d := range ready {
-			sum += d
-		}
-
-		w.KubeProxyPodReady = sum / time.Duration(len(ready))
 	}
 
 	opts = metav1.ListOptions{Limit: WorkloadsPageSize}

@@ -3,7 +3,6 @@ package planning
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -38,12 +37,6 @@ func Evaluate(ctx context.Context, c Clients, cl *Cluster, plan *api.Plan, ch Ch
 	workloads, err := d.Workloads(ctx)
 	if err != nil {
 		return err
-	}
-
-	for i := range plan.Stages {
-		if r := plan.Stages[i].Rollout; r != nil && workloads.KubeProxyPodReady > 0 {
-			r.PodReadySeconds = workloads.KubeProxyPodReady.Round(10 * time.Millisecond).Seconds()
-		}
 	}
 
 	plan.Drains = checks.PreviewDrains(ctx, cl.Snapshot, workloads, plan)

@@ -9,8 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
@@ -85,15 +83,9 @@ func TestReadTheManifestsOfTheFirstControlPlaneNotHeld(t *testing.T) {
 }
 
 // Evaluate previews the drains and runs the checks it is given: a Kubernetes plan's
-// invariant row, runnable; its kube-proxy rollout carries a pod's start to Ready.
+// invariant row, runnable.
 func TestEvaluateRunsTheChecks(t *testing.T) {
 	c := discoverytest.ThreePlusTwo()
-	proxy := c.Pod("cp-1", "kube-system", "kube-proxy-a", "")
-	proxy.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "kube-proxy", Controller: discoverytest.Ptr(true)}}
-	started := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
-	proxy.Status.StartTime = &metav1.Time{Time: started}
-	proxy.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(started.Add(1340 * time.Millisecond))}}
-
 	clients := Clients{Kube: c.Clientset(), Endpoint: discoverytest.Endpoint, Talos: c.Talos()}
 
 	cl, err := Read(context.Background(), clients, Reads{})
@@ -112,16 +104,6 @@ func TestEvaluateRunsTheChecks(t *testing.T) {
 	assert.Equal(t, api.ResultOK, plan.Checks[0].Result)
 	assert.True(t, plan.Runnable)
 	assert.NotEmpty(t, plan.Drains, "the drains previewed")
-
-	var rollout *api.Rollout
-	for _, st := range plan.Stages {
-		if st.Rollout != nil {
-			rollout = st.Rollout
-		}
-	}
-
-	require.NotNil(t, rollout)
-	assert.InDelta(t, 1.34, rollout.PodReadySeconds, 1e-9)
 }
 
 // etcdFirst is a Talos client whose nodes answer their version only once etcd has

@@ -514,14 +514,6 @@ func (m *model) rolloutLeft(it item) time.Duration {
 		}
 	}
 
-	// Before it shows its own pace, a pod's replacement is priced at a kube-proxy pod's
-	// start to Ready as the plan saw it (the DaemonSet controller waits for the new pod
-	// Ready before the next), else at a pod's start as the first runner's showed it.
-	if ready := time.Duration(it.rollout.PodReadySeconds * float64(time.Second)); perBatch == 0 && ready > m.podStart() {
-		perBatch = ready
-		m.note(fmt.Sprintf("rollout %d of %d pods left at %s per %d (a kube-proxy pod's start to Ready, the plan's)", pods-updated, pods, perBatch.Round(100*time.Millisecond), max(1, mu)))
-	}
-
 	if perBatch == 0 {
 		perBatch = m.podStart()
 		m.note(fmt.Sprintf("rollout %d of %d pods left at %s per %d (a pod's start, the runner's)", pods-updated, pods, perBatch.Round(100*time.Millisecond), max(1, mu)))

@@ -190,26 +190,6 @@ func TestRolloutNotStartedTakesAPodsStartPerPod(t *testing.T) {
 	assert.NotContains(t, p.Basis, "replacement")
 }
 
-// TestRolloutNotStartedTakesAKubeProxyPodsStartToReady: the plan saw a kube-proxy pod
-// take 3.5 s from its start to Ready, longer than the runner's pod start (2 s): each
-// pod of the rollout is priced at that.
-func TestRolloutNotStartedTakesAKubeProxyPodsStartToReady(t *testing.T) {
-	plan := kubePlan()
-	plan.Stages[2].Rollout.PodReadySeconds = 3.5
-
-	tl := newTimeline("worker-4").controlPlanes("APIServers", 2)
-	p := progress.Of(tl.op, plan, at(11))
-
-	assert.InDelta(t, 6*3+7*3.5+5*3, left(t, p), 1)
-	assert.Contains(t, p.Basis, "rollout 7 of 7 pods left at 3.5s per 1 (a kube-proxy pod's start to Ready, the plan's)")
-
-	// Shorter than the runner's pod start: the pod start stays the price.
-	plan.Stages[2].Rollout.PodReadySeconds = 1
-	p = progress.Of(tl.op, plan, at(11))
-	assert.InDelta(t, 6*3+7*2+5*3, left(t, p), 1)
-	assert.Contains(t, p.Basis, "(a pod's start, the runner's)")
-}
-
 func TestRolloutUnderWayTakesItsOwnPace(t *testing.T) {
 	// The first manifest sync at 29 changed the DaemonSet; by 37 it had
 	// updated 4 of 7 pods: 2 s a pod, 3 left, observed 1 s ago.

@@ -127,10 +127,6 @@ type Rollout struct {
 	Pods int `json:"pods"`
 	// MaxUnavailable is how many it replaces at once.
 	MaxUnavailable int `json:"maxUnavailable"`
-	// PodReadySeconds is the time its pods took from their start to Ready, the mean
-	// of those that show it (0: not known): the estimate's price of a pod's
-	// replacement until the rollout shows its own pace.
-	PodReadySeconds float64 `json:"podReadySeconds,omitempty"`
 }
 
 // NodeStep is what a stage does to one node.
