@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -64,14 +63,7 @@ func TestEngineResumesFromAnyPoint(t *testing.T) {
 func TestEngineSurvivesEvictingItself(t *testing.T) {
 	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 3, kubernetes: "v1.35.4", workloads: 1})
 
-	_, err := f.cs.CoreV1().Pods("ichor-system").Create(context.Background(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: "ichor-system", Name: "ichor-run-abcde",
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "ichor-run", Controller: new(true)}},
-		},
-		Spec: corev1.PodSpec{NodeName: "worker-2", Containers: []corev1.Container{{Name: "run", Image: "ghcr.io/ichor-dev/kubectl-ichor"}}},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	runnerPod(t, f, "worker-2", "ichor-run-abcde")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -83,7 +75,7 @@ func TestEngineSurvivesEvictingItself(t *testing.T) {
 		}
 	}
 
-	err = f.engine("v1.36.3", func(o *Options) { o.Self = "worker-2" }).Run(ctx)
+	err := f.engine("v1.36.3", func(o *Options) { o.Self = "worker-2" }).Run(ctx)
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, []string{"worker-2"}, f.cordonedByIchor(), "the runner's node stays cordoned by ichor")
 	assert.Zero(t, appliesOn(f, "worker-2"))
