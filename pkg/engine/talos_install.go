@@ -369,9 +369,10 @@ func (r *talosRun) ensureDrained(ctx context.Context, n *osNode, own ownPod) err
 // that no pod is left on it to evict: on the runner's own node, the runner's pod,
 // which stayed through the drain and the install (ownPodUntilReboot) and now
 // hands over to its successor, or is evicted; on another, a runner that handed
-// over there and has not gone yet, or a pod that came since the drain (one that
-// tolerates the cordon, or bound to the node by name). A node drained and left
-// alone costs one list of its pods.
+// over there and has not ended yet, or a pod that came since the drain (one that
+// tolerates the cordon, or bound to the node by name). A pod that ended is not
+// waited for (kube.Drainer.Left). A node drained and left alone costs one list
+// of its pods.
 func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
 	stage, name := r.stage.Name(), n.Name
 
