@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -183,6 +184,38 @@ func TestTalosRebootsNoNodeWithPods(t *testing.T) {
 
 	assert.Equal(t, []int{0}, rebootsAtEviction, "evicted before the reboot")
 	assert.NotEmpty(t, rec.with("worker-2", "since its drain: draining it again before its reboot"), strings.Join(rec.with("worker-2"), "\n"))
+}
+
+// TestTalosPausesOnAPodItCannotEvict: a pod with no controller lands on a drained
+// node during its install. The list before the reboot finds it, and the drain
+// again pauses saying what to do (move it by hand), not "resume", which would
+// find it again; the node is not rebooted with it.
+func TestTalosPausesOnAPodItCannotEvict(t *testing.T) {
+	o := newFakeOS(t, spec113())
+	e := o.engine("v1.14.1", newMemo())
+
+	var once sync.Once
+
+	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+		if node == "worker-2" {
+			once.Do(func() {
+				_, err := o.f.cs.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bare"},
+					Spec:       corev1.PodSpec{NodeName: "worker-2", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+				}, metav1.CreateOptions{})
+				require.NoError(t, err)
+			})
+		}
+
+		return false, nil
+	}
+
+	err := e.Run(context.Background())
+	pause, ok := errors.AsType[*PauseError](err)
+	require.True(t, ok, "%v", err)
+	assert.Contains(t, pause.Error(), "default/bare")
+	assert.Contains(t, pause.Action, "a pod with no controller must be moved by hand")
+	assert.Zero(t, o.state("worker-2").reboots, "not rebooted with the pod")
 }
 
 // TestTalosEtcdPassesBeforeHandOver: etcd is read a pass a gap while the runner's

@@ -387,23 +387,19 @@ func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
 		keep = r.opts.SelfPod
 	}
 
-	left, err := kube.Drainer{Client: r.e.Kube, Keep: keep}.Left(ctx, name)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
-		}
-
-		return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionResume, err)
-	}
-
-	if left == 0 {
+	left, err := kube.Drainer{Client: r.e.Kube, Keep: keep, Timeout: r.opts.DrainTimeout}.Left(ctx, name)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
+	case err == nil && left == 0:
 		return nil
-	}
-
-	if name != r.opts.Self {
+	case err == nil && name != r.opts.Self:
 		r.e.node(stage, name, PhaseDraining, "%d pod(s) on it since its drain: draining it again before its reboot", left)
 	}
 
+	// Pods left, or a list that failed (a pod the drain cannot evict either,
+	// the API slow past the bound): the drain again, whose failure pauses
+	// saying what to do.
 	_, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage)
 
 	return err

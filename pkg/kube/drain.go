@@ -222,11 +222,18 @@ var errDrainTimeout = errors.New("drain timeout")
 // aside): none on a node drained since, unless a pod came (one that tolerates
 // the cordon, or bound to the node by name) or stayed (the runner's own, a
 // runner that handed over and has not ended yet). A pod that ended (Succeeded,
-// Failed) runs nothing a reboot could cut, and is not counted.
+// Failed) runs nothing a reboot could cut, and is not counted. Timeout bounds
+// its list as it bounds a drain. Its error is the drain's: a pod the drain
+// could not evict either (one with no controller) is named there.
 func (d Drainer) Left(ctx context.Context, node string) (int, error) {
+	parent := ctx
+
+	ctx, cancel := context.WithTimeoutCause(ctx, d.Timeout, errDrainTimeout)
+	defer cancel()
+
 	list, errs := drainRules(ctx, d.Client).GetPodsForDeletion(node)
 	if len(errs) > 0 {
-		return 0, fmt.Errorf("node %q: drain: %s", node, joinErrors(errs))
+		return 0, d.failed(parent, ctx, node, errors.New(joinErrors(errs)))
 	}
 
 	n := 0

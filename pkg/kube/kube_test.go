@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,7 +27,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/discovery"
@@ -735,15 +739,34 @@ func TestDrainerLeft(t *testing.T) {
 		ended,
 	)
 
-	n, err := Drainer{Client: cs}.Left(t.Context(), "worker-1")
+	n, err := Drainer{Client: cs, Timeout: time.Minute}.Left(t.Context(), "worker-1")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "runner-2 and came-late")
 
-	n, err = Drainer{Client: cs, Keep: "ichor-system/runner-2"}.Left(t.Context(), "worker-1")
+	n, err = Drainer{Client: cs, Keep: "ichor-system/runner-2", Timeout: time.Minute}.Left(t.Context(), "worker-1")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "came-late")
 
-	n, err = Drainer{Client: cs}.Left(t.Context(), "worker-2")
+	n, err = Drainer{Client: cs, Timeout: time.Minute}.Left(t.Context(), "worker-2")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "web-3")
+}
+
+// TestDrainerLeftIsBounded: the list before a reboot ends at the drain's
+// bound on an API server that does not answer, saying so.
+func TestDrainerLeftIsBounded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+
+	_, err = Drainer{Client: cs, Timeout: 100 * time.Millisecond}.Left(ctx, "worker-1")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `node "worker-1": drain: global timeout reached: 100ms`)
 }
