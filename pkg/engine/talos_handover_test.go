@@ -199,6 +199,14 @@ func TestTalosPausesOnAPodItCannotEvict(t *testing.T) {
 	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
 		if node == "worker-2" {
 			once.Do(func() {
+				// Once the run's watch shows the node cordoned (the fake has no
+				// resourceVersions to catch up on), so that the list finds the pod.
+				assert.Eventually(t, func() bool {
+					n, ok := e.nodes.Cached("worker-2")
+
+					return ok && n.Spec.Unschedulable
+				}, 5*time.Second, time.Millisecond)
+
 				_, err := o.f.cs.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
 					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bare"},
 					Spec:       corev1.PodSpec{NodeName: "worker-2", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
@@ -215,6 +223,7 @@ func TestTalosPausesOnAPodItCannotEvict(t *testing.T) {
 	require.True(t, ok, "%v", err)
 	assert.Contains(t, pause.Error(), "default/bare")
 	assert.Contains(t, pause.Action, "a pod with no controller must be moved by hand")
+	assert.Contains(t, pause.Reason, "Talos v1.14.1 stays installed for its next boot")
 	assert.Zero(t, o.state("worker-2").reboots, "not rebooted with the pod")
 }
 

@@ -374,6 +374,15 @@ func (r *talosRun) ensureDrained(ctx context.Context, n *osNode, own ownPod) err
 // waited for (kube.Drainer.Left). A node drained and left alone costs one list
 // of its pods.
 func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
+	err := r.drainLeftOnce(ctx, n)
+	if pause, ok := errors.AsType[*PauseError](err); ok {
+		pause.Reason += fmt.Sprintf("; Talos %s stays installed for its next boot", r.target)
+	}
+
+	return err
+}
+
+func (r *talosRun) drainLeftOnce(ctx context.Context, n *osNode) error {
 	stage, name := r.stage.Name(), n.Name
 
 	if !r.cordonedByUs(ctx, name) {
