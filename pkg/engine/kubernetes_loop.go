@@ -48,6 +48,9 @@ type kubeRun struct {
 	// that stage (nil in the last).
 	ahead *kubePullingAhead
 	next  stages.KubernetesStage
+	// readAheadTalos are the nodes' Talos sides read while the kube-proxy rollout
+	// ran, for the next stage's start (readAhead, takeAhead).
+	readAheadTalos map[string]talosRead
 }
 
 // stageNode is a node a stage visits, as read at the stage's start.
@@ -252,7 +255,24 @@ func (r *kubeRun) runNodes(ctx context.Context, s stages.KubernetesStage, only m
 	}
 
 	if s.Rollout() == stages.RolloutKubeProxy && synced {
-		return held, r.rollout(ctx, name)
+		// The next stage's reads of the nodes' Talos side are made while the
+		// DaemonSet controller rolls kube-proxy out.
+		var ahead *readingAhead
+		if r.next != nil {
+			ahead = r.readAhead(ctx, snap)
+		}
+
+		err := r.rollout(ctx, name)
+
+		if ahead != nil {
+			if err != nil {
+				ahead.stop()
+			}
+
+			r.readAheadTalos = ahead.wait()
+		}
+
+		return held, err
 	}
 
 	return held, nil

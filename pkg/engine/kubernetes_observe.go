@@ -77,7 +77,16 @@ func (r *kubeRun) observe(ctx context.Context, s stages.KubernetesStage) (*disco
 		reads[i] = &candidates[i]
 	}
 
+	// Read ahead while the kube-proxy rollout ran (readAhead), through the same address.
+	ahead := r.takeAhead()
+
 	err = talos.ForEach(ctx, reads, (*discovery.Node).Address, r.opts.Concurrency, func(ctx context.Context, n *discovery.Node) error {
+		if got, ok := ahead[n.Name]; ok && got.ip == n.InternalIP {
+			n.Talos = discovery.NewTalos(got.version, got.cfg)
+
+			return nil
+		}
+
 		version, cfg, err := r.readTalos(ctx, n.Name, n.InternalIP)
 		if err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -303,4 +305,66 @@ func TestEngineOptions(t *testing.T) {
 		UnreachableGrace: DefaultUnreachableGrace,
 		Concurrency:      DefaultConcurrency, PullConcurrency: DefaultPullConcurrency, MaxUnavailable: 1,
 	}, Options{}.withDefaults())
+}
+
+// TestKubeletsStageReadsAheadDuringRollout: the Kubelets stage's reads of the
+// nodes' configs are made while the kube-proxy rollout runs, so that its start
+// reads none; each visit still reads its node's config before the apply.
+func TestKubeletsStageReadsAheadDuringRollout(t *testing.T) {
+	f := newFakeCluster(t, clusterSpec{controlPlanes: 3, workers: 2, kubernetes: "v1.35.4"})
+	rec := &recorder{}
+	e := f.engine("v1.36.3")
+	e.Progress = rec
+
+	var (
+		mu           sync.Mutex
+		atStageStart []string // read after the Kubelets stage started, before its first visit
+		visits       = map[string]int{}
+	)
+
+	f.refuseTalos = func(node, call string) bool {
+		if call != "MachineConfig" || len(rec.with("stage 4/4 Kubelets")) == 0 {
+			return false
+		}
+
+		visiting := len(rec.with("Kubelets cp-1 ")) > 0
+
+		mu.Lock()
+		defer mu.Unlock()
+
+		if visiting {
+			visits[node]++
+		} else {
+			atStageStart = append(atStageStart, node)
+		}
+
+		if node == "worker-1" && visits[node] == 1 {
+			// Another tool changed worker-1's config since it was read ahead (the
+			// fake holds its lock while it asks).
+			m := f.machine("worker-1")
+			patched, err := m.active.PatchV1Alpha1(func(c *v1alpha1.Config) error {
+				c.MachineConfig.MachineKubelet.KubeletRegisterWithFQDN = new(true)
+
+				return nil
+			})
+			require.NoError(t, err)
+
+			m.active, m.persistent = patched, patched
+		}
+
+		return false
+	}
+
+	require.NoError(t, e.Run(context.Background()))
+
+	assert.Empty(t, atStageStart, "read ahead, while the rollout ran")
+
+	// worker-1's apply was rendered from its config as its visit read it, not as read ahead.
+	kubelet := f.machine("worker-1").active.RawV1Alpha1().MachineConfig.MachineKubelet
+	assert.True(t, kubelet.KubeletRegisterWithFQDN != nil && *kubelet.KubeletRegisterWithFQDN, "the change made since the read ahead is kept")
+	assert.Equal(t, "ghcr.io/siderolabs/kubelet:v1.36.3", kubelet.KubeletImage)
+
+	for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1", "worker-2"} {
+		assert.Positive(t, visits[n], "%s: its visit reads its config before its apply", n)
+	}
 }
