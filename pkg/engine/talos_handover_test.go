@@ -32,6 +32,30 @@ func runnerPod(t *testing.T, f *fakeCluster, node, name string) {
 	require.NoError(t, err)
 }
 
+// atInstall calls land once, at node's first Install call, once the run's watch
+// shows the node cordoned (the fake has no resourceVersions for the run to catch
+// up on), so that the list before its reboot finds what land put there.
+func atInstall(t *testing.T, o *fakeOS, e *Engine, node string, land func()) {
+	t.Helper()
+
+	var once sync.Once
+
+	o.onUpgrade = func(_ context.Context, name string) (bool, error) {
+		if name == node {
+			once.Do(func() {
+				assert.Eventually(t, func() bool {
+					n, ok := e.nodes.Cached(node)
+
+					return ok && n.Spec.Unschedulable
+				}, 5*time.Second, time.Millisecond)
+				land()
+			})
+		}
+
+		return false, nil
+	}
+}
+
 // osHandOver is a HandOver that records what the runner's node had been through at
 // each Prepare and Complete; Complete hands over (stops the run, as the Job's does).
 type osHandOver struct {
@@ -152,24 +176,9 @@ func TestTalosRebootsNoNodeWithPods(t *testing.T) {
 	e := o.engine("v1.14.1", newMemo())
 	e.Progress = rec
 
-	var once sync.Once
-
-	// At its install, once the run's watch shows the node cordoned (a drain and an
-	// install take minutes in the field), a pod lands on it.
-	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
-		if node == "worker-2" {
-			once.Do(func() {
-				assert.Eventually(t, func() bool {
-					n, ok := e.nodes.Cached("worker-2")
-
-					return ok && n.Spec.Unschedulable
-				}, 5*time.Second, time.Millisecond)
-				runnerPod(t, o.f, "worker-2", "came-late")
-			})
-		}
-
-		return false, nil
-	}
+	// At its install (a drain and an install take minutes in the field), a pod
+	// lands on it.
+	atInstall(t, o, e, "worker-2", func() { runnerPod(t, o.f, "worker-2", "came-late") })
 
 	var rebootsAtEviction []int
 
@@ -194,29 +203,13 @@ func TestTalosPausesOnAPodItCannotEvict(t *testing.T) {
 	o := newFakeOS(t, spec113())
 	e := o.engine("v1.14.1", newMemo())
 
-	var once sync.Once
-
-	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
-		if node == "worker-2" {
-			once.Do(func() {
-				// Once the run's watch shows the node cordoned (the fake has no
-				// resourceVersions to catch up on), so that the list finds the pod.
-				assert.Eventually(t, func() bool {
-					n, ok := e.nodes.Cached("worker-2")
-
-					return ok && n.Spec.Unschedulable
-				}, 5*time.Second, time.Millisecond)
-
-				_, err := o.f.cs.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
-					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bare"},
-					Spec:       corev1.PodSpec{NodeName: "worker-2", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
-				}, metav1.CreateOptions{})
-				require.NoError(t, err)
-			})
-		}
-
-		return false, nil
-	}
+	atInstall(t, o, e, "worker-2", func() {
+		_, err := o.f.cs.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bare"},
+			Spec:       corev1.PodSpec{NodeName: "worker-2", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	})
 
 	err := e.Run(context.Background())
 	pause, ok := errors.AsType[*PauseError](err)
