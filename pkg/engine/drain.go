@@ -18,15 +18,17 @@ import (
 // drains it; a node found schedulable again once drained (uncordoned during
 // the drain) is cordoned and drained again, a bounded number of times. A
 // failed drain uncordons it again. It returns a summary ("drained 3 pods").
-func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string, own ownPod) (string, error) {
+// kept, when set, says what stays on the node whatever happens (an install made
+// before this drain): each pause's reason ends with it.
+func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string, own ownPod, kept string) (string, error) {
 	evicted := 0
 
 	for round := 1; ; round++ {
-		if err := e.ensureCordoned(ctx, stage, name); err != nil {
+		if err := e.ensureCordoned(ctx, stage, name, kept); err != nil {
 			return "", err
 		}
 
-		n, err := e.drain(ctx, opts, stage, name, own)
+		n, err := e.drain(ctx, opts, stage, name, own, kept)
 		if err != nil {
 			return "", err
 		}
@@ -37,7 +39,7 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 		// decided on it, and an uncordon during the drain counts however recent.
 		state, err := e.nodes.ReadCordon(ctx, name)
 		if err != nil {
-			return "", e.pause(ctx, stage, name, err.Error(), actionResume, err)
+			return "", e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
 		}
 
 		if state == kube.CordonedByUs {
@@ -47,12 +49,22 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 		if round == maxCordonRounds {
 			err := fmt.Errorf("node %q was made schedulable again during each of %d drains", name, round)
 
-			return "", e.pause(ctx, stage, name, err.Error()+"; it is not rebooted while pods can land on it",
+			return "", e.pause(ctx, stage, name, withKept(err.Error()+"; it is not rebooted while pods can land on it", kept),
 				"find who uncordons it (kubectl get events --field-selector involvedObject.name="+name+"), stop them, then resume", err)
 		}
 
 		e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
 	}
+}
+
+// withKept is a pause's reason with what stays on the node whatever the pause
+// (kept, such as an install made before the drain; "" for nothing).
+func withKept(reason, kept string) string {
+	if kept == "" {
+		return reason
+	}
+
+	return reason + "; " + kept
 }
 
 // maxCordonRounds bounds cordonAndDrain's rounds.
@@ -62,10 +74,10 @@ const maxCordonRounds = 3
 // mark, never on an old read of it (kube.Nodes.EnsureCordoned): a node with
 // the mark but schedulable (someone followed a pause message and ran kubectl
 // uncordon) is cordoned again before any drain or reboot.
-func (e *Engine) ensureCordoned(ctx context.Context, stage, name string) error {
+func (e *Engine) ensureCordoned(ctx context.Context, stage, name, kept string) error {
 	state, err := e.nodes.EnsureCordoned(ctx, name, time.Now())
 	if err != nil {
-		return e.pause(ctx, stage, name, err.Error(), actionResume, err)
+		return e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
 	}
 
 	switch state {
@@ -94,7 +106,7 @@ const (
 
 // drain drains the cordoned node and returns how many pods it evicted. A
 // failed drain uncordons it again.
-func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, own ownPod) (int, error) {
+func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, own ownPod, kept string) (int, error) {
 	// The runner's own pod leaves its node last, and only before a reboot: a
 	// kubelet restart leaves its container running, so through a Kubernetes
 	// upgrade it stays, and no replacement waits out the Job's backoff. A runner
@@ -150,7 +162,7 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, ow
 			err = errors.Join(err, uerr)
 		}
 
-		return 0, e.pause(ctx, stage, name, err.Error()+" (uncordoned again)",
+		return 0, e.pause(ctx, stage, name, withKept(err.Error()+" (uncordoned again)", kept),
 			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
 	}
 

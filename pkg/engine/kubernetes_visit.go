@@ -87,7 +87,7 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 		}
 
 		if drains {
-			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage); err != nil {
+			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, ""); err != nil {
 				return false, err
 			}
 

@@ -201,7 +201,9 @@ func TestTalosRebootsNoNodeWithPods(t *testing.T) {
 // find it again; the node is not rebooted with it.
 func TestTalosPausesOnAPodItCannotEvict(t *testing.T) {
 	o := newFakeOS(t, spec113())
+	rec := &recorder{}
 	e := o.engine("v1.14.1", newMemo())
+	e.Progress = rec
 
 	atInstall(t, o, e, "worker-2", func() {
 		_, err := o.f.cs.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
@@ -217,6 +219,8 @@ func TestTalosPausesOnAPodItCannotEvict(t *testing.T) {
 	assert.Contains(t, pause.Error(), "default/bare")
 	assert.Contains(t, pause.Action, "a pod with no controller must be moved by hand")
 	assert.Contains(t, pause.Reason, "Talos v1.14.1 stays installed for its next boot")
+	assert.NotEmpty(t, rec.with("worker-2", string(PhaseFailed), "(uncordoned again); Talos v1.14.1 stays installed for its next boot"),
+		"the node's failed line says it too: %s", strings.Join(rec.with("worker-2"), "\n"))
 	assert.Zero(t, o.state("worker-2").reboots, "not rebooted with the pod")
 }
 

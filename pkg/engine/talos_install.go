@@ -360,7 +360,7 @@ func (r *talosRun) ensureDrained(ctx context.Context, n *osNode, own ownPod) err
 		return nil
 	}
 
-	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name, own)
+	_, err := r.e.cordonAndDrain(ctx, r.opts, r.stage.Name(), n.Name, own, "")
 
 	return err
 }
@@ -373,20 +373,14 @@ func (r *talosRun) ensureDrained(ctx context.Context, n *osNode, own ownPod) err
 // tolerates the cordon, or bound to the node by name). A pod that ended is not
 // waited for (kube.Drainer.Left). A node drained and left alone costs one list
 // of its pods.
+// The install is made by then: a pause of either drain says it stays for the
+// node's next boot.
 func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
-	err := r.drainLeftOnce(ctx, n)
-	if pause, ok := errors.AsType[*PauseError](err); ok {
-		pause.Reason += fmt.Sprintf("; Talos %s stays installed for its next boot", r.target)
-	}
-
-	return err
-}
-
-func (r *talosRun) drainLeftOnce(ctx context.Context, n *osNode) error {
 	stage, name := r.stage.Name(), n.Name
+	kept := fmt.Sprintf("Talos %s stays installed for its next boot", r.target)
 
 	if !r.cordonedByUs(ctx, name) {
-		_, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage)
+		_, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, kept)
 
 		return err
 	}
@@ -409,7 +403,7 @@ func (r *talosRun) drainLeftOnce(ctx context.Context, n *osNode) error {
 	// Pods left, or a list that failed (a pod the drain cannot evict either,
 	// the API slow past the bound): the drain again, whose failure pauses
 	// saying what to do.
-	_, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage)
+	_, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, kept)
 
 	return err
 }

@@ -375,7 +375,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		}
 	}
 
-	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, r.ownPod(name, version))
+	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, r.ownPod(name, version), "")
 	if err != nil {
 		return err
 	}
