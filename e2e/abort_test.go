@@ -48,7 +48,7 @@ func TestJobAbortWithoutState(t *testing.T) {
 	require.True(t, worker.Spec.Unschedulable, "the paused worker stays cordoned")
 	require.True(t, kube.CordonedByIchor(worker))
 
-	left, err := runnerCredentials(ctx, t, c)
+	left, err := runnerCredentials(ctx, t, c, false)
 	require.NoError(t, err)
 	require.Contains(t, left, "serviceaccount.talos.dev "+jobNamespace+"/"+job.TalosAccountName, "the os:admin credentials are there")
 
@@ -72,7 +72,7 @@ func TestJobAbortWithoutState(t *testing.T) {
 
 	// The garbage collector deletes what the runner's ClusterRole owned.
 	eventually(t, time.Minute, "no credential of the runner left", func(ctx context.Context) error {
-		left, err := runnerCredentials(ctx, t, c)
+		left, err := runnerCredentials(ctx, t, c, false)
 		if err != nil {
 			return err
 		}

@@ -1055,9 +1055,16 @@ func setTaint(ctx context.Context, c *Cluster, node string, taint corev1.Taint, 
 // TestJobRunnerRestartedByItsKubelet: a Kubernetes upgrade's runner stays on its
 // node through that node's drain and kubelet restart, which Kubernetes does not
 // promise to leave running: a kubelet whose container hash changed with its version
-// (v1.31's did) restarts every container of its pods, the runner's among them. The
-// runner starts again in the same pod, takes the lock again and finishes from the
-// state: one pod, no failed pod, no Job backoff.
+// (v1.31's did) restarts every container of its pods, the runner's among them. One pod,
+// no failed pod, no Job backoff, and the Job ends, in either order the kubelet takes:
+//   - the restart comes before the runner sees its node Ready: the runner starts again
+//     in the same pod, takes the lock again and finishes from the state (Runs 2);
+//   - it comes after the runner wrote Succeeded and removed its credentials: the
+//     container starts without them (their Secret is optional, the ServiceAccount
+//     kept), finds the operation ended and exits 0 (Runs 1).
+//
+// Which order a run takes is the kubelet's; the second is then made sure of: a
+// runner's pod started after the end, as the late restart starts it, ends the Job.
 func TestJobRunnerRestartedByItsKubelet(t *testing.T) {
 	t.Parallel()
 
@@ -1079,10 +1086,10 @@ func TestJobRunnerRestartedByItsKubelet(t *testing.T) {
 
 	r := c.ichor(t, 10*time.Minute, "upgrade", "kubernetes", "--to", "v1.36.3", "--yes")
 	r.requireExit(t, 0)
+	assert.NotContains(t, r.stderr, "has not ended", "the runner's Job ended")
 
 	op := c.operation(t)
 	require.Equal(t, api.PhaseSucceeded, op.Status.Phase)
-	assert.GreaterOrEqual(t, op.Status.Runs, 2, "the runner, restarted by its node's new kubelet, took the lock again")
 
 	pods, err := c.Client.CoreV1().Pods(jobNamespace).List(ctx, metav1.ListOptions{LabelSelector: job.LabelOperation + "=" + op.Spec.ID})
 	require.NoError(t, err)
@@ -1091,10 +1098,59 @@ func TestJobRunnerRestartedByItsKubelet(t *testing.T) {
 	p := pods.Items[0]
 	require.Len(t, p.Status.ContainerStatuses, 1)
 	assert.GreaterOrEqual(t, p.Status.ContainerStatuses[0].RestartCount, int32(1), "the runner's container restarted in its pod")
+	assert.Equal(t, corev1.PodSucceeded, p.Status.Phase)
+
+	logs, err := c.Client.CoreV1().Pods(jobNamespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	require.NoError(t, err)
+
+	if op.Status.Runs < 2 {
+		t.Logf("the kubelet restarted the runner after the operation's end")
+		assert.Regexp(t, "operation "+op.Spec.ID+" (ended: its runner's credentials were removed; nothing to do|already succeeded)", string(logs),
+			"the container restarted after the end exited at once")
+	} else {
+		t.Logf("the kubelet restarted the runner before the operation's end: runs %d", op.Status.Runs)
+	}
+
+	// The Job controller counts the pod a sync after it ended (up to its batch period).
+	jobComplete := func(name string) {
+		t.Helper()
+		eventually(t, 2*time.Minute, "job "+name+" complete", func(ctx context.Context) error {
+			j, err := c.Client.BatchV1().Jobs(jobNamespace).Get(ctx, name, metav1.GetOptions{})
+			switch {
+			case err != nil:
+				return err
+			case j.Status.Failed > 0:
+				return fmt.Errorf("a pod failed: %+v", j.Status)
+			case j.Status.Succeeded != 1:
+				return fmt.Errorf("not complete: %+v", j.Status)
+			}
+
+			return nil
+		})
+	}
 
 	jobs := operationJobs(t, c, op.Spec.ID)
 	require.Len(t, jobs, 1)
-	assert.Zero(t, jobs[0].Status.Failed, "no runner pod failed")
+	jobComplete(jobs[0].Name)
+
+	requireNoCredentialLeft(t, c, api.PhaseSucceeded)
+
+	// The late restart, made sure of: a pod of the runner's Job started now, with its
+	// credentials removed, starts, says the operation ended and ends its Job.
+	late := job.Job(job.JobParams{Namespace: jobNamespace, Operation: op.Spec.ID, Attempt: op.Status.Attempt + 1, Image: op.Spec.Image, Credentials: op.Spec.Credentials})
+	_, err = c.Client.BatchV1().Jobs(jobNamespace).Create(ctx, late, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	jobComplete(late.Name)
+
+	latePods, err := c.Client.CoreV1().Pods(jobNamespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + late.Name})
+	require.NoError(t, err)
+	require.Len(t, latePods.Items, 1)
+
+	logs, err = c.Client.CoreV1().Pods(jobNamespace).GetLogs(latePods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	require.NoError(t, err)
+	assert.Contains(t, string(logs), "operation "+op.Spec.ID+" ended: its runner's credentials were removed; nothing to do (kubectl ichor status says how it ended)")
+	assert.Equal(t, api.PhaseSucceeded, c.operation(t).Status.Phase, "the state stays")
 
 	requireUpgraded(t, c, tc, before, "v1.36.3")
 	requireNothingCordoned(t, c)

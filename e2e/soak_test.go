@@ -649,10 +649,11 @@ func (d *soakDriver) judge(t *testing.T) {
 	}
 
 	if facts.Final.Phase == string(api.PhaseSucceeded) {
-		// The runner's credentials go as its Job ends.
+		// The runner's credentials go as its Job ends (its ServiceAccount, bound to
+		// nothing, stays: Runner.Run).
 		deadline := time.Now().Add(soakCleanupWait)
 		for {
-			left, err := runnerCredentials(ctx, t, d.c)
+			left, err := runnerCredentials(ctx, t, d.c, true)
 			if err == nil && (len(left) == 0 || time.Now().After(deadline)) {
 				facts.Final.CredentialsLeft = left
 				break

@@ -111,9 +111,10 @@ func (c *Control) RemoveLocalTalosconfig(ctx context.Context) (bool, error) {
 
 // removeOwnCredentials is the runner's cleanup once its operation succeeded and it released
 // the lock: it deletes its Talos credentials, then its own ClusterRole, which owns its
-// other RBAC objects and its ServiceAccount (the garbage collector deletes them; after that
-// this runner can do nothing more). Failures are logged: kubectl ichor abort removes what
-// is left.
+// other RBAC objects (the garbage collector deletes them; after that this runner can do
+// nothing more). Its ServiceAccount stays, bound to nothing: a container of this pod that
+// its kubelet restarts after this needs it to start at all, and then exits at once
+// (Runner.Run). Failures are logged: kubectl ichor abort removes what is left.
 func (r *Runner) removeOwnCredentials(ctx context.Context) {
 	ns := r.Namespace
 	failed := false
@@ -139,7 +140,7 @@ func (r *Runner) removeOwnCredentials(ctx context.Context) {
 		step(describe("secret", ns, name), r.Kube.CoreV1().Secrets(ns).Delete(ctx, name, metav1.DeleteOptions{}))
 	}
 
-	step(describe("clusterrole", "", ClusterRoleName(ns))+" (with the runner's bindings, roles and serviceaccount it owns)",
+	step(describe("clusterrole", "", ClusterRoleName(ns))+" (with the runner's bindings and roles it owns)",
 		r.Kube.RbacV1().ClusterRoles().Delete(ctx, ClusterRoleName(ns), metav1.DeleteOptions{PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)}))
 
 	if failed {

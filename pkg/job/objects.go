@@ -122,9 +122,9 @@ func Namespace(name string) *corev1.Namespace {
 // first: the ClusterRole (ClusterRoleRules and access' cluster rules) and its binding; the
 // ServiceAccount; its Role and RoleBinding in namespace (RoleRules, and access' rules of
 // that namespace); a Role and RoleBinding in each other namespace access names, and in
-// the namespace of its lock (LockRules). owner,
-// when set (the ClusterRole once it exists), owns every object but the ClusterRole, so
-// that deleting the ClusterRole deletes them all.
+// the namespace of its lock (LockRules). owner, when set (the ClusterRole once it
+// exists), owns every object but the ClusterRole and the ServiceAccount, so that
+// deleting the ClusterRole deletes every right the ServiceAccount has.
 func RunnerObjects(namespace string, access ManifestAccess, owner *metav1.OwnerReference) []runtime.Object {
 	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: RunnerName, Namespace: namespace}}
 	rbac := metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1"}
@@ -152,8 +152,11 @@ func RunnerObjects(namespace string, access ManifestAccess, owner *metav1.OwnerR
 			Subjects:   subject,
 		},
 		&corev1.ServiceAccount{
+			// Not owned: the runner's end deletes the ClusterRole, and with it every
+			// right, but keeps this account, which a container of its pod restarted
+			// after that needs to start and exit (Runner.Run).
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
-			ObjectMeta: meta(RunnerName, namespace),
+			ObjectMeta: metav1.ObjectMeta{Name: RunnerName, Namespace: namespace, Labels: labels},
 		},
 		&rbacv1.Role{
 			TypeMeta:   withKind(rbac, "Role"),
@@ -362,7 +365,11 @@ func Job(p JobParams) *batchv1.Job {
 					}},
 					// The runner writes no file: the read-only root needs no scratch volume.
 					Volumes: []corev1.Volume{
-						{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: credentialsSecret(p.Credentials)}}},
+						// Optional: the runner deletes it at the operation's end, and a
+						// container restarted after that must start to exit (Runner.Run).
+						{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+							SecretName: credentialsSecret(p.Credentials), Optional: ptr.To(true),
+						}}},
 					},
 				},
 			},

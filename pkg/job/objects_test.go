@@ -71,6 +71,7 @@ func TestJobSpec(t *testing.T) {
 	assert.Equal(t, []string{"POD_NAME=metadata.name", "POD_NAMESPACE=metadata.namespace", "NODE_NAME=spec.nodeName"}, env)
 	assert.Equal(t, TalosconfigDir, c.VolumeMounts[0].MountPath)
 	assert.Equal(t, LocalTalosconfigName, pod.Volumes[0].Secret.SecretName, "local credentials mount the copied talosconfig")
+	assert.True(t, *pod.Volumes[0].Secret.Optional, "the end deletes them: a container restarted after it must start")
 
 	j = Job(JobParams{Namespace: "ns", Operation: "x", Attempt: 1, Image: "i", Credentials: api.CredentialsServiceAccount})
 	assert.Equal(t, TalosAccountName, j.Spec.Template.Spec.Volumes[0].Secret.SecretName)
@@ -175,7 +176,11 @@ func TestRunnerObjects(t *testing.T) {
 	for _, obj := range objs[1:] {
 		m, err := meta.Accessor(obj)
 		require.NoError(t, err)
-		assert.Equal(t, []metav1.OwnerReference{*owner}, m.GetOwnerReferences(), "%s is owned by the ClusterRole", m.GetName())
+		if _, account := obj.(*corev1.ServiceAccount); account {
+			assert.Empty(t, m.GetOwnerReferences(), "the ServiceAccount outlives the ClusterRole: a container restarted after the end starts with it")
+		} else {
+			assert.Equal(t, []metav1.OwnerReference{*owner}, m.GetOwnerReferences(), "%s is owned by the ClusterRole", m.GetName())
+		}
 		assert.Equal(t, "upgrades", m.GetLabels()[LabelRunnerNamespace])
 
 		names = append(names, fmt.Sprintf("%T %s/%s", obj, m.GetNamespace(), m.GetName()))

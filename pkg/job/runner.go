@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -90,6 +91,9 @@ type Runner struct {
 	// StayOnNode says the runner's pod tolerates the cordon because no other
 	// node can host it: the drain of its node keeps it (JobParams.StayOnNode).
 	StayOnNode bool
+	// NoCredentials says the pod started without its Talos credentials: their
+	// Secret is an optional volume, deleted when the operation ends (see Run).
+	NoCredentials bool
 	// NewEngine builds the engine.
 	NewEngine EngineFactory
 	// Talos is given to NewEngine (EngineConfig.Talos).
@@ -165,11 +169,20 @@ func (r *Runner) Run(ctx context.Context) error {
 			return &ExitError{Code: ExitFinal, Err: err}
 		}
 
+		if r.NoCredentials && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) {
+			return endedErr(r.Operation)
+		}
+
 		return err
 	}
 
 	if err := r.wanted(op); err != nil {
 		return err
+	}
+
+	if r.NoCredentials {
+		return &ExitError{Code: ExitFinal, Err: fmt.Errorf("operation %s is %s but the runner's Talos credentials (%s) are gone: "+
+			"kubectl ichor resume%s writes them again", op.Spec.ID, op.Status.Phase, describe("secret", r.Namespace, credentialsSecret(op.Spec.Credentials)), nsFlag(r.Namespace))}
 	}
 
 	r.logf("operation %s: %s upgrade to %s; runner %s on node %s waiting for the lock %s",
@@ -319,6 +332,19 @@ func (r *Runner) releaseOwnLock(ctx context.Context) {
 	if err := releaseLock(rctx, r.Kube, lock); err != nil {
 		r.logf("could not release the lock: %v (it expires by itself)", err)
 	}
+}
+
+// endedErr is how a runner ends that started after its operation ended. The
+// runner's own end removes its credentials once it wrote Succeeded: its Talos
+// credentials' Secret, then its RBAC. A container started after that (its node's
+// new kubelet restarted it, a moment after the runner saw that node Ready)
+// finds no credentials mounted and cannot read the state; its ServiceAccount,
+// bound to nothing, is kept so that it can start at all. It has nothing to do:
+// it exits 0, which ends the Job. (abort removes the same credentials, and
+// deletes the Jobs of the operation it stops.)
+func endedErr(operation string) error {
+	return &ExitError{Code: 0, Err: fmt.Errorf("operation %s ended: its runner's credentials were removed; nothing to do "+
+		"(kubectl ichor status says how it ended)", operation)}
 }
 
 // wanted returns nil when op is the runner's operation and wants a runner, else the

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 	"github.com/ichor-dev/kubectl-ichor/pkg/engine"
@@ -588,4 +589,59 @@ func configMapUpdates(f *runnerFixture) int {
 	}
 
 	return n
+}
+
+// TestRunnerStartedAfterTheEnd: a runner's container restarted after its operation's
+// end (its node's new kubelet restarted it a moment after the runner saw that node
+// Ready, wrote Succeeded and removed its credentials) starts without its Talos
+// credentials, and its RBAC is gone too. It exits 0, which ends the Job, where it
+// used to stay in ContainerCreating. A runner that finds its credentials gone while
+// the operation still runs stops for good, saying how to write them again.
+func TestRunnerStartedAfterTheEnd(t *testing.T) {
+	forbidden := func(client *fake.Clientset) {
+		client.PrependReactor("get", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(corev1.Resource("configmaps"), StateName,
+				errors.New(`User "system:serviceaccount:ichor-system:ichor-runner" cannot get resource "configmaps"`))
+		})
+	}
+
+	tests := []struct {
+		name          string
+		phase         api.Phase
+		rbacGone      bool
+		noCredentials bool
+		code          int
+		want          string
+	}{
+		{name: "its rights gone", phase: api.PhaseSucceeded, rbacGone: true, noCredentials: true, code: 0,
+			want: "operation op-1 ended: its runner's credentials were removed; nothing to do (kubectl ichor status says how it ended)"},
+		{name: "its rights not yet gone", phase: api.PhaseSucceeded, noCredentials: true, code: 0, want: "operation op-1 already succeeded"},
+		{name: "forbidden with its credentials", phase: api.PhaseRunning, rbacGone: true, code: 1, want: "is forbidden"},
+		{name: "credentials gone while it runs", phase: api.PhaseRunning, noCredentials: true, code: ExitFinal,
+			want: "operation op-1 is Running but the runner's Talos credentials (secret ichor-system/ichor-talos) are gone: kubectl ichor resume writes them again"},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := fake.NewClientset(stateObject(t, testOperation("op-1", tt.phase)))
+			if tt.rbacGone {
+				forbidden(client)
+			}
+
+			r := &Runner{
+				Kube: client, Namespace: "ichor-system", Operation: "op-1", Identity: "p", NoCredentials: tt.noCredentials,
+				NewEngine: func(context.Context, EngineConfig) (Engine, func(), error) {
+					t.Error("no engine may be built")
+
+					return nil, nil, errors.New("no")
+				},
+			}
+
+			err := r.Run(context.Background())
+			require.Error(t, err)
+			assert.Equal(t, tt.code, exitCode(err))
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "\n")
+		})
+	}
 }

@@ -46,6 +46,8 @@ type jobCluster struct {
 	dyn    *dynamicfake.FakeDynamicClient
 	engine job.Engine
 	env    map[string]string
+	// noTalosconfig: the run verb finds no talosconfig (its Secret not mounted).
+	noTalosconfig bool
 }
 
 func newJobCluster(objs ...runtime.Object) *jobCluster {
@@ -88,6 +90,13 @@ func (c *jobCluster) with(d deps) deps {
 		now:      func() time.Time { return now0.Add(5 * time.Minute) },
 		poll:     5 * time.Millisecond,
 		env:      func(k string) string { return c.env[k] },
+		talosconfig: func(string) (string, error) {
+			if c.noTalosconfig {
+				return "", &talos.NoTalosconfigError{Looked: []string{"/var/run/secrets/talos.dev/config: not found"}}
+			}
+
+			return "/var/run/secrets/talos.dev/config", nil
+		},
 		control: func(ctl *job.Control) {
 			ctl.Poll, ctl.StopTimeout, ctl.CredentialsTimeout = 5*time.Millisecond, time.Second, 200*time.Millisecond
 		},
@@ -576,6 +585,39 @@ func TestRunVerb(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tt.phase, op.Status.Phase)
 			assert.Equal(t, "runner-pod", op.Status.Runner)
+		})
+	}
+}
+
+// TestRunVerbWithoutCredentials: the Job's pod started without its Talos
+// credentials (their Secret is optional, and deleted at the operation's end).
+// After the end it exits 0, which ends its Job; while the operation runs it stops
+// for good (ExitFinal) and says how to write them again.
+func TestRunVerbWithoutCredentials(t *testing.T) {
+	tests := []struct {
+		phase api.Phase
+		code  int
+		want  string
+	}{
+		{phase: api.PhaseSucceeded, code: ExitOK, want: "operation kubernetes-v1-36-3-abcde already succeeded"},
+		{phase: api.PhaseRunning, code: job.ExitFinal, want: "operation kubernetes-v1-36-3-abcde is Running but the runner's Talos credentials " +
+			"(secret ichor-system/ichor-talos) are gone: kubectl ichor resume writes them again"},
+	}
+
+	for _, tt := range tests {
+		t.Run(string(tt.phase), func(t *testing.T) {
+			c := newJobCluster(stateOf(t, operation(tt.phase), nil))
+			c.noTalosconfig = true
+			c.engine = engineFunc(func(context.Context) error {
+				t.Error("no engine may run")
+
+				return nil
+			})
+
+			stdout, stderr, code := runWith(t, c.with(deps{}), "run", "--operation", "kubernetes-v1-36-3-abcde", "--namespace", job.DefaultNamespace)
+			assert.Equal(t, tt.code, code, stderr)
+			assert.Contains(t, stdout+stderr, tt.want)
+			assert.NotContains(t, stdout, "took the lock")
 		})
 	}
 }

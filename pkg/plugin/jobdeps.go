@@ -14,6 +14,7 @@ import (
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/job"
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
+	"github.com/ichor-dev/kubectl-ichor/pkg/talos"
 )
 
 // Exit codes of the commands that follow an operation.
@@ -40,6 +41,8 @@ type jobDeps struct {
 	poll time.Duration
 	// env reads the environment (the `run` verb's POD_NAME, NODE_NAME, POD_NAMESPACE).
 	env func(name string) string
+	// talosconfig finds the talosconfig the `run` verb uses (talos.FindConfig).
+	talosconfig func(explicit string) (string, error)
 	// control tunes the job.Control the commands build (tests shorten its waits).
 	control func(c *job.Control)
 }
@@ -61,6 +64,8 @@ func defaultJobDeps() jobDeps {
 		now:       time.Now,
 		poll:      time.Second,
 		env:       os.Getenv,
+
+		talosconfig: talos.FindConfig,
 	}
 }
 

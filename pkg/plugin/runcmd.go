@@ -69,10 +69,17 @@ func (o *RunOptions) Run(ctx context.Context) error {
 
 	out := &stampWriter{w: o.Out, now: o.f.deps.job.now}
 
+	// The Job mounts the Talos credentials from an optional Secret, which the
+	// operation's end deletes: a pod started without them is told so.
+	var noTalosconfig *talos.NoTalosconfigError
+	_, err = o.f.deps.job.talosconfig(o.f.flags.talos.ConfigPath)
+	noCredentials := errors.As(err, &noTalosconfig)
+
 	r := &job.Runner{
 		Kube: t.kube, Dynamic: t.dynamic, LockKube: t.lock,
 		Namespace: o.f.flags.namespace(), Operation: o.Operation,
-		Identity: identity, Node: o.f.deps.job.env("NODE_NAME"), StayOnNode: o.f.deps.job.env(job.StayOnNodeEnv) == "true",
+		Identity: identity, Node: o.f.deps.job.env("NODE_NAME"),
+		StayOnNode: o.f.deps.job.env(job.StayOnNodeEnv) == "true", NoCredentials: noCredentials,
 		NewEngine: o.f.deps.job.engine, Out: out, Now: o.f.deps.job.now,
 		Talos: talos.Options{
 			ConfigPath: o.f.flags.talos.ConfigPath, Context: o.f.flags.talos.Context, Endpoints: o.f.flags.talos.Endpoints,

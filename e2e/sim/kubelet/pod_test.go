@@ -263,3 +263,32 @@ func TestPodStartTimeIsItsAdmission(t *testing.T) {
 		}
 	}
 }
+
+// An optional Secret or ConfigMap that is not there mounts as an empty volume, as a
+// kubelet mounts it; one that is not optional keeps the pod from starting (a volume's
+// source is missing: the pod waits, ContainerCreating).
+func TestOptionalVolumeSourceMayBeMissing(t *testing.T) {
+	ctx := context.Background()
+	optional := func(o bool) *bool { return &o }
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "runner", Namespace: "ichor-system", UID: "0c4f6a2e-5d1b-4f3a-9e8d-7b6a5c4d3e2f"},
+		Spec: corev1.PodSpec{NodeName: "worker-1", Volumes: []corev1.Volume{
+			{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "gone", Optional: optional(true)}}},
+			{Name: "extra", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: "gone"}, Optional: optional(true)}}},
+		}},
+	}
+	client := fake.NewClientset(pod)
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
+	r := newPodRunner(k, n, pod)
+
+	vols, err := r.materializeVolumes(ctx, pod, t.TempDir())
+	require.NoError(t, err)
+	assert.Len(t, vols, 2, "both mounted, empty")
+
+	pod.Spec.Volumes[0].Secret.Optional = optional(false)
+	_, err = r.materializeVolumes(ctx, pod, t.TempDir())
+	require.Error(t, err)
+	assert.True(t, apierrors.IsNotFound(err), "the pod waits for it: %v", err)
+}

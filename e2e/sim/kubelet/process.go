@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -333,16 +334,23 @@ func (r *podRunner) materializeVolumes(ctx context.Context, pod *corev1.Pod, dir
 		case v.EmptyDir != nil:
 		case v.Secret != nil:
 			s, err := core.Secrets(pod.Namespace).Get(ctx, v.Secret.SecretName, metav1.GetOptions{})
-			if err != nil {
+			switch {
+			case apierrors.IsNotFound(err) && v.Secret.Optional != nil && *v.Secret.Optional:
+				// As a kubelet mounts an optional Secret that is not there: empty.
+			case err != nil:
 				return nil, fmt.Errorf("volume %s: secret %s: %w", v.Name, v.Secret.SecretName, err)
+			default:
+				addItems(files, s.Data, v.Secret.Items)
 			}
-			addItems(files, s.Data, v.Secret.Items)
 		case v.ConfigMap != nil:
 			cm, err := core.ConfigMaps(pod.Namespace).Get(ctx, v.ConfigMap.Name, metav1.GetOptions{})
-			if err != nil {
+			switch {
+			case apierrors.IsNotFound(err) && v.ConfigMap.Optional != nil && *v.ConfigMap.Optional:
+			case err != nil:
 				return nil, fmt.Errorf("volume %s: configmap %s: %w", v.Name, v.ConfigMap.Name, err)
+			default:
+				addItems(files, stringData(cm.Data), v.ConfigMap.Items)
 			}
-			addItems(files, stringData(cm.Data), v.ConfigMap.Items)
 		case v.Projected != nil:
 			for _, src := range v.Projected.Sources {
 				switch {
