@@ -15,6 +15,8 @@ type recorder struct {
 	count  int
 	stopAt int
 	cancel context.CancelFunc
+	// onLine, when set, sees each line once it is kept (outside the lock).
+	onLine func(line string)
 }
 
 func (r *recorder) Stage(index, total int, name string) {
@@ -39,13 +41,18 @@ func (r *recorder) StepTime(stage, step string, t StepTiming) {
 
 func (r *recorder) add(line string) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-
 	r.lines = append(r.lines, line)
 	r.count++
 
 	if r.stopAt > 0 && r.count == r.stopAt && r.cancel != nil {
 		r.cancel()
+	}
+
+	onLine := r.onLine
+	r.mu.Unlock()
+
+	if onLine != nil {
+		onLine(line)
 	}
 }
 

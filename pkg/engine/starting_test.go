@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,25 +85,35 @@ func TestTalosChecksWaitForAStartingNode(t *testing.T) {
 // for a starting node as the Talos stage's do.
 func TestKubernetesChecksWaitForAStartingNode(t *testing.T) {
 	f := newFakeCluster(t, clusterSpec{controlPlanes: 1, workers: 2, kubernetes: "v1.35.4"})
-	setStatus := func(fn func(*corev1.Node)) {
+	setStatus := func(fn func(*corev1.Node)) error {
 		n, err := f.cs.CoreV1().Nodes().Get(context.Background(), "worker-2", metav1.GetOptions{})
-		require.NoError(t, err)
+		if err != nil {
+			return err
+		}
 
 		fn(n)
 		_, err = f.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
-		require.NoError(t, err)
+
+		return err
 	}
 
-	setStatus(starting(corev1.ConditionFalse, time.Now()))
+	require.NoError(t, setStatus(starting(corev1.ConditionFalse, time.Now())))
 
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		setStatus(func(n *corev1.Node) {
-			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
-		})
-	}()
+	// worker-2 gets Ready once the run said it waits for it: never before the
+	// run looked, however slow the machine.
+	var ready sync.Once
 
-	rec := &recorder{}
+	rec := &recorder{onLine: func(line string) {
+		if strings.Contains(line, "worker-2 Pending: starting: NotReady") {
+			ready.Do(func() {
+				go func() {
+					assert.NoError(t, setStatus(func(n *corev1.Node) {
+						n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+					}))
+				}()
+			})
+		}
+	}}
 	e := f.engine("v1.36.3")
 	e.Progress = rec
 
