@@ -22,6 +22,7 @@
 //	    etcdStalled: true            # its etcd member answers, but its raft indexes stop where they are while the others move on
 //	    etcdStatusLatency: 2s        # its etcd status call answers this late (a loaded node: Talos dials etcd anew for each call)
 //	    poweredOff: true             # the machine is off: from `up` it boots (and joins) once cleared; set later, it loses power
+//	    terminationTakes: 5s         # a pod deleted on it (evicted) stops this long after, at most its grace period (see below)
 //	apiServerDown: true              # the cluster's kube-apiserver is stopped while set and started again once cleared (a restart)
 //	unpublished:                     # references no registry serves any more, for every node (see below)
 //	  - factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1
@@ -48,6 +49,13 @@
 // the pod's grace) and starts it again in the same pod, whatever the pod's
 // restartPolicy. Kubernetes supports no running container across a minor
 // kubelet upgrade; most versions keep them running, this one does not.
+//
+// terminationTakes is a node whose pods finish their work on SIGTERM, as
+// most workloads do: a simulated pod deleted there (an eviction) goes on
+// running, and stays in the API as Terminating, this long (at most its
+// deletion's grace period, 30 s by default, as a kubelet kills it then).
+// Without it a simulated pod stops at once. A pod run as a process stops
+// when its process does, as before.
 //
 // unpublished is the registries' side, shared by every node: a pull of a
 // reference listed (or of any tag of a repository listed without a tag or
@@ -85,6 +93,7 @@ type Node struct {
 	EtcdStalled           bool     `json:"etcdStalled,omitempty"`
 	EtcdStatusLatency     Duration `json:"etcdStatusLatency,omitempty"`
 	PoweredOff            bool     `json:"poweredOff,omitempty"`
+	TerminationTakes      Duration `json:"terminationTakes,omitempty"` // see the package comment
 }
 
 // NeverReadyComponent reports whether component never gets Ready on this node.

@@ -201,7 +201,13 @@ func (r *podRunner) terminate(ctx context.Context, pod *corev1.Pod, started bool
 	}
 	code := 0
 	if started {
+		r.mu.Lock()
+		process := len(r.procs) > 0
+		r.mu.Unlock()
 		code = r.stopProcesses(grace)
+		if !process {
+			r.finishWork(ctx, grace)
+		}
 	}
 	if pod.Spec.RestartPolicy != corev1.RestartPolicyAlways && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
 		if code == 0 && len(r.procs) == 0 {
@@ -218,6 +224,22 @@ func (r *podRunner) terminate(ctx context.Context, pod *corev1.Pod, started bool
 	})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		r.logf("delete pod", "err", err)
+	}
+}
+
+// finishWork is a simulated pod's own stop on SIGTERM (one not run as a
+// process, which takes its own time in stopProcesses): it takes the node's
+// faults.Node.TerminationTakes, at most grace.
+func (r *podRunner) finishWork(ctx context.Context, grace time.Duration) {
+	takes := min(r.k.opts.Faults.For(r.n.name).TerminationTakes.Duration, grace)
+	if takes <= 0 {
+		return
+	}
+	r.logf("terminating: the pod finishes its work", "takes", takes)
+	select {
+	case <-ctx.Done():
+	case <-r.goneCh:
+	case <-time.After(takes):
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,6 +23,8 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 )
 
 // A pod's exit is written even when the apiserver was away at that moment (a
@@ -291,4 +295,61 @@ func TestOptionalVolumeSourceMayBeMissing(t *testing.T) {
 	_, err = r.materializeVolumes(ctx, pod, t.TempDir())
 	require.Error(t, err)
 	assert.True(t, apierrors.IsNotFound(err), "the pod waits for it: %v", err)
+}
+
+// A pod deleted on a node with terminationTakes goes on running, Terminating,
+// that long before it is gone, as a workload that finishes its work on SIGTERM;
+// without the fault it is gone at once.
+func TestTerminationTakes(t *testing.T) {
+	for _, takes := range []time.Duration{0, 400 * time.Millisecond} {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+
+		path := filepath.Join(t.TempDir(), "faults.yaml")
+		require.NoError(t, os.WriteFile(path, []byte("nodes:\n  worker-1:\n    terminationTakes: "+takes.String()+"\n"), 0o644))
+		store, err := faults.Load(path)
+		require.NoError(t, err)
+
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "6a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
+			Spec:       corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{Name: "web", Image: "registry.local/web:v1"}}},
+			Status:     corev1.PodStatus{Phase: corev1.PodPending},
+		}
+		client := fake.NewClientset(pod)
+		k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler), Faults: store, PodStart: 10 * time.Millisecond, Ready: 10 * time.Millisecond},
+			nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+		n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
+		n.running.Store(true)
+		r := newPodRunner(k, n, pod)
+		r.update(pod)
+
+		ended := make(chan struct{})
+		go func() {
+			r.run(ctx)
+			close(ended)
+		}()
+
+		require.Eventually(t, func() bool {
+			got, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+			return err == nil && got.Status.Phase == corev1.PodRunning
+		}, 5*time.Second, 10*time.Millisecond, "running first")
+
+		got, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		require.NoError(t, err)
+		now, grace := metav1.Now(), int64(30)
+		got.DeletionTimestamp, got.DeletionGracePeriodSeconds = &now, &grace
+		deleted := time.Now()
+		r.update(got)
+
+		select {
+		case <-ended:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("takes %s: the pod did not end", takes)
+		}
+
+		_, err = client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "takes %s: gone once it ended: %v", takes, err)
+		assert.GreaterOrEqual(t, time.Since(deleted), takes, "it ran on, Terminating, for what the fault says")
+		cancel()
+	}
 }
