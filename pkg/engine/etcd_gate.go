@@ -99,7 +99,7 @@ func (r *talosRun) gateBefore(ctx context.Context, n *osNode, moment gateMoment)
 
 	what, kept := "its install", "nothing installed yet"
 	if moment == momentReboot {
-		what, kept = "its reboot", fmt.Sprintf("Talos %s stays installed for its next boot", r.target)
+		what, kept = "its reboot", r.installKept()
 	}
 
 	if err := r.stagedGate(ctx, n, fmt.Sprintf("; %s is not made: the node stays cordoned, %s", what, kept)); err != nil {

@@ -377,7 +377,7 @@ func (r *talosRun) ensureDrained(ctx context.Context, n *osNode, own ownPod) err
 // node's next boot.
 func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
 	stage, name := r.stage.Name(), n.Name
-	kept := fmt.Sprintf("Talos %s stays installed for its next boot", r.target)
+	kept := r.installKept()
 
 	if !r.cordonedByUs(ctx, name) {
 		_, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, kept)
@@ -406,6 +406,12 @@ func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
 	_, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, kept)
 
 	return err
+}
+
+// installKept says what a pause between a node's install and its reboot
+// leaves on it, for the pause's reason.
+func (r *talosRun) installKept() string {
+	return fmt.Sprintf("Talos %s stays installed for its next boot", r.target)
 }
 
 // cordonedByUs reports whether the node carries ichor's cordon and is
