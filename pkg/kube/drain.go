@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -138,6 +139,12 @@ type Drainer struct {
 	// to a successor and stops: see engine.HandOver), so it is not evicted and
 	// the drain waits for it to go, or for ctx to end.
 	BeforeLast func(ctx context.Context) bool
+	// Accepted, when not nil, is called once every eviction of the drain was
+	// accepted (or its pod found gone, or Last leaving by itself): from then on
+	// each pod is being deleted under its grace period, and the drain only
+	// waits for them to be gone. It is called at most once, not at all for a
+	// drain that fails before, nor for one with nothing to evict.
+	Accepted func()
 }
 
 // Drain drains node and returns how many pods it evicted. Its error says
@@ -172,7 +179,17 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 	evictCtx, stopEvicting := context.WithCancelCause(ctx)
 	defer stopEvicting(nil)
 
-	var last lastLines
+	var (
+		last     lastLines
+		accepted atomic.Int32
+	)
+
+	// took counts one pod's eviction accepted, and says Accepted at the last.
+	took := func() {
+		if evictCtx.Err() == nil && int(accepted.Add(1)) == len(pods) && d.Accepted != nil {
+			d.Accepted()
+		}
+	}
 
 	for _, p := range pods {
 		go func() {
@@ -184,13 +201,19 @@ func (d Drainer) Drain(ctx context.Context, node string) (int, error) {
 				}
 
 				if d.BeforeLast != nil && d.BeforeLast(evictCtx) {
+					took()
+
 					return
 				}
 			}
 
 			if err := d.evict(evictCtx, h, p, &last); err != nil {
 				stopEvicting(err)
+
+				return
 			}
+
+			took()
 		}()
 	}
 

@@ -456,6 +456,80 @@ func TestDrain(t *testing.T) {
 		assert.Equal(t, []string{"evict run-abcde", "gone run-abcde"}, events[4:])
 	})
 
+	t.Run("Accepted once every eviction is accepted, before the pods are gone", func(t *testing.T) {
+		cs := drainCluster(t, false, node("worker-1", "v1.35.4", true))
+		gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+		for _, name := range []string{"web-1", "web-2", "web-3"} {
+			p := ownedPod("default", name, "worker-1", "ReplicaSet")
+			p.UID = types.UID("uid-" + name)
+			require.NoError(t, cs.Tracker().Add(p))
+		}
+
+		var (
+			mu     sync.Mutex
+			events []string
+		)
+
+		record := func(e string) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}
+
+		// Evictions that start a graceful deletion: the pods go once the
+		// drain said it was accepted (or after a second, which fails the test).
+		accepted := make(chan struct{})
+
+		cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			create, _ := action.(k8stesting.CreateActionImpl)
+			if create.GetSubresource() != "eviction" {
+				return false, nil, nil
+			}
+
+			ev := create.GetObject().(*policyv1.Eviction)
+			record("evict " + ev.Name)
+
+			go func() {
+				select {
+				case <-accepted:
+				case <-time.After(time.Second):
+				}
+
+				record("gone " + ev.Name)
+				_ = cs.Tracker().Delete(gvr, ev.Namespace, ev.Name)
+			}()
+
+			return true, nil, nil
+		})
+
+		calls := 0
+		n, err := Drainer{Client: cs, Timeout: time.Minute, Accepted: func() {
+			calls++
+			record("accepted")
+			close(accepted)
+		}}.Drain(t.Context(), "worker-1")
+		require.NoError(t, err)
+		assert.Equal(t, 3, n)
+		assert.Equal(t, 1, calls)
+
+		mu.Lock()
+		defer mu.Unlock()
+
+		require.Len(t, events, 7)
+		assert.ElementsMatch(t, []string{"evict web-1", "evict web-2", "evict web-3"}, events[:3])
+		assert.Equal(t, "accepted", events[3], "said before any pod is gone")
+	})
+
+	t.Run("no Accepted while a budget refuses an eviction", func(t *testing.T) {
+		cs := drainCluster(t, true, node("worker-1", "v1.35.4", true), ownedPod("default", "web-1", "worker-1", "ReplicaSet"))
+
+		called := false
+		_, err := Drainer{Client: cs, Timeout: 50 * time.Millisecond, EvictRetryDelay: time.Millisecond, Accepted: func() { called = true }}.Drain(t.Context(), "worker-1")
+		require.Error(t, err)
+		assert.False(t, called)
+	})
+
 	t.Run("the kept pod is never evicted", func(t *testing.T) {
 		cs := drainCluster(t, true, node("worker-1", "v1.35.4", true),
 			ownedPod("ichor-system", "run-abcde", "worker-1", "Job"), ownedPod("default", "web-1", "worker-1", "ReplicaSet"))
