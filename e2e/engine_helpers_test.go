@@ -293,7 +293,7 @@ func invariantBreaks(evs []events.Event) []string {
 	var broken []string
 
 	for i, e := range evs {
-		if e.Component == events.Talos || e.Component == events.TalosInstall || e.Component == events.Cordon {
+		if e.Component == events.Talos || e.Component == events.TalosInstall || e.Component == events.Cordon || e.Component == events.PodStopped || e.Component == events.PodCut {
 			continue
 		}
 

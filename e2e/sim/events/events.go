@@ -30,6 +30,14 @@ const (
 	// Cordon is a change of a Node's spec.unschedulable, as the cluster saw
 	// it: version Cordoned or Uncordoned.
 	Cordon = "cordon"
+	// PodStopped is a simulated pod that took time to stop on SIGTERM
+	// (faults.Node.TerminationTakes) having finished its work: version is its
+	// "namespace/name".
+	PodStopped = "pod-stopped"
+	// PodCut is such a pod whose work its node's reboot cut short: version is
+	// its "namespace/name". A drain before a reboot waits for its pods to stop,
+	// so an upgrade never causes one.
+	PodCut = "pod-cut"
 )
 
 // The versions of a Cordon event.

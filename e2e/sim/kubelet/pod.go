@@ -236,10 +236,25 @@ func (r *podRunner) finishWork(ctx context.Context, grace time.Duration) {
 		return
 	}
 	r.logf("terminating: the pod finishes its work", "takes", takes)
-	select {
-	case <-ctx.Done():
-	case <-r.goneCh:
-	case <-time.After(takes):
+	done := time.After(takes)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.goneCh:
+			return
+		case up := <-r.nodeCh:
+			if up {
+				continue
+			}
+			// The machine went down under the pod: its work is lost.
+			r.logf("terminating: the node went down before the pod finished its work")
+			r.k.opts.Events.Start(r.n.name, events.PodCut, r.ns+"/"+r.name)
+			return
+		case <-done:
+			r.k.opts.Events.Start(r.n.name, events.PodStopped, r.ns+"/"+r.name)
+			return
+		}
 	}
 }
 

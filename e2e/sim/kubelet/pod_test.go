@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 )
 
@@ -297,49 +299,70 @@ func TestOptionalVolumeSourceMayBeMissing(t *testing.T) {
 	assert.True(t, apierrors.IsNotFound(err), "the pod waits for it: %v", err)
 }
 
-// A pod deleted on a node with terminationTakes goes on running, Terminating,
-// that long before it is gone, as a workload that finishes its work on SIGTERM;
-// without the fault it is gone at once.
+// startTerminating runs a simulated pod on worker-1, whose pods take takes to
+// stop (terminationTakes), until it runs, then deletes it (grace 30s); the
+// kubelet logs to log (nil: nowhere). It
+// returns its runner, a channel closed once the runner ended, and the events
+// file the kubelet writes.
+func startTerminating(t *testing.T, takes time.Duration, log *slog.Logger) (*podRunner, *fake.Clientset, <-chan struct{}, string) {
+	t.Helper()
+
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	path := filepath.Join(t.TempDir(), "faults.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("nodes:\n  worker-1:\n    terminationTakes: "+takes.String()+"\n"), 0o644))
+	store, err := faults.Load(path)
+	require.NoError(t, err)
+
+	evPath := filepath.Join(t.TempDir(), "events.jsonl")
+	evLog, err := events.Open(evPath)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = evLog.Close() })
+
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "6a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
+		Spec:       corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{Name: "web", Image: "registry.local/web:v1"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodPending},
+	}
+	client := fake.NewClientset(pod)
+	k := &Kubelets{opts: Options{Client: client, Log: log, Faults: store, Events: evLog, PodStart: 10 * time.Millisecond, Ready: 10 * time.Millisecond},
+		nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
+	n.running.Store(true)
+	r := newPodRunner(k, n, pod)
+	r.update(pod)
+
+	ended := make(chan struct{})
+	go func() {
+		r.run(ctx)
+		close(ended)
+	}()
+
+	require.Eventually(t, func() bool {
+		got, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		return err == nil && got.Status.Phase == corev1.PodRunning
+	}, 5*time.Second, 10*time.Millisecond, "running first")
+
+	got, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+	require.NoError(t, err)
+	now, grace := metav1.Now(), int64(30)
+	got.DeletionTimestamp, got.DeletionGracePeriodSeconds = &now, &grace
+	r.update(got)
+
+	return r, client, ended, evPath
+}
+
+// A simulated pod runs on, Terminating, for the node's terminationTakes once
+// deleted (not at all without the fault), and says it finished its work.
 func TestTerminationTakes(t *testing.T) {
 	for _, takes := range []time.Duration{0, 400 * time.Millisecond} {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-
-		path := filepath.Join(t.TempDir(), "faults.yaml")
-		require.NoError(t, os.WriteFile(path, []byte("nodes:\n  worker-1:\n    terminationTakes: "+takes.String()+"\n"), 0o644))
-		store, err := faults.Load(path)
-		require.NoError(t, err)
-
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "6a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
-			Spec:       corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{Name: "web", Image: "registry.local/web:v1"}}},
-			Status:     corev1.PodStatus{Phase: corev1.PodPending},
-		}
-		client := fake.NewClientset(pod)
-		k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler), Faults: store, PodStart: 10 * time.Millisecond, Ready: 10 * time.Millisecond},
-			nodes: map[string]*node{}, pods: map[string]*podRunner{}}
-		n := newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")})
-		n.running.Store(true)
-		r := newPodRunner(k, n, pod)
-		r.update(pod)
-
-		ended := make(chan struct{})
-		go func() {
-			r.run(ctx)
-			close(ended)
-		}()
-
-		require.Eventually(t, func() bool {
-			got, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
-			return err == nil && got.Status.Phase == corev1.PodRunning
-		}, 5*time.Second, 10*time.Millisecond, "running first")
-
-		got, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
-		require.NoError(t, err)
-		now, grace := metav1.Now(), int64(30)
-		got.DeletionTimestamp, got.DeletionGracePeriodSeconds = &now, &grace
 		deleted := time.Now()
-		r.update(got)
+		_, client, ended, evPath := startTerminating(t, takes, nil)
 
 		select {
 		case <-ended:
@@ -347,9 +370,64 @@ func TestTerminationTakes(t *testing.T) {
 			t.Fatalf("takes %s: the pod did not end", takes)
 		}
 
-		_, err = client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		_, err := client.CoreV1().Pods("default").Get(context.Background(), "web", metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "takes %s: gone once it ended: %v", takes, err)
 		assert.GreaterOrEqual(t, time.Since(deleted), takes, "it ran on, Terminating, for what the fault says")
-		cancel()
+
+		evs, err := events.Read(evPath)
+		require.NoError(t, err)
+		if takes > 0 {
+			require.Len(t, evs, 1)
+			assert.Equal(t, events.Event{Time: evs[0].Time, Node: "worker-1", Component: events.PodStopped, Version: "default/web"}, evs[0])
+		} else {
+			assert.Empty(t, evs, "a pod that stops at once has no work to finish")
+		}
 	}
+}
+
+// A reboot of its node while a pod finishes its work cuts it short, and the
+// simulator records it (events.PodCut): what a drain before a reboot exists
+// to prevent.
+func TestTerminationCutByReboot(t *testing.T) {
+	working := &onMessage{msg: "terminating: the pod finishes its work", seen: make(chan struct{})}
+	r, _, ended, evPath := startTerminating(t, time.Minute, slog.New(working))
+
+	// The pod is Terminating, its work under way, when the machine goes down.
+	select {
+	case <-working.seen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pod did not start its work on SIGTERM")
+	}
+
+	r.nodeDown()
+
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pod did not end when its node went down")
+	}
+
+	evs, err := events.Read(evPath)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	assert.Equal(t, events.PodCut, evs[0].Component)
+	assert.Equal(t, "default/web", evs[0].Version)
+}
+
+// onMessage is a slog.Handler that closes seen at the first record of msg.
+type onMessage struct {
+	msg  string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (h *onMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h *onMessage) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *onMessage) WithGroup(string) slog.Handler            { return h }
+
+func (h *onMessage) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
 }
