@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ichor-dev/kubectl-ichor/pkg/kube"
@@ -17,20 +19,21 @@ import (
 // cordonAndDrain makes sure the node is cordoned (see ensureCordoned) and
 // drains it; a node found schedulable again once drained (uncordoned during
 // the drain) is cordoned and drained again, a bounded number of times. A
-// failed drain uncordons it again. It returns a summary ("drained 3 pods").
+// failed drain uncordons it again. It returns how many pods it evicted
+// (drainedSummary says it).
 // kept, when set, says what stays on the node whatever happens (an install made
 // before this drain): each pause's reason ends with it.
-func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string, own ownPod, kept string) (string, error) {
+func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name string, own ownPod, kept string) (int, error) {
 	evicted := 0
 
 	for round := 1; ; round++ {
 		if err := e.ensureCordoned(ctx, stage, name, kept); err != nil {
-			return "", err
+			return 0, err
 		}
 
 		n, err := e.drain(ctx, opts, stage, name, own, kept)
 		if err != nil {
-			return "", err
+			return 0, err
 		}
 
 		evicted += n
@@ -39,17 +42,17 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 		// decided on it, and an uncordon during the drain counts however recent.
 		state, err := e.nodes.ReadCordon(ctx, name)
 		if err != nil {
-			return "", e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
+			return 0, e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
 		}
 
 		if state == kube.CordonedByUs {
-			return fmt.Sprintf("drained %d pod(s)", evicted), nil
+			return evicted, nil
 		}
 
 		if round == maxCordonRounds {
 			err := fmt.Errorf("node %q was made schedulable again during each of %d drains", name, round)
 
-			return "", e.pause(ctx, stage, name, withKept(err.Error()+"; it is not rebooted while pods can land on it", kept),
+			return 0, e.pause(ctx, stage, name, withKept(err.Error()+"; it is not rebooted while pods can land on it", kept),
 				"find who uncordons it (kubectl get events --field-selector involvedObject.name="+name+"), stop them, then resume", err)
 		}
 
@@ -65,6 +68,11 @@ func withKept(reason, kept string) string {
 	}
 
 	return reason + "; " + kept
+}
+
+// drainedSummary is a node's drain in its Done line ("drained 3 pod(s)").
+func drainedSummary(evicted int) string {
+	return fmt.Sprintf("drained %d pod(s)", evicted)
 }
 
 // maxCordonRounds bounds cordonAndDrain's rounds.
@@ -107,6 +115,17 @@ const (
 // drain drains the cordoned node and returns how many pods it evicted. A
 // failed drain uncordons it again.
 func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, own ownPod, kept string) (int, error) {
+	evicted, err := e.drainer(ctx, opts, stage, name, own).Drain(ctx, name)
+	if err != nil {
+		return 0, e.drainFailed(ctx, stage, name, kept, err)
+	}
+
+	return evicted, nil
+}
+
+// drainer is the drain of the cordoned node name, its line said: what it does
+// with the runner's own pod (see ownPod) and its bound.
+func (e *Engine) drainer(ctx context.Context, opts Options, stage, name string, own ownPod) kube.Drainer {
 	// The runner's own pod leaves its node last, and only before a reboot: a
 	// kubelet restart leaves its container running, so through a Kubernetes
 	// upgrade it stays, and no replacement waits out the Job's backoff. A runner
@@ -140,7 +159,7 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, ow
 		e.node(stage, name, PhaseDraining, "draining (bound %s)", opts.DrainTimeout)
 	}
 
-	evicted, err := kube.Drainer{
+	return kube.Drainer{
 		Client:          e.Kube,
 		Timeout:         opts.DrainTimeout,
 		EvictRetryDelay: e.evictRetryDelay,
@@ -150,23 +169,152 @@ func (e *Engine) drain(ctx context.Context, opts Options, stage, name string, ow
 		OnEvicted: func(pod string) {
 			e.node(stage, name, PhaseDraining, "evicted %s", pod)
 		},
-	}.Drain(ctx, name)
-	if err != nil {
-		// Cancelled (the runner itself evicted, or stopped): the node stays
-		// cordoned by ichor, and the next run finishes it first.
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
-		}
+	}
+}
 
-		if uerr := e.nodes.Uncordon(ctx, name); uerr != nil {
-			err = errors.Join(err, uerr)
-		}
-
-		return 0, e.pause(ctx, stage, name, withKept(err.Error()+" (uncordoned again)", kept),
-			"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
+// drainFailed is a drain of name that failed with err: the node is uncordoned
+// again and the run pauses, its reason ending with kept. A drain cancelled
+// (the runner itself evicted, or stopped) leaves the node cordoned by ichor,
+// and the next run finishes it first.
+func (e *Engine) drainFailed(ctx context.Context, stage, name, kept string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
 	}
 
-	return evicted, nil
+	if uerr := e.nodes.Uncordon(ctx, name); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+
+	return e.pause(ctx, stage, name, withKept(err.Error()+" (uncordoned again)", kept),
+		"make the pods evictable (kubectl get pdb -A; a pod with no controller must be moved by hand), or hold the node, then resume", err)
+}
+
+// drainUnderway is a node's drain whose evictions were all accepted: its pods
+// are being deleted under their grace periods, and the drain goes on in the
+// background, waiting for them to be gone, until join.
+type drainUnderway struct {
+	name    string
+	done    chan struct{}
+	cancel  context.CancelFunc
+	evicted int
+	err     error
+}
+
+// startDrain cordons the node (ensureCordoned) and drains it until every
+// eviction is accepted, not until the pods are gone: what comes next may run
+// while the pods stop (an install that leaves the node's pods running), and
+// join waits for the rest before what may not (the reboot). A drain that
+// fails before its evictions are accepted pauses as cordonAndDrain's does. A
+// drain that evicts the runner's own pod (Last) runs to its end here: the
+// runner goes with its pod. stop, deferred, ends a drain not joined.
+func (e *Engine) startDrain(ctx context.Context, opts Options, stage, name string, own ownPod) (*drainUnderway, error) {
+	if err := e.ensureCordoned(ctx, stage, name, ""); err != nil {
+		return nil, err
+	}
+
+	d := e.drainer(ctx, opts, stage, name, own)
+
+	dctx, cancel := context.WithCancel(ctx)
+	u := &drainUnderway{name: name, done: make(chan struct{}), cancel: cancel}
+	accepted := make(chan struct{})
+
+	if d.Last == "" || name != opts.Self {
+		var (
+			once     sync.Once
+			underway atomic.Bool // the node goes on: its pods' ends are said as its upgrade's
+		)
+
+		d.Accepted = func() {
+			once.Do(func() {
+				underway.Store(true)
+				close(accepted)
+			})
+		}
+
+		evicted := d.OnEvicted
+		d.OnEvicted = func(pod string) {
+			if underway.Load() {
+				e.node(stage, name, PhaseUpgrading, "evicted %s (its drain goes on beside the upgrade)", pod)
+
+				return
+			}
+
+			evicted(pod)
+		}
+	}
+
+	go func() {
+		defer close(u.done)
+
+		u.evicted, u.err = d.Drain(dctx, name)
+	}()
+
+	select {
+	case <-accepted:
+		e.node(stage, name, PhaseDraining, "every eviction accepted: going on while the pods stop")
+
+		return u, nil
+	case <-u.done:
+		cancel()
+
+		if u.err != nil {
+			return nil, e.drainFailed(ctx, stage, name, "", u.err)
+		}
+
+		return u, nil
+	}
+}
+
+// stop ends the drain's wait if it was not joined (the run paused or stopped
+// first): the pods stop all the same.
+func (u *drainUnderway) stop() {
+	if u == nil {
+		return
+	}
+
+	u.cancel()
+	<-u.done
+}
+
+// join waits for the drain's pods to be gone (the drain's own bound) and
+// returns how many it evicted, as cordonAndDrain does: a drain that failed meanwhile
+// pauses, uncordoned again, its reason ending with kept; a node made
+// schedulable during the drain is cordoned and drained again
+// (cordonAndDrain).
+func (e *Engine) join(ctx context.Context, opts Options, stage string, u *drainUnderway, kept string) (int, error) {
+	name := u.name
+
+	select {
+	case <-u.done:
+	case <-ctx.Done():
+		u.stop()
+
+		return 0, fmt.Errorf("stage %s: node %q: drain: %w", stage, name, ctx.Err())
+	}
+
+	u.cancel()
+
+	if u.err != nil {
+		return 0, e.drainFailed(ctx, stage, name, kept, u.err)
+	}
+
+	state, err := e.nodes.ReadCordon(ctx, name)
+	if err != nil {
+		return 0, e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
+	}
+
+	if state != kube.CordonedByUs {
+		e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
+
+		more, err := e.cordonAndDrain(ctx, opts, stage, name, ownPodByStage, kept)
+		if err != nil {
+			return 0, err
+		}
+
+		u.evicted += more
+	}
+
+	return u.evicted, nil
 }
 
 // HandOver is how the runner leaves its own node before that node's reboot

@@ -131,6 +131,14 @@ type fakeCluster struct {
 	pdbBlocks bool
 	// onEvict, when set, is called on each eviction (after the pod is gone).
 	onEvict func(ns, name string)
+	// evictGraceful makes an eviction start a graceful deletion, as the
+	// apiserver does for a pod with a grace period: the pod stays, Terminating
+	// (its deletionTimestamp set), until releaseEvicted deletes it. An eviction
+	// of a pod already Terminating is accepted and changes nothing.
+	evictGraceful bool
+	terminating   []string // "node ns/name" of pods evicted and still Terminating
+	// onTerminating, when set, is called after each graceful eviction.
+	onTerminating func()
 	// beforeApply, when set, is called before every non-dry-run apply.
 	beforeApply func(ctx context.Context, m *fakeMachine)
 	// refuseTalos, when set, is asked before every MachineConfig,

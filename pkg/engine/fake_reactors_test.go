@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
@@ -68,6 +70,35 @@ func (f *fakeCluster) evict(action k8stesting.Action) (bool, runtime.Object, err
 	}
 
 	pod, _ := obj.(*corev1.Pod)
+
+	f.mu.Lock()
+	graceful := f.evictGraceful
+	f.mu.Unlock()
+
+	if graceful {
+		if pod.DeletionTimestamp != nil {
+			return true, nil, nil
+		}
+
+		pod = pod.DeepCopy()
+		pod.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+
+		if err := f.cs.Tracker().Update(podsGVR, pod, ev.Namespace); err != nil {
+			return true, nil, err
+		}
+
+		f.mu.Lock()
+		f.terminating = append(f.terminating, pod.Spec.NodeName+" "+ev.Namespace+"/"+ev.Name)
+		f.evictions = append(f.evictions, pod.Spec.NodeName+" "+ev.Namespace+"/"+ev.Name)
+		onTerminating := f.onTerminating
+		f.mu.Unlock()
+
+		if onTerminating != nil {
+			onTerminating()
+		}
+
+		return true, nil, nil
+	}
 
 	if err := f.cs.Tracker().Delete(podsGVR, ev.Namespace, ev.Name); err != nil {
 		return true, nil, err
@@ -184,4 +215,47 @@ func (f *fakeCluster) rollKubeProxy(image string) {
 
 	_, err = f.cs.AppsV1().DaemonSets("kube-system").Update(ctx, ds, metav1.UpdateOptions{})
 	require.NoError(f.t, err)
+}
+
+// releaseEvicted ends the pods of node ("" for every node) evicted
+// gracefully (evictGraceful) that are still Terminating: they are deleted.
+func (f *fakeCluster) releaseEvicted(node string) {
+	f.mu.Lock()
+
+	var pods []string
+
+	f.terminating = slices.DeleteFunc(f.terminating, func(key string) bool {
+		on, pod, _ := strings.Cut(key, " ")
+		if node != "" && on != node {
+			return false
+		}
+
+		pods = append(pods, pod)
+
+		return true
+	})
+	f.mu.Unlock()
+
+	for _, key := range pods {
+		ns, name, _ := strings.Cut(key, "/")
+		_ = f.cs.Tracker().Delete(podsGVR, ns, name)
+	}
+}
+
+// workloadsOn is how many pods a ReplicaSet owns on node, Terminating or not.
+func (f *fakeCluster) workloadsOn(node string) int {
+	obj, err := f.cs.Tracker().List(podsGVR, schema.GroupVersionKind{Version: "v1", Kind: "Pod"}, "")
+	if err != nil {
+		return -1
+	}
+
+	n := 0
+
+	for _, p := range obj.(*corev1.PodList).Items {
+		if p.Spec.NodeName == node && len(p.OwnerReferences) > 0 && p.OwnerReferences[0].Kind == "ReplicaSet" {
+			n++
+		}
+	}
+
+	return n
 }

@@ -233,6 +233,12 @@ func (o *fakeOS) Reboot(ctx context.Context, ip string) error {
 	m.reboots++
 	o.mu.Unlock()
 
+	if n := o.f.workloadsOn(m.name); n != 0 {
+		o.mu.Lock()
+		m.rebootedWithPods += n
+		o.mu.Unlock()
+	}
+
 	o.wg.Add(1)
 
 	if lag == 0 {

@@ -105,6 +105,9 @@ type osMachine struct {
 	stalledAt uint64 // the raft index an etcdStalled member stays at (0: not yet read)
 	rebooting bool
 	reboots   int // Reboot calls that took
+	// rebootedWithPods counts the workload pods (a ReplicaSet's) on the node,
+	// Terminating ones among them, at each Reboot call that took.
+	rebootedWithPods int
 	// runs is what Installed reports (platform metal, no extensions
 	// unless a test sets them).
 	runs talos.Installed

@@ -87,9 +87,12 @@ func (r *kubeRun) visit(ctx context.Context, s stages.KubernetesStage, sn *stage
 		}
 
 		if drains {
-			if drained, err = r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, ""); err != nil {
+			evicted, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, ownPodByStage, "")
+			if err != nil {
 				return false, err
 			}
+
+			drained = drainedSummary(evicted)
 
 			ours = true
 		}

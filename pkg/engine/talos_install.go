@@ -142,6 +142,15 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 
 			continue
 		case actReboot:
+			if out.drain != nil {
+				evicted, err := r.e.join(ctx, r.opts, stage, out.drain, r.installKept())
+				if err != nil {
+					return err
+				}
+
+				out.drain, out.drained = nil, drainedSummary(evicted)
+			}
+
 			if err := r.drainLeft(ctx, n); err != nil {
 				return err
 			}
@@ -225,8 +234,13 @@ func (r *talosRun) drive(ctx context.Context, n *osNode, mark upgradeMark, out o
 				return r.e.pause(ctx, stage, name, err.Error()+"; the node stays cordoned", actionTalosAccess, err)
 			}
 
-			if err := r.ensureDrained(ctx, n, r.ownPod(name, orUnknown(mark.From))); err != nil {
-				return err
+			// A drain under way (out.drain) is this run's, of a moment ago: it is
+			// joined before the reboot, a node made schedulable meanwhile drained
+			// again then.
+			if out.drain == nil {
+				if err := r.ensureDrained(ctx, n, r.ownPod(name, orUnknown(mark.From))); err != nil {
+					return err
+				}
 			}
 
 			if installer == "" {
@@ -435,12 +449,23 @@ func (r *talosRun) ownPod(name, version string) ownPod {
 		return ownPodByStage
 	}
 
-	v, err := stages.ParseVersion(version)
-	if err != nil || v.Compare(lifecycleSince) < 0 {
+	if !lifecycleInstall(version) {
 		return ownPodByStage
 	}
 
 	return ownPodUntilReboot
+}
+
+// lifecycleInstall reports whether a node running version installs with
+// LifecycleService.Upgrade, which leaves the node's pods running and does not
+// reboot (1.13 and later). A version not known counts as older. (Should such a
+// node answer Unimplemented, talos.Client.Install falls back to the one
+// MachineService.Upgrade call, whose own sequence cordons and drains the node,
+// waiting for its pods, before it reboots.)
+func lifecycleInstall(version string) bool {
+	v, err := stages.ParseVersion(version)
+
+	return err == nil && v.Compare(lifecycleSince) >= 0
 }
 
 // lifecycleSince is the first Talos with LifecycleService.Upgrade.

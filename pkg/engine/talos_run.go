@@ -323,7 +323,10 @@ type outcome struct {
 	from      string // the version it was upgraded from
 	installer string
 	drained   string
-	rebooted  time.Duration
+	// drain, when not nil, is the node's drain still waiting for its pods to
+	// stop: drive joins it before the reboot, and drained says it then.
+	drain    *drainUnderway
+	rebooted time.Duration
 }
 
 // upgrade checks the node, cordons and drains it, records its boot ID,
@@ -375,9 +378,28 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		}
 	}
 
-	drained, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, r.ownPod(name, version), "")
-	if err != nil {
-		return err
+	// On a Talos whose install leaves the node's pods running, the install goes
+	// on once every eviction is accepted, while the pods stop (their grace
+	// periods run beside the install), and the drain is joined before the
+	// reboot (drive). On an older Talos the one Upgrade call installs and
+	// reboots: the drain ends first.
+	var drain *drainUnderway
+
+	drained := ""
+
+	if lifecycleInstall(version) {
+		if drain, err = r.e.startDrain(ctx, r.opts, stage, name, r.ownPod(name, version)); err != nil {
+			return err
+		}
+
+		defer drain.stop()
+	} else {
+		evicted, err := r.e.cordonAndDrain(ctx, r.opts, stage, name, r.ownPod(name, version), "")
+		if err != nil {
+			return err
+		}
+
+		drained = drainedSummary(evicted)
 	}
 
 	var boot string
@@ -403,7 +425,7 @@ func (r *talosRun) upgrade(ctx context.Context, n *osNode, version string, cfg c
 		mark.Expect = &choice.Expect
 	}
 
-	return r.drive(ctx, n, mark, outcome{from: version, installer: installer, drained: drained}, installer, actInstall)
+	return r.drive(ctx, n, mark, outcome{from: version, installer: installer, drained: drained, drain: drain}, installer, actInstall)
 }
 
 // undo uncordons a node whose upgrade failed before its Upgrade call took
