@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -103,4 +104,50 @@ func TestTalosLegacyUpgradeDrainsFirst(t *testing.T) {
 	require.NoError(t, o.engine("v1.13.9", newMemo()).Run(context.Background()))
 	requireTalosFinished(t, o, "v1.13.9")
 	assert.Zero(t, pods, "the pod was gone before the Upgrade call")
+}
+
+// A run stopped after a node's install, its evicted pods still stopping (the
+// drain beside the install not joined yet): the next run finds the install
+// made, says the pods still stop, and reboots the node only once they are gone.
+func TestTalosResumeWaitsForPodsStillStopping(t *testing.T) {
+	o := newFakeOS(t, spec113())
+	o.f.evictGraceful = true
+	memo := newMemo()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	o.onUpgrade = func(_ context.Context, node string) (bool, error) {
+		if node == "worker-1" {
+			cancel() // the runner stopped as the install ran
+		}
+
+		return false, nil
+	}
+
+	require.ErrorIs(t, o.engine("v1.14.1", memo).Run(ctx), context.Canceled)
+	require.Equal(t, 1, o.f.workloadsOn("worker-1"), "its evicted pod still stops")
+	require.Equal(t, "v1.14.1", o.state("worker-1").staged, "installed")
+
+	o.onUpgrade = nil
+	// worker-2's pod, evicted by the next run, stops a moment after.
+	o.f.onTerminating = func() { time.AfterFunc(50*time.Millisecond, func() { o.f.releaseEvicted("worker-2") }) }
+
+	// worker-1's stops once the next run says it waits for it.
+	next := &recorder{onLine: func(line string) {
+		if strings.Contains(line, "worker-1 Draining: 1 evicted pod(s) still stopping: waiting for them before its reboot") {
+			o.f.releaseEvicted("worker-1")
+		}
+	}}
+	e := o.engine("v1.14.1", memo)
+	e.Progress = next
+
+	require.NoError(t, e.Run(context.Background()))
+	requireTalosFinished(t, o, "v1.14.1")
+	assert.NotEmpty(t, next.with("worker-1 Draining: 1 evicted pod(s) still stopping"), "%s", strings.Join(next.with("worker-1"), "\n"))
+	assert.Empty(t, next.with("worker-1", "since its drain"))
+	assert.Zero(t, o.state("worker-1").rebootedWithPods, "rebooted once its pod was gone")
+	assert.Zero(t, o.state("worker-2").rebootedWithPods)
+	upgrades := o.upgradeNodes()
+	assert.Len(t, slices.DeleteFunc(slices.Clone(upgrades), func(n string) bool { return n != "worker-1" }), 1, "installed once: %v", upgrades)
 }

@@ -404,12 +404,16 @@ func (r *talosRun) drainLeft(ctx context.Context, n *osNode) error {
 		keep = r.opts.SelfPod
 	}
 
-	left, err := kube.Drainer{Client: r.e.Kube, Keep: keep, Timeout: r.opts.DrainTimeout}.Left(ctx, name)
+	left, stopping, err := kube.Drainer{Client: r.e.Kube, Keep: keep, Timeout: r.opts.DrainTimeout}.Left(ctx, name)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("stage %s: node %q: %w", stage, name, ctx.Err())
 	case err == nil && left == 0:
 		return nil
+	case err == nil && stopping == left:
+		// Evicted by an earlier run's drain (stopped before it joined it), their
+		// grace periods running.
+		r.e.node(stage, name, PhaseDraining, "%d evicted pod(s) still stopping: waiting for them before its reboot", left)
 	case err == nil && name != r.opts.Self:
 		r.e.node(stage, name, PhaseDraining, "%d pod(s) on it since its drain: draining it again before its reboot", left)
 	}

@@ -245,10 +245,12 @@ var errDrainTimeout = errors.New("drain timeout")
 // aside): none on a node drained since, unless a pod came (one that tolerates
 // the cordon, or bound to the node by name) or stayed (the runner's own, a
 // runner that handed over and has not ended yet). A pod that ended (Succeeded,
-// Failed) runs nothing a reboot could cut, and is not counted. Timeout bounds
-// its list as it bounds a drain. Its error is the drain's: a pod the drain
-// could not evict either (one with no controller) is named there.
-func (d Drainer) Left(ctx context.Context, node string) (int, error) {
+// Failed) runs nothing a reboot could cut, and is not counted. stopping is how
+// many of them are being deleted already (evicted, their grace period
+// running). Timeout bounds its list as it bounds a drain. Its error is the
+// drain's: a pod the drain could not evict either (one with no controller) is
+// named there.
+func (d Drainer) Left(ctx context.Context, node string) (left, stopping int, err error) {
 	parent := ctx
 
 	ctx, cancel := context.WithTimeoutCause(ctx, d.Timeout, errDrainTimeout)
@@ -256,19 +258,23 @@ func (d Drainer) Left(ctx context.Context, node string) (int, error) {
 
 	list, errs := drainRules(ctx, d.Client).GetPodsForDeletion(node)
 	if len(errs) > 0 {
-		return 0, d.failed(parent, ctx, node, errors.New(joinErrors(errs)))
+		return 0, 0, d.failed(parent, ctx, node, errors.New(joinErrors(errs)))
 	}
-
-	n := 0
 
 	for _, p := range list.Pods() {
 		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-		if !ended && (d.Keep == "" || p.Namespace+"/"+p.Name != d.Keep) {
-			n++
+		if ended || (d.Keep != "" && p.Namespace+"/"+p.Name == d.Keep) {
+			continue
+		}
+
+		left++
+
+		if p.DeletionTimestamp != nil {
+			stopping++
 		}
 	}
 
-	return n, nil
+	return left, stopping, nil
 }
 
 // drainRules is kubectl's drain helper as every drain of ichor's runs it,

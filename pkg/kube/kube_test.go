@@ -802,28 +802,32 @@ func TestDrainerLeft(t *testing.T) {
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "owner"}}
 	ended := ownedPod("ichor-system", "runner-1", "worker-1", "Job")
 	ended.Status.Phase = corev1.PodFailed
+	evicted := ownedPod("default", "web-3", "worker-2", "ReplicaSet")
+	evicted.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 
 	cs := drainCluster(t, false,
 		node("worker-1", "v1.35.4", true), ds,
 		ownedPod("ichor-system", "runner-2", "worker-1", "Job"),
 		ownedPod("default", "came-late", "worker-1", "ReplicaSet"),
-		ownedPod("default", "web-3", "worker-2", "ReplicaSet"),
+		evicted,
 		ownedPod("kube-system", "kube-proxy-x", "worker-1", "DaemonSet"),
 		staticPod("worker-1", discovery.APIServer, "v1.35.4", true),
 		ended,
 	)
 
-	n, err := Drainer{Client: cs, Timeout: time.Minute}.Left(t.Context(), "worker-1")
+	n, stopping, err := Drainer{Client: cs, Timeout: time.Minute}.Left(t.Context(), "worker-1")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "runner-2 and came-late")
+	assert.Zero(t, stopping)
 
-	n, err = Drainer{Client: cs, Keep: "ichor-system/runner-2", Timeout: time.Minute}.Left(t.Context(), "worker-1")
+	n, _, err = Drainer{Client: cs, Keep: "ichor-system/runner-2", Timeout: time.Minute}.Left(t.Context(), "worker-1")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "came-late")
 
-	n, err = Drainer{Client: cs, Timeout: time.Minute}.Left(t.Context(), "worker-2")
+	n, stopping, err = Drainer{Client: cs, Timeout: time.Minute}.Left(t.Context(), "worker-2")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "web-3")
+	assert.Equal(t, 1, stopping, "web-3, evicted, is being deleted")
 }
 
 // TestDrainerLeftIsBounded: the list before a reboot ends at the drain's
@@ -840,7 +844,7 @@ func TestDrainerLeftIsBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 
-	_, err = Drainer{Client: cs, Timeout: 100 * time.Millisecond}.Left(ctx, "worker-1")
+	_, _, err = Drainer{Client: cs, Timeout: 100 * time.Millisecond}.Left(ctx, "worker-1")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `node "worker-1": drain: global timeout reached: 100ms`)
 }
