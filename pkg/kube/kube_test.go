@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -405,7 +406,6 @@ func TestDrain(t *testing.T) {
 
 	t.Run("the runner's own pod last, once the others are gone", func(t *testing.T) {
 		cs := drainCluster(t, false, node("worker-1", "v1.35.4", true))
-		gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 		for _, p := range []*corev1.Pod{
 			ownedPod("ichor-system", "run-abcde", "worker-1", "Job"),
@@ -416,41 +416,14 @@ func TestDrain(t *testing.T) {
 			require.NoError(t, cs.Tracker().Add(p))
 		}
 
-		var (
-			mu     sync.Mutex
-			events []string
-		)
-
-		record := func(e string) {
-			mu.Lock()
-			events = append(events, e)
-			mu.Unlock()
-		}
-
 		// Evictions that start a graceful deletion: the pods go 100ms later.
-		cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
-			create, _ := action.(k8stesting.CreateActionImpl)
-			if create.GetSubresource() != "eviction" {
-				return false, nil, nil
-			}
-
-			ev := create.GetObject().(*policyv1.Eviction)
-			record("evict " + ev.Name)
-			time.AfterFunc(100*time.Millisecond, func() {
-				record("gone " + ev.Name)
-				_ = cs.Tracker().Delete(gvr, ev.Namespace, ev.Name)
-			})
-
-			return true, nil, nil
-		})
+		log := evictGracefully(cs, func() { time.Sleep(100 * time.Millisecond) })
 
 		n, err := Drainer{Client: cs, Timeout: time.Minute, Last: "ichor-system/run-abcde"}.Drain(t.Context(), "worker-1")
 		require.NoError(t, err)
 		assert.Equal(t, 3, n)
 
-		mu.Lock()
-		defer mu.Unlock()
-
+		events := log.all()
 		require.Len(t, events, 6)
 		assert.ElementsMatch(t, []string{"evict web-1", "evict web-2", "gone web-1", "gone web-2"}, events[:4])
 		assert.Equal(t, []string{"evict run-abcde", "gone run-abcde"}, events[4:])
@@ -458,7 +431,6 @@ func TestDrain(t *testing.T) {
 
 	t.Run("Accepted once every eviction is accepted, before the pods are gone", func(t *testing.T) {
 		cs := drainCluster(t, false, node("worker-1", "v1.35.4", true))
-		gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 		for _, name := range []string{"web-1", "web-2", "web-3"} {
 			p := ownedPod("default", name, "worker-1", "ReplicaSet")
@@ -466,56 +438,27 @@ func TestDrain(t *testing.T) {
 			require.NoError(t, cs.Tracker().Add(p))
 		}
 
-		var (
-			mu     sync.Mutex
-			events []string
-		)
-
-		record := func(e string) {
-			mu.Lock()
-			events = append(events, e)
-			mu.Unlock()
-		}
-
 		// Evictions that start a graceful deletion: the pods go once the
 		// drain said it was accepted (or after a second, which fails the test).
 		accepted := make(chan struct{})
-
-		cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
-			create, _ := action.(k8stesting.CreateActionImpl)
-			if create.GetSubresource() != "eviction" {
-				return false, nil, nil
+		log := evictGracefully(cs, func() {
+			select {
+			case <-accepted:
+			case <-time.After(time.Second):
 			}
-
-			ev := create.GetObject().(*policyv1.Eviction)
-			record("evict " + ev.Name)
-
-			go func() {
-				select {
-				case <-accepted:
-				case <-time.After(time.Second):
-				}
-
-				record("gone " + ev.Name)
-				_ = cs.Tracker().Delete(gvr, ev.Namespace, ev.Name)
-			}()
-
-			return true, nil, nil
 		})
 
 		calls := 0
 		n, err := Drainer{Client: cs, Timeout: time.Minute, Accepted: func() {
 			calls++
-			record("accepted")
+			log.add("accepted")
 			close(accepted)
 		}}.Drain(t.Context(), "worker-1")
 		require.NoError(t, err)
 		assert.Equal(t, 3, n)
 		assert.Equal(t, 1, calls)
 
-		mu.Lock()
-		defer mu.Unlock()
-
+		events := log.all()
 		require.Len(t, events, 7)
 		assert.ElementsMatch(t, []string{"evict web-1", "evict web-2", "evict web-3"}, events[:3])
 		assert.Equal(t, "accepted", events[3], "said before any pod is gone")
@@ -566,6 +509,53 @@ func TestDrain(t *testing.T) {
 		_, err := Drainer{Client: cs, Timeout: time.Minute, EvictRetryDelay: time.Millisecond}.Drain(ctx, "worker-1")
 		require.ErrorIs(t, err, context.Canceled)
 	})
+}
+
+// drainLog is a drain test's record of what happened, in order.
+type drainLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *drainLog) add(line string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+}
+
+func (l *drainLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	return slices.Clone(l.lines)
+}
+
+// evictGracefully makes cs's evictions start a graceful deletion, as the
+// apiserver does for a pod with a grace period: each is recorded ("evict
+// name"), and its pod goes ("gone name") once stop returns.
+func evictGracefully(cs *fake.Clientset, stop func()) *drainLog {
+	log := &drainLog{}
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+	cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		create, _ := action.(k8stesting.CreateActionImpl)
+		if create.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+
+		ev := create.GetObject().(*policyv1.Eviction)
+		log.add("evict " + ev.Name)
+
+		go func() {
+			stop()
+			log.add("gone " + ev.Name)
+			_ = cs.Tracker().Delete(gvr, ev.Namespace, ev.Name)
+		}()
+
+		return true, nil, nil
+	})
+
+	return log
 }
 
 func TestManifestApplier(t *testing.T) {
