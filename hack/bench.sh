@@ -17,7 +17,8 @@
 #   above), with the same latencies, measured and reported alike against its
 #   own lower bound: talos.json, talos.txt, timeline-talos-*.svg.
 # BENCH selects the benchmarks (default "plan upgrade talos"); BENCH_KEEP_LOGS=1
-# keeps every cluster's logs. Never fails on a timing: only when a cluster
+# keeps every cluster's logs; BENCH_POD_TERMINATION (a duration, default 0)
+# makes every evicted pod of the upgrade clusters take that long to stop. Never fails on a timing: only when a cluster
 # does not start, the plugin gives no plan or an upgrade does not succeed.
 #
 # What it needs is built when missing (hack/build.sh, hack/cluster-bins.sh,
@@ -98,6 +99,7 @@ go build -o "$out/bench" ./e2e/bench
   --upgrade-sizes "${BENCH_UPGRADE_SIZES:-8,23,103:10}" \
   --talos-sizes "${BENCH_TALOS_SIZES:-23}" \
   --max-unavailable "${BENCH_MAX_UNAVAILABLE:-5}" \
+  --pod-termination "${BENCH_POD_TERMINATION:-0}" \
   --compare="$([ "$compare" != 0 ] && echo true || echo false)" \
   --keep-logs="$([ "${BENCH_KEEP_LOGS:-0}" != 0 ] && echo true || echo false)" \
   --out "$out" \

@@ -29,10 +29,6 @@ const (
 	// too. A Kubernetes upgrade's runner stays on its node, so it is in no
 	// bound; a replacement seen in a run is the tool's excess.
 	jobFailureBackoff = 10 * time.Second
-	// podTermination is how long an evicted pod takes to go: the benchmark's
-	// simulated pods stop at once (the simulator's terminationTakes fault,
-	// which makes them take longer, is not set).
-	podTermination = 0
 )
 
 // Latencies are the simulator's latencies (ichor-sim up flags).
@@ -46,6 +42,10 @@ type Latencies struct {
 	// ManifestRender is how long after a config change a control plane re-renders
 	// its bootstrap manifests (Talos' controllers, asynchronously).
 	ManifestRender time.Duration
+	// PodTermination is how long an evicted pod takes to stop (T): 0, the
+	// simulated pods stop at once, unless --pod-termination sets every node's
+	// terminationTakes fault (podTerminationFaults).
+	PodTermination time.Duration
 }
 
 func (l Latencies) flags() []string {
@@ -64,7 +64,7 @@ func (l Latencies) MarshalJSON() ([]byte, error) {
 		"kubeletRestartSeconds": l.KubeletRestart.Seconds(), "podStartSeconds": l.PodStart.Seconds(),
 		"imagePullSeconds": l.ImagePull.Seconds(), "rebootSeconds": l.Reboot.Seconds(),
 		"manifestRenderSeconds": l.ManifestRender.Seconds(),
-		"podTerminationSeconds": podTermination, "jobFailureBackoffSeconds": jobFailureBackoff.Seconds(),
+		"podTerminationSeconds": l.PodTermination.Seconds(), "jobFailureBackoffSeconds": jobFailureBackoff.Seconds(),
 	})
 }
 
@@ -97,13 +97,14 @@ type BoundTerm struct {
 //	      + N x max(T + PS + RL, DS)            KubeProxy: the DaemonSet rolls one pod at a time (maxUnavailable 1),
 //	                                            at the DaemonSet controller's pace DS when measured; the control
 //	                                            planes' applies restart no static pod and overlap it
-//	      + cps x (T + KR + SPR + RL)           Kubelets: one control plane at a time: drain, kubelet restart, and
-//	                                            the static pods the new kubelet restarts, Ready again
+//	      + cps x (KR + SPR + RL)               Kubelets: one control plane at a time: drain (of nothing: the
+//	                                            workload runs on the workers), kubelet restart, and the static
+//	                                            pods the new kubelet restarts, Ready again
 //	      + ceil(W / mu) x (T + KR)             Kubelets: then mu workers at a time: drain, kubelet restart
 //
 // with SPR the static pod restart, RL the ready latency, KR the kubelet
 // restart, PS the pod start, IP the image pull, MR the manifests' re-render, T the pod
-// termination (0 in the simulator), N the nodes and W the workers. DS is the cluster's own:
+// termination (Latencies.PodTermination), N the nodes and W the workers. DS is the cluster's own:
 // the median time between two kube-proxy pods starting on the target, from
 // the simulator's events (the DaemonSet controller sees the last pod Ready,
 // deletes the next, waits for it to go and creates its replacement); 0 when
@@ -114,7 +115,7 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration)
 	n := cps + workers
 	spr, rl, kr, ps, ip := l.StaticPodRestart.Seconds(), l.Ready.Seconds(), l.KubeletRestart.Seconds(), l.PodStart.Seconds(), l.ImagePull.Seconds()
 	mr := l.ManifestRender.Seconds()
-	t := float64(podTermination)
+	t := l.PodTermination.Seconds()
 	batches := (workers + maxUnavailable - 1) / maxUnavailable
 
 	rollout := BoundTerm{Stage: "KubeProxy", What: "the DaemonSet replaces one pod at a time (T + PS + RL)", Count: n, Each: t + ps + rl}
@@ -129,7 +130,7 @@ func lowerBound(l Latencies, cps, workers, maxUnavailable int, ds time.Duration)
 		{Stage: "ControlPlaneComponents", What: "its controller-manager and scheduler restart and get Ready (SPR + RL)", Count: cps, Each: spr + rl},
 		{Stage: "KubeProxy", What: "Talos re-renders the bootstrap manifests after the first control plane's apply, then their sync starts the rollout (MR)", Count: 1, Each: mr},
 		rollout,
-		{Stage: "Kubelets", What: "a control plane: drain, kubelet restart, its static pods restarted by the new kubelet and Ready (T + KR + SPR + RL)", Count: cps, Each: t + kr + spr + rl},
+		{Stage: "Kubelets", What: "a control plane: drain (nothing to evict), kubelet restart, its static pods restarted by the new kubelet and Ready (KR + SPR + RL)", Count: cps, Each: kr + spr + rl},
 		{Stage: "Kubelets", What: fmt.Sprintf("then %d workers at a time: drain, kubelet restart (T + KR)", maxUnavailable), Count: batches, Each: t + kr},
 	}
 
@@ -153,18 +154,20 @@ func sumTerms(terms []BoundTerm) Bound {
 
 // boundFormula is lowerBound's formula, for the summary.
 const boundFormula = `bound = PS + IP + cps x (SPR + RL) + cps x (SPR + RL) + MR + N x max(T + PS + RL, DS)
-        + cps x (T + KR + SPR + RL) + ceil(W / mu) x (T + KR)`
+        + cps x (KR + SPR + RL) + ceil(W / mu) x (T + KR)`
 
 // talosBound is a Talos OS upgrade's critical path on a cluster of cps
 // control planes and workers, maxUnavailable at a time:
 //
 //	bound = PS                                      the first runner pod starts
 //	      + IP                                      the installer's pre-pull, every node at once
-//	      + cps x (max(T, IP) + RB + RL)            one control plane at a time: its drain's pods
-//	                                                stop while the installer writes the other boot
-//	                                                slot (IP in the simulator), then the reboot,
-//	                                                Node Ready on the new Talos, etcd healthy
-//	      + ceil(W / mu) x (max(T, IP) + RB + RL)   then mu workers at a time, alike
+//	      + cps x (IP + RB + RL)                    one control plane at a time: its drain (of
+//	                                                nothing: the workload runs on the workers), the
+//	                                                installer writes the other boot slot (IP in the
+//	                                                simulator), the reboot, Node Ready on the new
+//	                                                Talos, etcd healthy
+//	      + ceil(W / mu) x (max(T, IP) + RB + RL)   then mu workers at a time: their drains' pods
+//	                                                stop while they install, then as above
 //
 // with RB the reboot (down to booted again) and the rest as lowerBound's. On
 // Talos 1.13 and later an install leaves the node's pods running: it starts
@@ -174,17 +177,16 @@ const boundFormula = `bound = PS + IP + cps x (SPR + RL) + cps x (SPR + RL) + MR
 // bound.
 func talosBound(l Latencies, cps, workers, maxUnavailable int) Bound {
 	ip, rb, rl, ps := l.ImagePull.Seconds(), l.Reboot.Seconds(), l.Ready.Seconds(), l.PodStart.Seconds()
-	t := float64(podTermination)
+	t := l.PodTermination.Seconds()
 	batches := (workers + maxUnavailable - 1) / maxUnavailable
-	node := max(t, ip) + rb + rl
 
 	return sumTerms([]BoundTerm{
 		{Stage: "TalosOS", What: "the first runner pod starts (PS)", Count: 1, Each: ps},
 		{Stage: "TalosOS", What: "the installer's pre-pull, every node at once (IP)", Count: 1, Each: ip},
-		{Stage: "TalosOS", What: "a control plane: drain and install side by side, reboot, Ready on the new Talos with etcd healthy (max(T, IP) + RB + RL)", Count: cps, Each: node},
-		{Stage: "TalosOS", What: fmt.Sprintf("then %d workers at a time: drain and install side by side, reboot, Ready (max(T, IP) + RB + RL)", maxUnavailable), Count: batches, Each: node},
+		{Stage: "TalosOS", What: "a control plane: drain (nothing to evict), install, reboot, Ready on the new Talos with etcd healthy (IP + RB + RL)", Count: cps, Each: ip + rb + rl},
+		{Stage: "TalosOS", What: fmt.Sprintf("then %d workers at a time: drain and install side by side, reboot, Ready (max(T, IP) + RB + RL)", maxUnavailable), Count: batches, Each: max(t, ip) + rb + rl},
 	})
 }
 
 // talosBoundFormula is talosBound's formula, for the summary.
-const talosBoundFormula = `bound = PS + IP + cps x (max(T, IP) + RB + RL) + ceil(W / mu) x (max(T, IP) + RB + RL)`
+const talosBoundFormula = `bound = PS + IP + cps x (IP + RB + RL) + ceil(W / mu) x (max(T, IP) + RB + RL)`

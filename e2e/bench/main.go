@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,6 +64,9 @@ type options struct {
 	keepLogs   bool
 	compare    bool
 	talosctl   string
+	// faults is the faults file of every upgrade cluster ("" for none):
+	// podTerminationFaults.
+	faults string
 }
 
 func run() error {
@@ -82,6 +86,7 @@ func run() error {
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "upgrade: keep every cluster's logs and events.jsonl in --out, not only a failed one's")
 	fs.BoolVar(&o.compare, "compare", true, "upgrade: also run kubectl-ichor one worker at a time (--max-unavailable 1) and the peer, talosctl upgrade-k8s, each on an identical cluster")
 	fs.StringVar(&o.talosctl, "talosctl", "", "upgrade: the talosctl binary of --compare (default: talosctl in --bin-dir, as make cluster-bins builds it)")
+	fs.DurationVar(&benchLatencies.PodTermination, "pod-termination", 0, "upgrade, talos: how long an evicted pod takes to stop on every node (the simulator's terminationTakes; 0: at once), counted in the bound as T")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -108,8 +113,17 @@ func run() error {
 	if o.talosctl == "" {
 		o.talosctl = filepath.Join(o.binDir, "talosctl")
 	}
+	if benchLatencies.PodTermination < 0 {
+		return fmt.Errorf("--pod-termination %s: want 0 or more", benchLatencies.PodTermination)
+	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
+	}
+	if benchLatencies.PodTermination > 0 {
+		most := slices.Max(append(slices.Clone(o.upgradeSizes), o.talosSizes...))
+		if o.faults, err = podTerminationFaults(o.out, most, benchLatencies.PodTermination); err != nil {
+			return err
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -182,4 +196,24 @@ func parseSizes(name, list string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// podTerminationFaults writes dir/faults.yaml, which gives every node of a
+// cluster of up to nodes nodes the terminationTakes fault d (the simulator has
+// no flag for it), and returns its path.
+func podTerminationFaults(dir string, nodes int, d time.Duration) (string, error) {
+	var b strings.Builder
+
+	b.WriteString("# written by the benchmark's --pod-termination\nnodes:\n")
+	for i := 1; i <= nodes; i++ {
+		name := fmt.Sprintf("worker-%d", i-controlPlanes)
+		if i <= controlPlanes {
+			name = fmt.Sprintf("cp-%d", i)
+		}
+		fmt.Fprintf(&b, "  %s:\n    terminationTakes: %s\n", name, d)
+	}
+
+	path := filepath.Join(dir, "faults.yaml")
+
+	return path, os.WriteFile(path, []byte(b.String()), 0o644)
 }

@@ -166,9 +166,15 @@ func upgradeSize(ctx context.Context, o options, k upgradeKind, n int) []Upgrade
 }
 
 // upgradeClusterFlags are ichor-sim up's flags of every upgrade cluster:
-// the Job's image run from the image root, the benchmark's latencies.
+// the Job's image run from the image root, the benchmark's latencies (the pod
+// termination through the faults file).
 func upgradeClusterFlags(o options) []string {
-	return append([]string{"--image", jobImageRepo + "=" + o.imageRoot}, benchLatencies.flags()...)
+	flags := append([]string{"--image", jobImageRepo + "=" + o.imageRoot}, benchLatencies.flags()...)
+	if o.faults != "" {
+		flags = append(flags, "--faults", o.faults)
+	}
+
+	return flags
 }
 
 // upgradeRun starts a cluster of n nodes, upgrades it maxUnavailable workers

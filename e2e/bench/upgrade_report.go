@@ -270,8 +270,8 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 	fmt.Fprintf(w, "%d CPUs (%s), load average %s at the start (LOAD: the one-minute load average at each run's start and end); the cluster runs on the same machine\n",
 		r.Machine.CPUs, r.Machine.OS, r.Machine.LoadAvgBefore)
 	fmt.Fprintf(w, "simulated latencies: static pod restart SPR %s, ready RL %s, kubelet restart KR %s, pod start PS %s, image pull (and a Talos install) IP %s, "+
-		"reboot RB %s, manifest re-render MR %s, pod termination T 0 (simulated pods stop at once); Job failure backoff JB %s (kube-controller-manager)\n\n",
-		l.StaticPodRestart, l.Ready, l.KubeletRestart, l.PodStart, l.ImagePull, l.Reboot, l.ManifestRender, jobFailureBackoff)
+		"reboot RB %s, manifest re-render MR %s, pod termination T %s; Job failure backoff JB %s (kube-controller-manager)\n\n",
+		l.StaticPodRestart, l.Ready, l.KubeletRestart, l.PodStart, l.ImagePull, l.Reboot, l.ManifestRender, podTerminationText(l.PodTermination), jobFailureBackoff)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODES\tMU\tLOAD\tWALL\tBOUND\tRATIO\tTALOSCTL\tx TALOSCTL\tLAUNCH/RUN/TAIL\tGAP max (median)\tK8S REQ/NODE\tTALOS/NODE\tRUNNER RSS\tRUNNER CPU")
@@ -414,4 +414,13 @@ func writePeerSummary(w io.Writer, results []UpgradeResult) {
 		fmt.Fprintf(w, "\n%s at %d nodes (an identical cluster, no drains, kubelets one at a time): %.1fs, load average %s at its start, %s at its end; timeline %s\n",
 			p.Command, x.Nodes, p.WallSeconds, p.LoadAvgBefore, p.LoadAvgAfter, p.Timeline)
 	}
+}
+
+// podTerminationText says T as the summary does.
+func podTerminationText(d time.Duration) string {
+	if d == 0 {
+		return "0 (simulated pods stop at once)"
+	}
+
+	return d.String() + " (every node's terminationTakes: an evicted pod stops that long after)"
 }

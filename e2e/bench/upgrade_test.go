@@ -5,8 +5,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/ichor-dev/kubectl-ichor/e2e/sim/events"
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/faults"
 	api "github.com/ichor-dev/kubectl-ichor/pkg/api/v1alpha1"
 )
 
@@ -90,6 +92,27 @@ func TestTalosBound(t *testing.T) {
 	assert.InDelta(t, 29.9, talosBound(benchLatencies, 3, 20, 5).Seconds, 1e-9)
 	// a last batch of one worker is a batch: 0.5 + 3 x 4.2 + 2 x 4.2
 	assert.InDelta(t, 21.5, talosBound(benchLatencies, 3, 6, 5).Seconds, 1e-9)
+
+	// Pods that take 2s to stop, on the workers: each batch installs beside
+	// them, max(2, 0.2); a control plane evicts nothing.
+	// 0.3 + 0.2 + 3 x 4.2 + 4 x (2 + 3 + 1)
+	slow := benchLatencies
+	slow.PodTermination = 2 * time.Second
+	assert.InDelta(t, 37.1, talosBound(slow, 3, 20, 5).Seconds, 1e-9)
+}
+
+func TestPodTerminationFaults(t *testing.T) {
+	path, err := podTerminationFaults(t.TempDir(), 5, 1500*time.Millisecond)
+	require.NoError(t, err)
+
+	store, err := faults.Load(path)
+	require.NoError(t, err)
+
+	for _, node := range []string{"cp-1", "cp-3", "worker-1", "worker-2"} {
+		assert.Equal(t, 1500*time.Millisecond, store.For(node).TerminationTakes.Duration, node)
+	}
+
+	assert.Zero(t, store.For("worker-3").TerminationTakes.Duration, "5 nodes: 3 control planes, 2 workers")
 }
 
 func TestTalosVerifiedAt(t *testing.T) {
