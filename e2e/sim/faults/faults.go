@@ -55,7 +55,9 @@
 // running, and stays in the API as Terminating, this long (at most its
 // deletion's grace period, 30 s by default, as a kubelet kills it then).
 // Without it a simulated pod stops at once. A pod run as a process stops
-// when its process does, as before.
+// when its process does, as before. A pod that finishes its work records
+// pod-stopped in events.jsonl; one whose node goes down first (a reboot)
+// records pod-cut: its work was lost.
 //
 // unpublished is the registries' side, shared by every node: a pull of a
 // reference listed (or of any tag of a repository listed without a tag or
