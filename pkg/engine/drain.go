@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,15 +37,8 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 
 		evicted += n
 
-		// From the API server, not the watch: whether the node may be restarted is
-		// decided on it, and an uncordon during the drain counts however recent.
-		state, err := e.nodes.ReadCordon(ctx, name)
-		if err != nil {
-			return 0, e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
-		}
-
-		if state == kube.CordonedByUs {
-			return evicted, nil
+		if ours, err := e.stillCordoned(ctx, stage, name, kept); err != nil || ours {
+			return evicted, err
 		}
 
 		if round == maxCordonRounds {
@@ -58,6 +50,19 @@ func (e *Engine) cordonAndDrain(ctx context.Context, opts Options, stage, name s
 
 		e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
 	}
+}
+
+// stillCordoned reads whether the drained node still carries ichor's cordon,
+// from the API server, not the watch: whether the node may be restarted is
+// decided on it, and an uncordon during the drain counts however recent. A
+// read that fails pauses, its reason ending with kept.
+func (e *Engine) stillCordoned(ctx context.Context, stage, name, kept string) (bool, error) {
+	state, err := e.nodes.ReadCordon(ctx, name)
+	if err != nil {
+		return false, e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
+	}
+
+	return state == kube.CordonedByUs, nil
 }
 
 // withKept is a pause's reason with what stays on the node whatever the pause
@@ -219,16 +224,11 @@ func (e *Engine) startDrain(ctx context.Context, opts Options, stage, name strin
 	accepted := make(chan struct{})
 
 	if d.Last == "" || name != opts.Self {
-		var (
-			once     sync.Once
-			underway atomic.Bool // the node goes on: its pods' ends are said as its upgrade's
-		)
+		var underway atomic.Bool // the node goes on: its pods' ends are said as its upgrade's
 
-		d.Accepted = func() {
-			once.Do(func() {
-				underway.Store(true)
-				close(accepted)
-			})
+		d.Accepted = func() { // called at most once
+			underway.Store(true)
+			close(accepted)
 		}
 
 		evicted := d.OnEvicted
@@ -298,23 +298,15 @@ func (e *Engine) join(ctx context.Context, opts Options, stage string, u *drainU
 		return 0, e.drainFailed(ctx, stage, name, kept, u.err)
 	}
 
-	state, err := e.nodes.ReadCordon(ctx, name)
-	if err != nil {
-		return 0, e.pause(ctx, stage, name, withKept(err.Error(), kept), actionResume, err)
+	if ours, err := e.stillCordoned(ctx, stage, name, kept); err != nil || ours {
+		return u.evicted, err
 	}
 
-	if state != kube.CordonedByUs {
-		e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
+	e.node(stage, name, PhaseCordoned, "made schedulable during its drain: cordoning and draining it again")
 
-		more, err := e.cordonAndDrain(ctx, opts, stage, name, ownPodByStage, kept)
-		if err != nil {
-			return 0, err
-		}
+	more, err := e.cordonAndDrain(ctx, opts, stage, name, ownPodByStage, kept)
 
-		u.evicted += more
-	}
-
-	return u.evicted, nil
+	return u.evicted + more, err
 }
 
 // HandOver is how the runner leaves its own node before that node's reboot
