@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ichor-dev/kubectl-ichor/e2e/sim/cluster"
 )
 
 // What every benchmark measures: a cluster of 3 control planes at
@@ -205,12 +207,8 @@ func podTerminationFaults(dir string, nodes int, d time.Duration) (string, error
 	var b strings.Builder
 
 	b.WriteString("# written by the benchmark's --pod-termination\nnodes:\n")
-	for i := 1; i <= nodes; i++ {
-		name := fmt.Sprintf("worker-%d", i-controlPlanes)
-		if i <= controlPlanes {
-			name = fmt.Sprintf("cp-%d", i)
-		}
-		fmt.Fprintf(&b, "  %s:\n    terminationTakes: %s\n", name, d)
+	for i := range nodes {
+		fmt.Fprintf(&b, "  %s:\n    terminationTakes: %s\n", cluster.MachineName(i, controlPlanes), d)
 	}
 
 	path := filepath.Join(dir, "faults.yaml")

@@ -137,11 +137,7 @@ func generateConfigs(opts Options, net addressPlan, mirror *simmachine.Mirror) (
 	g := &generated{bundle: bundle}
 	for i := range opts.ControlPlanes + opts.Workers {
 		spec := machineSpec{IP: net.machine(i), ControlPlane: i < opts.ControlPlanes}
-		if spec.ControlPlane {
-			spec.Name = fmt.Sprintf("cp-%d", i+1)
-		} else {
-			spec.Name = fmt.Sprintf("worker-%d", i-opts.ControlPlanes+1)
-		}
+		spec.Name = MachineName(i, opts.ControlPlanes)
 		var base config.Provider
 		switch {
 		case opts.ConfigLayout != LayoutMixed:

@@ -386,13 +386,19 @@ const (
 // machineNames are the names of the cluster's machines.
 func (o *Options) machineNames() map[string]bool {
 	known := map[string]bool{}
-	for i := range o.ControlPlanes {
-		known[fmt.Sprintf("cp-%d", i+1)] = true
-	}
-	for i := range o.Workers {
-		known[fmt.Sprintf("worker-%d", i+1)] = true
+	for i := range o.ControlPlanes + o.Workers {
+		known[MachineName(i, o.ControlPlanes)] = true
 	}
 	return known
+}
+
+// MachineName is the name of a cluster's machine i (from 0), its first
+// controlPlanes machines control planes: cp-1, cp-2, ..., then worker-1, ...
+func MachineName(i, controlPlanes int) string {
+	if i < controlPlanes {
+		return fmt.Sprintf("cp-%d", i+1)
+	}
+	return fmt.Sprintf("worker-%d", i-controlPlanes+1)
 }
 
 // validateExtensions checks --extensions, --schematic, --boot-loader and --kernel-args
