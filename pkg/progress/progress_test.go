@@ -457,3 +457,34 @@ func TestBatchesCountedByTheNodesDone(t *testing.T) {
 	assert.InDelta(t, 2+5, left(t, p), 1, "the hand-over (a pod's start), then one batch at the workers' 5 s")
 	assert.Equal(t, 6, p.Stages[0].Done)
 }
+
+// TestABatchUnderWayFloorsItsUnmeasuredKind: a Talos upgrade whose workers'
+// pods take time to stop. The control planes, which evict nothing, took 4 s
+// each; the first batch of workers has run 5 s and is not done. Until one is
+// done the workers are priced at the control planes' pace, which the batch
+// under way has already passed: the two batches after it take at least its
+// 5 s. Once one is measured its own pace rules again.
+func TestABatchUnderWayFloorsItsUnmeasuredKind(t *testing.T) {
+	nodes := []api.NodeStep{
+		{Node: "cp-1", Batch: 1, Role: api.RoleControlPlane},
+		{Node: "cp-2", Batch: 2, Role: api.RoleControlPlane},
+		{Node: "cp-3", Batch: 3, Role: api.RoleControlPlane},
+	}
+	for i := 1; i <= 6; i++ {
+		nodes = append(nodes, api.NodeStep{Node: fmt.Sprintf("worker-%d", i), Batch: 4 + (i-1)/2, Role: api.RoleWorker})
+	}
+
+	plan := &api.Plan{Cluster: api.Cluster{ControlPlanes: 3, Workers: 6}, Stages: []api.Stage{{Name: "TalosOS", Nodes: nodes}}}
+
+	tl := newTimeline("cp-1").done("TalosOS", 6, "cp-1").done("TalosOS", 10, "cp-2").done("TalosOS", 14, "cp-3")
+
+	assert.InDelta(t, 3*4, left(t, progress.Of(tl.op, plan, at(15))), 1,
+		"1 s into the first batch of workers: the control planes' 4 s, less that second, and 4 s each for the two after it")
+	assert.InDelta(t, 2*5, left(t, progress.Of(tl.op, plan, at(19))), 1,
+		"5 s into it: its 4 s are spent, and the two after it take at least its 5 s")
+
+	tl.done("TalosOS", 20, "worker-1", "worker-2")
+	assert.InDelta(t, 2*6, left(t, progress.Of(tl.op, plan, at(20))), 1, "one batch of workers measured, 6 s: the others take its pace")
+
+	assert.InDelta(t, 6-1+6, left(t, progress.Of(tl.op, plan, at(21))), 1, "its pace, not the floor: the next batch under way for a second")
+}
