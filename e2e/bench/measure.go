@@ -392,7 +392,7 @@ func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, ma
 
 			switch {
 			case i > 0 && !prevVerified.IsZero():
-				rep.Gaps = append(rep.Gaps, newGap(s.Name, prev, g.String(), prevVerified, started, 0, takeovers))
+				rep.Gaps = append(rep.Gaps, newGap(s.Name, prev, g.String(), prevVerified, started, podsStopping(s.Name, g, evs, prevVerified, started), takeovers))
 			case i == 0 && !prevEnd.IsZero():
 				// Nothing is required at a stage's start: its images were pulled while the
 				// stage before ran.
@@ -427,6 +427,29 @@ func gaps(plan *api.Plan, tl stageTimelines, evs []events.Event, self string, ma
 	}
 
 	return rep, ends
+}
+
+// podsStopping is the cluster's own share of a gap in the Kubelets stage: a
+// batch's kubelets restart once its drain has ended, so when a pod evicted
+// from one of its nodes stopped between the batch before verified and its
+// apply, the gap held that pod's termination (T), which the bound counts for
+// the batch. A Talos node installs while its pods stop: none of theirs is.
+func podsStopping(stage string, g group, evs []events.Event, from, to time.Time) time.Duration {
+	if stage != "Kubelets" {
+		return 0
+	}
+
+	for _, e := range evs {
+		if e.Component != events.PodStopped || e.Time.Before(from) || e.Time.After(to) {
+			continue
+		}
+
+		if slices.ContainsFunc(g, func(n api.NodeStep) bool { return n.Node == e.Node }) {
+			return benchLatencies.PodTermination
+		}
+	}
+
+	return 0
 }
 
 func newGap(stage, from, to string, verified, started time.Time, required time.Duration, takeovers []time.Time) Gap {

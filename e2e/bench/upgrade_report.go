@@ -319,7 +319,8 @@ func writeUpgradeSummary(w io.Writer, r *UpgradeReport) {
 		fmt.Fprintf(w, "    %-24s %6.2fs (the command sees the end)\n", "then", rest)
 
 		fmt.Fprintf(w, "  gaps, longest first: a group verified (events.jsonl) to the next group's apply starting (the state's timeline);\n"+
-			"  in Kubelets that includes the next batch's cordon and drain; a stage's images were pulled while the stage before ran:\n")
+			"  in Kubelets that includes the next batch's cordon and drain, less T when an evicted pod of the batch stopped in it;\n"+
+			"  a stage's images were pulled while the stage before ran:\n")
 
 		top := slices.Clone(x.Gaps.Gaps)
 		sort.SliceStable(top, func(i, j int) bool { return top[i].Seconds > top[j].Seconds })

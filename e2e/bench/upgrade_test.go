@@ -139,3 +139,28 @@ func TestTalosVerifiedAt(t *testing.T) {
 
 	assert.Equal(t, at(13), verifiedAt(step, evs[:3], done), "no boot at the target: when the runner saw it done")
 }
+
+func TestPodsStoppingIsTheClustersShareOfAKubeletsGap(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+
+	saved := benchLatencies.PodTermination
+	benchLatencies.PodTermination = 2 * time.Second
+	t.Cleanup(func() { benchLatencies.PodTermination = saved })
+
+	batch := group{{Node: "worker-3"}, {Node: "worker-4"}}
+	evs := []events.Event{
+		{Time: at(1), Node: "worker-1", Component: events.PodStopped, Version: "default/a"}, // the batch before's
+		{Time: at(12.5), Node: "worker-4", Component: events.PodStopped, Version: "default/b"},
+		{Time: at(20), Node: "worker-3", Component: events.PodStopped, Version: "default/c"}, // after its apply
+	}
+
+	assert.Equal(t, 2*time.Second, podsStopping("Kubelets", batch, evs, at(10), at(13)), "a pod of the batch stopped in the gap")
+	assert.Zero(t, podsStopping("Kubelets", batch, evs[:1], at(10), at(13)), "none of the batch's pods stopped in it: its drain evicted nothing")
+	assert.Zero(t, podsStopping("Kubelets", batch, evs, at(13), at(15)), "the batch's pods stopped outside the gap")
+	assert.Zero(t, podsStopping("TalosOS", batch, evs, at(10), at(13)), "a Talos node installs while its pods stop")
+
+	gap := newGap("Kubelets", "[worker-1 worker-2]", batch.String(), at(10), at(13), podsStopping("Kubelets", batch, evs, at(10), at(13)), nil)
+	assert.InDelta(t, 1.0, gap.Seconds, 1e-9, "3s from verified to apply, 2s of it the pod's termination")
+	assert.InDelta(t, 2.0, gap.Required, 1e-9)
+}
