@@ -450,13 +450,13 @@ func (it item) dur(m *model) time.Duration {
 }
 
 // unmeasuredFloor is what the batch under way says of its kind when no batch
-// of its kind is measured yet: it priced at another kind's pace (a Talos
-// upgrade's first batch of workers at its control planes', whose drains evict
-// nothing), and has already run this long. The batches of its kind after it
-// take at least as long: with pods that took 2 s to stop, the estimate at half
-// of the Talos benchmark came out 36% short, every worker batch priced at a
-// control plane's pace. 0 when the item under way is no batch or its kind has
-// a pace of its own.
+// of its kind is measured yet. Such a batch is priced at another kind's pace
+// (a Talos upgrade's first batch of workers at its control planes', whose
+// drains evict nothing); once it has run longer than that, the batches of its
+// kind after it are taken to last at least as long as it has run. Without it,
+// with pods that took 2 s to stop, the estimate at half of the Talos benchmark
+// was 36% short. 0 when the item under way is no batch or its kind has a pace
+// of its own.
 func (m *model) unmeasuredFloor() time.Duration {
 	it := m.items[0]
 	if it.kind != itemBatch {
