@@ -299,6 +299,39 @@ func TestOptionalVolumeSourceMayBeMissing(t *testing.T) {
 	assert.True(t, apierrors.IsNotFound(err), "the pod waits for it: %v", err)
 }
 
+// A container restarted in its pod mounts its volumes again: a Secret deleted
+// since is no longer there (the Job's Talos credentials, which the operation's
+// end deletes, are gone for a runner container its new kubelet restarts), while
+// an emptyDir keeps what was written to it.
+func TestVolumesMountedAgainHoldTheirSourceNow(t *testing.T) {
+	ctx := context.Background()
+	optional := true
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "runner", Namespace: "ichor-system", UID: "5d0c3b2a-1e4f-4a6b-8c7d-9e0f1a2b3c4d"},
+		Spec: corev1.PodSpec{NodeName: "worker-1", Volumes: []corev1.Volume{
+			{Name: "talos", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "ichor-talos", Optional: &optional}}},
+			{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		}},
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ichor-talos", Namespace: "ichor-system"}, Data: map[string][]byte{"config": []byte("context: x")}}
+	client := fake.NewClientset(pod, secret)
+	k := &Kubelets{opts: Options{Client: client, Log: slog.New(slog.DiscardHandler)}, nodes: map[string]*node{}, pods: map[string]*podRunner{}}
+	r := newPodRunner(k, newNode(k, fakeMachine{name: "worker-1", ip: netip.MustParseAddr("127.0.0.10")}), pod)
+	dir := t.TempDir()
+
+	vols, err := r.materializeVolumes(ctx, pod, dir)
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(vols["talos"], "config"))
+	require.NoError(t, os.WriteFile(filepath.Join(vols["scratch"], "written"), []byte("1"), 0o644))
+
+	require.NoError(t, client.CoreV1().Secrets("ichor-system").Delete(ctx, "ichor-talos", metav1.DeleteOptions{}))
+
+	vols, err = r.materializeVolumes(ctx, pod, dir)
+	require.NoError(t, err)
+	assert.NoFileExists(t, filepath.Join(vols["talos"], "config"), "the deleted Secret's file is gone from its volume")
+	assert.FileExists(t, filepath.Join(vols["scratch"], "written"), "the emptyDir keeps what the containers wrote")
+}
+
 // startTerminating runs a simulated pod on worker-1, whose pods take takes to
 // stop (terminationTakes), until it runs, then deletes it (grace 30s); the
 // kubelet logs to log (nil: nowhere). It

@@ -314,12 +314,21 @@ func (r *podRunner) stopProcesses(grace time.Duration) int {
 }
 
 // materializeVolumes writes the pod's volumes to disk and returns their
-// directories by volume name.
+// directories by volume name. It runs at each start of the pod's containers:
+// an emptyDir keeps what the containers wrote before, while a volume from the
+// API (Secret, ConfigMap, projected) holds what its source holds now, nothing
+// else, as a kubelet's atomic writer leaves it when it mounts the volume again
+// for a restarted container (an optional Secret deleted since: empty).
 func (r *podRunner) materializeVolumes(ctx context.Context, pod *corev1.Pod, dir string) (map[string]string, error) {
 	out := map[string]string{}
 	core := r.k.opts.Client.CoreV1()
 	for _, v := range pod.Spec.Volumes {
 		vdir := filepath.Join(dir, v.Name)
+		if v.EmptyDir == nil {
+			if err := os.RemoveAll(vdir); err != nil {
+				return nil, err
+			}
+		}
 		if err := os.MkdirAll(vdir, 0o755); err != nil {
 			return nil, err
 		}
